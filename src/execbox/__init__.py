@@ -1,0 +1,92 @@
+"""execbox: run untrusted code behind a real sandbox boundary, on many backends, through one guard.
+
+    import execbox
+    result = execbox.run_code("print('hello')")
+    with execbox.sandbox() as sb:
+        sb.write_file("data.txt", b"42")
+        sb.exec(["cat", "data.txt"])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
+from execbox.core.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    ExecboxError,
+    NotASandboxError,
+    PluginError,
+    RefusedError,
+    SandboxError,
+    SecretFileError,
+    UnsupportedPolicyError,
+    WorkspacePathError,
+)
+from execbox.core.hookspecs import hookimpl
+from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
+from execbox.core.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox
+from execbox.core.settings import Settings
+
+__all__ = [
+    "AsyncRunner",
+    "AsyncSandbox",
+    "BackendUnavailableError",
+    "Capabilities",
+    "ConfigError",
+    "ExecRequest",
+    "ExecResult",
+    "ExecboxError",
+    "ExecutionBackend",
+    "Limits",
+    "NotASandboxError",
+    "PluginError",
+    "RefusedError",
+    "Runner",
+    "Sandbox",
+    "SandboxError",
+    "SecretFileError",
+    "Session",
+    "SessionSpec",
+    "Settings",
+    "UnsupportedPolicyError",
+    "Verdict",
+    "WorkspacePathError",
+    "arun",
+    "arun_code",
+    "asandbox",
+    "hookimpl",
+    "run",
+    "run_code",
+    "sandbox",
+]
+
+
+def run(command: str | Sequence[str], **kw: Any) -> ExecResult:
+    """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox. See AsyncRunner.run."""
+    return Runner().run(command, **kw)
+
+
+def run_code(code: str, language: str = "python", **kw: Any) -> ExecResult:
+    """Run Python or bash code in a fresh sandbox."""
+    return Runner().run_code(code, language, **kw)  # type: ignore[arg-type]
+
+
+def sandbox(backend: str | None = None, **kw: Any) -> Sandbox:
+    """A persistent sandbox: ``with execbox.sandbox() as sb: sb.exec(...)``."""
+    return Runner().sandbox(backend, **kw)
+
+
+async def arun(command: str | Sequence[str], **kw: Any) -> ExecResult:
+    return await AsyncRunner().run(command, **kw)
+
+
+async def arun_code(code: str, language: str = "python", **kw: Any) -> ExecResult:
+    return await AsyncRunner().run_code(code, language, **kw)  # type: ignore[arg-type]
+
+
+def asandbox(backend: str | None = None, **kw: Any) -> AsyncSandbox:
+    """``async with execbox.asandbox() as sb: await sb.exec(...)``."""
+    return AsyncRunner().sandbox(backend, **kw)

@@ -1,0 +1,20 @@
+"""The built-in backends. They register through the same hook as third-party plugins."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from execbox.core.hookspecs import hookimpl
+
+# One line per backend: "module:Class". Each module imports its SDK lazily, so this list is cheap.
+BUILTIN_BACKENDS = [
+    "execbox.backends.local_subprocess:LocalSubprocessBackend",
+]
+
+
+@hookimpl
+def execbox_register_backends(register: Callable[[type], None]) -> None:
+    for spec in BUILTIN_BACKENDS:
+        module, _, cls = spec.partition(":")
+        register(getattr(importlib.import_module(module), cls))

@@ -1,0 +1,111 @@
+"""Runs one command and leaves none of its processes alive, however they tried to escape.
+
+Started by execbox (``python -I -S _reaper.py CONFIG_JSON ARGV...``) in a new session. It makes itself a
+child subreaper, so a grandchild that called setsid or double-forked is re-parented to it rather than to
+init; when the command exits, or when execbox sends SIGTERM at the deadline, or when execbox itself dies
+(PDEATHSIG), it SIGKILLs every descendant until none is left, then exits with the command's status.
+Standard library only: it runs before anything of execbox is imported.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class Terminated(Exception):
+    pass
+
+
+def _on_signal(signum, frame):
+    raise Terminated(signum)
+
+
+def _descendants(root):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        ppid = int(data[data.rindex(b")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def kill_tree():
+    me = os.getpid()
+    while True:
+        pids = _descendants(me)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap()
+        time.sleep(0.005)
+
+
+def main():
+    config = json.loads(sys.argv[1])
+    argv = sys.argv[2:]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    if os.getppid() != config["parent"]:  # execbox died before PDEATHSIG was armed
+        sys.exit(137)
+    pid = os.fork()
+    if pid == 0:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        for name, value in config.get("rlimits", {}).items():
+            resource.setrlimit(getattr(resource, name), (value, value))
+        try:
+            os.execvp(argv[0], argv)
+        except OSError as exc:
+            os.write(2, f"execbox: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+    try:
+        while True:
+            waited, status = os.waitpid(pid, 0)
+            if waited == pid:
+                break
+        code = os.waitstatus_to_exitcode(status)
+        code = 128 - code if code < 0 else code
+    except Terminated as exc:
+        code = 128 + exc.args[0]
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    kill_tree()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

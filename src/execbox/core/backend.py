@@ -1,0 +1,108 @@
+"""The contract every backend implements, built-in or third-party.
+
+A backend is a class with two pieces of class-level data, ``name`` and ``capabilities``, and one way in:
+``open_session``. A one-shot run is a session opened with ``oneshot=True``, used for one exec and closed;
+a backend may use that hint to run the command directly (e.g. ``docker run``) instead of keeping a sandbox up.
+The runner places files, applies the policy and the guard; backends only run what they are given.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits, NetworkMode
+from execbox.core.settings import Settings
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a backend, configured as it is for one request, is a sandbox."""
+
+    sandbox: bool
+    reason: str
+    # True when the sandbox status is the operator's word, not something execbox enforces.
+    attested: bool = False
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What a sandbox is opened with; fixed for its whole life."""
+
+    network: NetworkMode
+    limits: Limits
+    oneshot: bool
+    # How long the sandbox may live, for backends that must say so up front (remote providers).
+    lifetime_s: float
+    # A caller-chosen name, for backends that can resume a named sandbox (daytona).
+    name: str | None = None
+
+
+class Session(ABC):
+    """One live sandbox: a workspace that persists across execs until ``close``.
+
+    Paths given to ``write_file``/``read_file`` are already normalised by the runner: relative, POSIX,
+    with no ``..``. ``read_file`` must never follow a symlink out of the workspace.
+    """
+
+    #: Where the workspace is, as the sandboxed command sees it (e.g. "/workspace").
+    workspace: str
+
+    @abstractmethod
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        """Run ``request.argv``. The request is resolved: argv, timeout, max_output_bytes, network and
+        limits are set, ``env`` is filtered, ``workdir`` is absolute inside the sandbox, files are placed."""
+
+    @abstractmethod
+    async def write_file(self, path: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    async def read_file(self, path: str) -> bytes: ...
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Remove everything the session created. Must be safe to call twice."""
+
+
+class ExecutionBackend(ABC):
+    """Base class of every backend."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+    #: The extra that installs this backend's SDK, for `pip install 'execbox[<extra>]'` hints.
+    extra: ClassVar[str | None] = None
+    #: One line for `execbox backends`.
+    summary: ClassVar[str] = ""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def check(self) -> Capabilities:
+        """Raise BackendUnavailableError (with the fix) if this backend cannot run here.
+
+        Return the capabilities it really enforces here; by default the declared ones. A backend whose
+        limits depend on the host (cgroups, runtimes) narrows them here.
+        """
+        return self.capabilities
+
+    def verdict(self, request: ExecRequest) -> Verdict:
+        """Is this backend, configured as it is, a sandbox for this request? The guard asks this."""
+        if not self.capabilities.sandbox:
+            return Verdict(False, f"backend {self.name!r} runs code with the privileges of its host user")
+        if request.network == "host":
+            return Verdict(False, "network mode 'host' shares the host's network with the sandboxed code")
+        return Verdict(True, f"isolation {self.capabilities.isolation}")
+
+    def notes(self) -> list[str]:
+        """Facts every result of this backend carries (e.g. an attested sandbox)."""
+        return []
+
+    @abstractmethod
+    async def open_session(self, spec: SessionSpec) -> Session:
+        """Start a sandbox for ``spec`` (network, limits, lifetime; ``spec.oneshot`` when it will serve exactly
+        one exec) and return its session."""
+
+    async def gc(self) -> list[str]:
+        """Remove expired or orphaned resources this backend created (only its own). Returns what was removed."""
+        return []

@@ -1,0 +1,95 @@
+"""The one error tree of execbox.
+
+    ExecboxError                  base; every error carries backend, retryable, env_var
+    ├── ConfigError               a setting or argument is invalid (names the variable and what it allows)
+    ├── PluginError               a plugin could not be registered (e.g. two backends with one name)
+    ├── RefusedError              the guard or the policy refused the request (CLI exit 125)
+    │   ├── NotASandboxError      the backend, configured like this, is not a sandbox
+    │   ├── SecretFileError       a wallet seed or private key is readable by an unsandboxed run
+    │   └── UnsupportedPolicyError  the backend cannot enforce a network mode or limit (fail closed)
+    ├── BackendUnavailableError   the backend cannot start here: daemon down, binary, SDK or credentials
+    │                             missing (CLI exit 126; never retryable)
+    └── SandboxError              a sandbox broke while in use (connection dropped, container vanished)
+        └── WorkspacePathError    a path escapes the workspace (``..``, absolute, or a planted symlink)
+
+A command that runs and fails is not an error: it is an ExecResult with a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+
+class ExecboxError(Exception):
+    """Base class of every execbox error."""
+
+    retryable: bool = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        backend: str | None = None,
+        retryable: bool | None = None,
+        env_var: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.backend = backend
+        self.env_var = env_var
+        if retryable is not None:
+            self.retryable = retryable
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "type": type(self).__name__,
+            "message": self.message,
+            "retryable": self.retryable,
+            "backend": self.backend,
+        }
+
+
+class ConfigError(ExecboxError):
+    """A setting or argument is invalid."""
+
+
+class PluginError(ExecboxError):
+    """A backend plugin could not be registered."""
+
+
+class RefusedError(ExecboxError):
+    """The guard or the policy refused the request."""
+
+
+class NotASandboxError(RefusedError):
+    """The backend, as configured for this request, is not a sandbox."""
+
+
+class SecretFileError(RefusedError):
+    """A wallet seed or private key sits where an unsandboxed run could read it."""
+
+
+class UnsupportedPolicyError(RefusedError):
+    """The backend cannot enforce what the request asks for."""
+
+
+class BackendUnavailableError(ExecboxError):
+    """The backend cannot run here. Retrying will not help until the cause is fixed."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, backend: str | None = None, fix: str | None = None, **kw: object) -> None:
+        self.reason = message
+        self.fix = fix
+        full = message
+        if fix:
+            full = f"{message}. Fix: {fix}"
+        if "retry" not in full:
+            full += ". Do not retry until this is fixed."
+        super().__init__(full, backend=backend, retryable=False, **kw)  # type: ignore[arg-type]
+
+
+class SandboxError(ExecboxError):
+    """A sandbox broke while in use."""
+
+
+class WorkspacePathError(SandboxError):
+    """A path escapes the workspace."""

@@ -1,0 +1,121 @@
+"""Plain data that crosses the API: requests, results and capability claims. All JSON-serialisable."""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+
+NetworkMode = Literal["none", "egress", "proxy", "host"]
+Isolation = Literal["none", "process", "namespace", "container", "gvisor", "microvm", "remote_vm"]
+LimitName = Literal["memory", "cpu", "pids", "disk", "wall_time"]
+Language = Literal["python", "bash"]
+
+NETWORK_MODES: tuple[str, ...] = ("none", "egress", "proxy", "host")
+# Strongest last; auto selection prefers the strongest sandbox that can run here.
+ISOLATION_STRENGTH: dict[str, int] = {
+    "none": 0, "process": 1, "namespace": 2, "container": 3, "gvisor": 4, "microvm": 5, "remote_vm": 5,
+}
+INTERPRETERS: dict[str, tuple[str, str]] = {"python": ("python3", "py"), "bash": ("bash", "sh")}
+
+
+class Capabilities(BaseModel):
+    """What a backend claims to enforce. The conformance kit checks every claim."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sandbox: bool
+    isolation: Isolation
+    network_modes: frozenset[NetworkMode] = frozenset()
+    persistent_sessions: bool = False
+    file_transfer: bool = False
+    limits: frozenset[LimitName] = frozenset()
+    remote: bool = False
+
+    @field_serializer("network_modes", "limits")
+    def _sorted(self, value: frozenset[str]) -> list[str]:
+        return sorted(value)
+
+
+class Limits(BaseModel):
+    """Resource limits. In a request, a set field is a demand: a backend that cannot enforce it refuses."""
+
+    model_config = ConfigDict(frozen=True)
+
+    memory_mb: int | None = Field(default=None, gt=0)
+    cpus: float | None = Field(default=None, gt=0)
+    pids: int | None = Field(default=None, gt=0)
+
+    def names(self) -> set[str]:
+        fields = {"memory_mb": "memory", "cpus": "cpu", "pids": "pids"}
+        return {fields[k] for k, v in self.model_dump().items() if v is not None}
+
+
+class ExecRequest(BaseModel):
+    """One command to run. Either ``argv`` or ``code`` (+ ``language``)."""
+
+    argv: list[str] | None = None
+    code: str | None = None
+    language: Language = "python"
+    stdin: bytes | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    # Paths relative to the workspace -> contents, placed before the command runs.
+    files: dict[str, bytes] = Field(default_factory=dict)
+    # Relative to the workspace. The runner turns it into the absolute path inside the sandbox.
+    workdir: str | None = None
+    timeout: float | None = Field(default=None, gt=0)
+    max_output_bytes: int | None = Field(default=None, gt=0)
+    network: NetworkMode | None = None
+    limits: Limits | None = None
+
+    @model_validator(mode="after")
+    def _one_command(self) -> ExecRequest:
+        if (self.argv is None) == (self.code is None):
+            raise ValueError("give exactly one of argv (a command) or code")
+        if self.argv is not None and not self.argv:
+            raise ValueError("argv is empty: give the command to run, e.g. ['python3', '-c', 'print(1)']")
+        return self
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not name or "=" in name or "\0" in name or "\0" in value:
+                raise ValueError(f"invalid environment variable name or value: {name!r}")
+        return env
+
+    def materialize(self, workspace: str) -> tuple[list[str], dict[str, bytes]]:
+        """The argv to run and the files to place, given where the workspace is inside the sandbox.
+
+        Code goes in as a file, never on the command line (process listings, ARG_MAX).
+        """
+        if self.argv is not None:
+            return list(self.argv), dict(self.files)
+        interpreter, suffix = INTERPRETERS[self.language]
+        rel = f".execbox/code-{uuid.uuid4().hex[:12]}.{suffix}"
+        files = dict(self.files)
+        files[rel] = (self.code or "").encode()
+        return [interpreter, posixpath.join(workspace, rel)], files
+
+
+class ExecResult(BaseModel):
+    """What happened. A failed command is a result with a non-zero exit code, not an exception."""
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    truncated: bool = False
+    oom_killed: bool = False
+    duration_s: float = 0.0
+    backend: str = ""
+    # Names the env policy dropped from the request; values are never kept.
+    filtered_env: list[str] = Field(default_factory=list)
+    # Facts the caller should know about this result, e.g. a sandbox status that is only attested.
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out

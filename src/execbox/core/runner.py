@@ -1,0 +1,330 @@
+"""The one path of a request: settings -> registry -> policy -> guard -> backend -> result.
+
+``AsyncRunner`` is the core; ``Runner`` is its sync facade (the event loop runs in a helper thread, so it
+also works inside programs that already run an event loop). Sessions: ``AsyncSandbox`` / ``Sandbox``.
+"""
+
+from __future__ import annotations
+
+import functools
+import posixpath
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import anyio
+from pydantic import ValidationError
+from anyio.from_thread import start_blocking_portal
+
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+from execbox.core.envpolicy import filter_env
+from execbox.core.errors import BackendUnavailableError, ConfigError, UnsupportedPolicyError
+from execbox.core.models import ISOLATION_STRENGTH, Capabilities, ExecRequest, ExecResult, Language, Limits, NetworkMode
+from execbox.core.plugins import Registry, get_registry
+from execbox.core.settings import Settings
+from execbox.core.workspace import normalize
+from execbox.guard.guard import Guard
+
+T = TypeVar("T")
+LOCAL_FALLBACK = "local_subprocess"
+
+
+def _request(**kw: Any) -> ExecRequest:
+    try:
+        return ExecRequest(**kw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid request: {problems}") from None
+
+
+def _command_request(command: str | Sequence[str], **kw: Any) -> ExecRequest:
+    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+    return _request(argv=argv, **kw)
+
+
+class AsyncRunner:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings.from_env()
+        self.guard = Guard(self.settings)
+        self._backends: dict[str, ExecutionBackend] = {}
+
+    @property
+    def registry(self) -> Registry:
+        return get_registry(self.settings.load_plugins, self.settings.disable_plugins)
+
+    def backend(self, name: str) -> ExecutionBackend:
+        """The instance of a registered backend (one per runner)."""
+        if name not in self._backends:
+            self._backends[name] = self.registry.get(name).cls(self.settings)
+        return self._backends[name]
+
+    async def select(self, name: str | None = None, *, session: bool = False) -> tuple[ExecutionBackend, Capabilities]:
+        """The backend to use and what it enforces here; ``auto`` picks the strongest sandbox that runs here."""
+        name = name or (self.settings.session_backend if session else self.settings.backend)
+        if name != "auto":
+            backend = self.backend(name)
+            return backend, await backend.check()
+        tried: list[str] = []
+        for candidate in self.auto_candidates():
+            backend = self.backend(candidate)
+            try:
+                return backend, await backend.check()
+            except BackendUnavailableError as exc:
+                tried.append(f"- {candidate}: {exc.message}")
+        local_hint = "" if self.settings.local else (
+            "\n- or, only on your own machine for yourself: CODE_EXEC_LOCAL=true (runs local_subprocess, no sandbox)"
+        )
+        raise BackendUnavailableError(
+            "no sandbox backend can run here (CODE_EXEC_BACKEND=auto). Install or start one of:\n"
+            + "\n".join(tried or ["- (no sandbox backend is registered)"]) + local_hint,
+            env_var="CODE_EXEC_BACKEND",
+        )
+
+    def auto_candidates(self) -> list[str]:
+        """Local sandbox backends, strongest isolation first; local_subprocess last and only in local mode."""
+        entries = [e for e in self.registry.backends.values()
+                   if e.cls.capabilities.sandbox and not e.cls.capabilities.remote]
+        entries.sort(key=lambda e: (-ISOLATION_STRENGTH[e.cls.capabilities.isolation], e.distribution != "execbox", e.name))
+        names = [e.name for e in entries]
+        if self.settings.local and LOCAL_FALLBACK in self.registry.backends:
+            names.append(LOCAL_FALLBACK)
+        return names
+
+    def prepare(self, request: ExecRequest) -> tuple[ExecRequest, list[str], set[str]]:
+        """The request with the settings applied (defaults, clamps, env policy); the dropped env names; the
+        limits the caller demanded explicitly."""
+        s = self.settings
+        env, dropped = filter_env(request.env)
+        asked = request.limits or Limits()
+        limits = Limits(
+            memory_mb=min(asked.memory_mb or s.memory_mb, s.memory_mb),
+            cpus=min(asked.cpus or s.cpus, s.cpus),
+            pids=min(asked.pids or s.pids_limit, s.pids_limit),
+        )
+        resolved = request.model_copy(update={
+            "env": env,
+            "timeout": min(request.timeout or s.max_timeout_sec, s.max_timeout_sec),
+            "max_output_bytes": min(request.max_output_bytes or s.max_output_bytes, s.max_output_bytes),
+            "network": request.network or s.network,
+            "limits": limits,
+        })
+        return resolved, dropped, asked.names()
+
+    async def execute(self, request: ExecRequest, *, backend: str | None = None) -> ExecResult:
+        """Run one request in a fresh sandbox that is gone afterwards, also on error or cancellation."""
+        chosen = await self._admitted(backend, request, session=False)
+        impl, caps = chosen
+        resolved, dropped, _ = self.prepare(request)
+        spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60)
+        session = await impl.open_session(spec)
+        try:
+            return await _exec_in(impl, session, resolved, dropped)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await session.close()
+
+    async def _admitted(self, backend: str | None, request: ExecRequest, *, session: bool
+                        ) -> tuple[ExecutionBackend, Capabilities]:
+        resolved, _, asked = self.prepare(request)
+        name = backend or (self.settings.session_backend if session else self.settings.backend)
+        if name != "auto":
+            impl = self.backend(name)
+            self.guard.check_verdict(impl, resolved)
+            self.guard.check_secrets(impl)
+            caps = await impl.check()
+        else:
+            impl, caps = await self.select("auto")
+            self.guard.check_verdict(impl, resolved)
+            self.guard.check_secrets(impl)
+        self.guard.check_policy(impl, caps, resolved, asked)
+        if session and not caps.persistent_sessions:
+            raise UnsupportedPolicyError(
+                f"refused: backend {impl.name!r} has no persistent sessions; use execbox.run for one-shot runs "
+                "or a backend that keeps sessions", backend=impl.name)
+        return impl, caps
+
+    async def run(self, command: str | Sequence[str], *, backend: str | None = None, network: NetworkMode | None = None,
+                  timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+                  files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+                  max_output_bytes: int | None = None, limits: Limits | None = None) -> ExecResult:
+        """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox."""
+        request = _command_request(command, **_request_kw(network, timeout, env, stdin, files, workdir,
+                                                          max_output_bytes, limits))
+        return await self.execute(request, backend=backend)
+
+    async def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
+        backend = kw.pop("backend", None)
+        request = _request(code=code, language=language, **_request_kw(**kw))
+        return await self.execute(request, backend=backend)
+
+    def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
+                name: str | None = None, lifetime_s: float = 3600.0) -> AsyncSandbox:
+        return AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s)
+
+
+def _request_kw(network: NetworkMode | None = None, timeout: float | None = None, env: Mapping[str, str] | None = None,
+                stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
+                workdir: str | None = None, max_output_bytes: int | None = None,
+                limits: Limits | None = None) -> dict[str, Any]:
+    kw = {
+        "network": network, "timeout": timeout, "env": dict(env) if env else None,
+        "stdin": stdin.encode() if isinstance(stdin, str) else stdin,
+        "files": {k: (v.encode() if isinstance(v, str) else v) for k, v in files.items()} if files else None,
+        "workdir": workdir, "max_output_bytes": max_output_bytes, "limits": limits,
+    }
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecRequest, dropped: list[str]) -> ExecResult:
+    """Place the files, resolve the workdir, run, and stamp the result with what the runner knows."""
+    argv, files = request.materialize(session.workspace)
+    for path, data in files.items():
+        await session.write_file(normalize(path, session.workspace), data)
+    workdir = session.workspace
+    if request.workdir:
+        workdir = posixpath.join(session.workspace, normalize(request.workdir, session.workspace))
+    ready = request.model_copy(update={"argv": argv, "code": None, "files": {}, "workdir": workdir})
+    result = await session.exec(ready)
+    return result.model_copy(update={
+        "backend": backend.name, "filtered_env": dropped, "notes": [*result.notes, *backend.notes()],
+    })
+
+
+class AsyncSandbox:
+    """A persistent sandbox: files and installed packages survive between execs until it closes."""
+
+    def __init__(self, runner: AsyncRunner, backend: str | None, *, network: NetworkMode | None, limits: Limits | None,
+                 name: str | None, lifetime_s: float) -> None:
+        self.runner = runner
+        self._backend_name = backend
+        self._network = network or runner.settings.network
+        self._limits = limits
+        self._name = name
+        self._lifetime_s = lifetime_s
+        self._session: Session | None = None
+        self.backend: ExecutionBackend | None = None
+        self.capabilities: Capabilities | None = None
+
+    async def __aenter__(self) -> AsyncSandbox:
+        probe = ExecRequest(argv=["true"], network=self._network, limits=self._limits)
+        self.backend, self.capabilities = await self.runner._admitted(self._backend_name, probe, session=True)
+        resolved, _, _ = self.runner.prepare(probe)
+        spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name)
+        self._session = await self.backend.open_session(spec)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            with anyio.CancelScope(shield=True):
+                await session.close()
+
+    def _live(self) -> tuple[ExecutionBackend, Session]:
+        if self._session is None or self.backend is None:
+            raise RuntimeError("the sandbox is not open: use it as `async with runner.sandbox() as sb:`")
+        return self.backend, self._session
+
+    async def execute(self, request: ExecRequest) -> ExecResult:
+        backend, session = self._live()
+        if request.network is not None and request.network != self._network:
+            raise UnsupportedPolicyError(
+                f"refused: this sandbox was opened with network {self._network!r}; a session cannot change it. "
+                "Open another sandbox with the network mode you need", backend=backend.name)
+        request = request.model_copy(update={"network": self._network, "limits": self._limits})
+        resolved, dropped, asked = self.runner.prepare(request)
+        assert self.capabilities is not None
+        self.runner.guard.judge(backend, self.capabilities, resolved, asked)
+        return await _exec_in(backend, session, resolved, dropped)
+
+    async def exec(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
+        return await self.execute(_command_request(command, **_request_kw(**kw)))
+
+    async def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
+        return await self.execute(_request(code=code, language=language, **_request_kw(**kw)))
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        _, session = self._live()
+        await session.write_file(normalize(path, session.workspace), data.encode() if isinstance(data, str) else data)
+
+    async def read_file(self, path: str) -> bytes:
+        _, session = self._live()
+        return await session.read_file(normalize(path, session.workspace))
+
+
+class Runner:
+    """The sync facade of AsyncRunner: same methods, blocking."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.aio = AsyncRunner(settings)
+
+    @property
+    def settings(self) -> Settings:
+        return self.aio.settings
+
+    def run(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
+        return _blocking(functools.partial(self.aio.run, command, **kw))
+
+    def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
+        return _blocking(functools.partial(self.aio.run_code, code, language, **kw))
+
+    def execute(self, request: ExecRequest, *, backend: str | None = None) -> ExecResult:
+        return _blocking(functools.partial(self.aio.execute, request, backend=backend))
+
+    def sandbox(self, backend: str | None = None, **kw: Any) -> Sandbox:
+        return Sandbox(self.aio.sandbox(backend, **kw))
+
+
+def _blocking(fn: Callable[[], Awaitable[T]]) -> T:
+    with start_blocking_portal() as portal:
+        return portal.call(fn)
+
+
+class Sandbox:
+    """The sync facade of AsyncSandbox; use it as a context manager."""
+
+    def __init__(self, inner: AsyncSandbox) -> None:
+        self.aio = inner
+        self._portal_cm: Any = None
+        self._portal: Any = None
+
+    def __enter__(self) -> Sandbox:
+        self._portal_cm = start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+        try:
+            self._portal.call(self.aio.__aenter__)
+        except BaseException:
+            self._portal_cm.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._portal.call(self.aio.close)
+        finally:
+            self._portal_cm.__exit__(*exc)
+
+    @property
+    def backend(self) -> ExecutionBackend | None:
+        return self.aio.backend
+
+    def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
+        if self._portal is None:
+            raise RuntimeError("the sandbox is not open: use it as `with execbox.sandbox() as sb:`")
+        return self._portal.call(functools.partial(fn, *args, **kw))
+
+    def exec(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
+        return self._call(self.aio.exec, command, **kw)
+
+    def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
+        return self._call(self.aio.run_code, code, language, **kw)
+
+    def execute(self, request: ExecRequest) -> ExecResult:
+        return self._call(self.aio.execute, request)
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        self._call(self.aio.write_file, path, data)
+
+    def read_file(self, path: str) -> bytes:
+        return self._call(self.aio.read_file, path)

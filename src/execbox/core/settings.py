@@ -1,0 +1,105 @@
+"""Every knob of execbox, from the environment, validated once.
+
+An invalid value is a ConfigError that names the variable and what it allows; never a silent fallback.
+Backends with knobs of their own (docker, ssh, ...) declare a BackendSettings subclass in their module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from execbox.core.errors import ConfigError
+from execbox.core.models import NetworkMode
+
+S = TypeVar("S", bound="EnvSettings")
+
+
+def _env(name: str, default: Any, description: str, **kw: Any) -> Any:
+    return Field(default, validation_alias=AliasChoices(name), description=description, **kw)
+
+
+def _split(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class EnvSettings(BaseSettings):
+    """Base of every settings class: reads the environment only (no .env files: they are where secrets live)."""
+
+    model_config = SettingsConfigDict(populate_by_name=False, extra="ignore", frozen=True)
+
+    @classmethod
+    def from_env(cls: type[S], **overrides: Any) -> S:
+        """The environment's values, with ``overrides`` (by field name) taking precedence."""
+        # Init keywords go by the variable's name: field names must not be read from the environment.
+        by_alias = {_alias(cls, key): value for key, value in overrides.items()}
+        try:
+            return cls(**by_alias)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(cls, exc)) from None
+
+    @classmethod
+    def env_vars(cls) -> list[tuple[str, Any, str]]:
+        """(variable, default, description) of every knob, for docs and `execbox doctor`."""
+        rows = []
+        for key, field in cls.model_fields.items():
+            rows.append((_alias(cls, key), field.default, field.description or ""))
+        return rows
+
+
+def _alias(cls: type[BaseSettings], key: str) -> str:
+    field = cls.model_fields.get(key)
+    if field is None:
+        raise ConfigError(f"{cls.__name__} has no setting {key!r}; known: {', '.join(sorted(cls.model_fields))}")
+    alias = field.validation_alias
+    return alias.choices[0] if isinstance(alias, AliasChoices) else key
+
+
+def describe_validation_error(cls: type[BaseSettings], exc: ValidationError) -> str:
+    names = {key: _alias(cls, key) for key in cls.model_fields}
+    parts = []
+    for err in exc.errors():
+        key = str(err["loc"][0]) if err["loc"] else "?"
+        var = names.get(key, key)
+        parts.append(f"{var}={err.get('input')!r} is invalid: {err['msg']}")
+    return "; ".join(parts) + ". Change or unset the variable."
+
+
+class Settings(EnvSettings):
+    """The core settings."""
+
+    backend: str = _env("CODE_EXEC_BACKEND", "auto", "Backend for one-shot runs; auto = strongest sandbox available here")
+    shell_backend: str | None = _env("SHELL_BACKEND", None, "Backend for persistent sessions; defaults to CODE_EXEC_BACKEND")
+    local: bool = _env("CODE_EXEC_LOCAL", False, "Local single-user mode: allows backends that are not sandboxes")
+    enabled: bool = _env("CODE_EXEC_ENABLED", False, "Gates agent-facing tool surfaces (not the operator's CLI and API)")
+    network: NetworkMode = _env("CODE_EXEC_NETWORK", "none", "Default network mode: none, egress, proxy or host")
+    max_output_bytes: int = _env("CODE_EXEC_MAX_OUTPUT_BYTES", 100_000, "Output cap per stream, in bytes (head + tail kept)", gt=0)
+    max_timeout_sec: float = _env("CODE_EXEC_MAX_TIMEOUT_SEC", 30.0, "Default and maximum timeout of a run, in seconds", gt=0)
+    secret_files: Annotated[list[Path], NoDecode] = _env(
+        "CODE_EXEC_SECRET_FILES", [], "Comma-separated extra files for the wallet-seed scan"
+    )
+    memory_mb: int = _env("CODE_EXEC_MEMORY_MB", 1024, "Memory limit per sandbox, MiB (no swap headroom)", gt=0)
+    cpus: float = _env("CODE_EXEC_CPUS", 1.0, "CPU limit per sandbox, in cores", gt=0)
+    pids_limit: int = _env("CODE_EXEC_PIDS_LIMIT", 256, "Process limit per sandbox", gt=0)
+    load_plugins: Annotated[list[str] | None, NoDecode] = _env(
+        "EXECBOX_LOAD_PLUGINS", None, "Comma list of third-party plugins to load (entry-point or distribution names); empty = none"
+    )
+    disable_plugins: Annotated[list[str], NoDecode] = _env(
+        "EXECBOX_DISABLE_PLUGINS", [], "Comma list of third-party plugins not to load"
+    )
+
+    _split_lists = field_validator("secret_files", "load_plugins", "disable_plugins", mode="before")(_split)
+
+    @field_validator("load_plugins", mode="before")
+    @classmethod
+    def _empty_means_none_loaded(cls, value: Any) -> Any:
+        return [] if value == "" else value
+
+    @property
+    def session_backend(self) -> str:
+        return self.shell_backend or self.backend

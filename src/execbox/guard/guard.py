@@ -1,0 +1,82 @@
+"""Judges the effective configuration of a request, not a label.
+
+1. A backend that is not a sandbox for this request is refused unless CODE_EXEC_LOCAL=true.
+2. Before any run whose isolation is none or process, the env files the user can read are scanned for
+   wallet seeds and private keys; a find is refused even in local mode.
+3. A backend that cannot start raises one non-retryable BackendUnavailableError (from ``backend.check``).
+4. A network mode or limit the backend cannot enforce here is refused (fail closed).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from execbox.core.backend import ExecutionBackend, Verdict
+from execbox.core.errors import NotASandboxError, SecretFileError, UnsupportedPolicyError
+from execbox.core.models import Capabilities, ExecRequest
+from execbox.core.settings import Settings
+from execbox.guard.secrets import find_secrets
+
+UNSANDBOXED_ISOLATION = frozenset({"none", "process"})
+
+
+class Guard:
+    def __init__(self, settings: Settings, *, workspace: Path | None = None, home: Path | None = None) -> None:
+        self.settings = settings
+        self._workspace = workspace
+        self._home = home
+
+    def check_verdict(self, backend: ExecutionBackend, request: ExecRequest) -> Verdict:
+        verdict = backend.verdict(request)
+        if not verdict.sandbox and not self.settings.local:
+            raise NotASandboxError(
+                f"refused: backend {backend.name!r} is not a sandbox for this request ({verdict.reason}). "
+                "Use a sandbox backend (docker, bubblewrap; `execbox doctor` lists what runs here), or, only on "
+                "your own machine for yourself, set CODE_EXEC_LOCAL=true",
+                backend=backend.name,
+                env_var="CODE_EXEC_LOCAL",
+            )
+        return verdict
+
+    def check_secrets(self, backend: ExecutionBackend) -> None:
+        if backend.capabilities.isolation not in UNSANDBOXED_ISOLATION:
+            return
+        workspace = self._workspace or Path.cwd()
+        home = self._home or Path(os.path.expanduser("~"))
+        findings = find_secrets(workspace, home, list(self.settings.secret_files))
+        if findings:
+            where = "; ".join(f"{f.path} ({f.kind})" for f in findings)
+            raise SecretFileError(
+                f"refused: backend {backend.name!r} runs code unsandboxed (isolation "
+                f"{backend.capabilities.isolation}) and could read a wallet secret in {where}. Move the seed or key "
+                "to your signer (a hardware wallet or a signing service), or run in a sandbox backend such as docker",
+                backend=backend.name,
+            )
+
+    def check_policy(self, backend: ExecutionBackend, caps: Capabilities, request: ExecRequest,
+                     requested_limits: set[str]) -> None:
+        network = request.network or self.settings.network
+        if network not in caps.network_modes:
+            modes = ", ".join(sorted(caps.network_modes)) or "none at all"
+            raise UnsupportedPolicyError(
+                f"refused: backend {backend.name!r} cannot enforce network mode {network!r} here (it enforces: "
+                f"{modes}). Ask for one of those (--network / CODE_EXEC_NETWORK) or use another backend",
+                backend=backend.name,
+                env_var="CODE_EXEC_NETWORK",
+            )
+        missing = sorted(requested_limits - set(caps.limits))
+        if missing:
+            raise UnsupportedPolicyError(
+                f"refused: backend {backend.name!r} cannot enforce the {', '.join(missing)} limit here (it enforces: "
+                f"{', '.join(sorted(caps.limits)) or 'none'}). Drop that limit from the request or use another backend",
+                backend=backend.name,
+            )
+
+    def judge(self, backend: ExecutionBackend, caps: Capabilities, request: ExecRequest,
+              requested_limits: set[str]) -> Verdict:
+        """Every rule but availability, which ``backend.check`` decides. Raises a RefusedError."""
+        verdict = self.check_verdict(backend, request)
+        self.check_secrets(backend)
+        self.check_policy(backend, caps, request, requested_limits)
+        return verdict
