@@ -1,0 +1,110 @@
+"""The fake apptainer/singularity executable: what it answers, what it records, how it runs a command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from execbox.fakes import apptainer as fake
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path) -> dict[str, Path]:
+    """A fake `apptainer` and `singularity` in a bin dir, each with its own log, sharing one state dir."""
+    bin_dir, state = tmp_path / "bin", tmp_path / "state"
+    paths = {"bin": bin_dir, "state": state, "image": tmp_path / "img.sif", "ws": tmp_path / "ws"}
+    for name in ("apptainer", "singularity"):
+        paths[name] = fake.install(bin_dir, name, log_file=tmp_path / f"{name}.log", state=state)
+        paths[f"{name}_log"] = tmp_path / f"{name}.log"
+    paths["image"].write_bytes(b"fake image")
+    paths["ws"].mkdir()
+    return paths
+
+
+def run(binary: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def logged(log: Path) -> list[list[str]]:
+    return [json.loads(line)["argv"] for line in log.read_text().splitlines()]
+
+
+def needs_bwrap() -> None:
+    if not fake.bwrap_usable():
+        from execbox.testing import engine_missing
+        engine_missing("bubblewrap cannot create namespaces here; the fake runs commands through it")
+
+
+def test_version_per_name(fake_bin) -> None:
+    assert run(fake_bin["apptainer"], "--version").stdout.startswith("apptainer version ")
+    assert run(fake_bin["singularity"], "--version").stdout.startswith("singularity-ce version ")
+    assert logged(fake_bin["apptainer_log"]) == [["apptainer", "--version"]]
+
+
+def test_exec_binds_workspace_cleans_env_and_denies_network(fake_bin) -> None:
+    needs_bwrap()
+    result = run(
+        fake_bin["apptainer"], "exec", "--containall", "--cleanenv", "--no-home",
+        "--bind", f"{fake_bin['ws']}:/workspace", "--pwd", "/workspace", "--net", "--network", "none",
+        str(fake_bin["image"]), "sh", "-c", "pwd; echo made > f; echo FOO=$FOO HOSTVAR=$HOSTVAR; "
+        "cat /proc/net/dev | tail -n +3 | cut -d: -f1; exit 7",
+        env={"APPTAINERENV_FOO": "bar", "HOSTVAR": "leak"},
+    )
+    assert result.returncode == 7, result.stderr
+    lines = result.stdout.split("\n")
+    assert lines[:2] == ["/workspace", "FOO=bar HOSTVAR="]
+    assert [i.strip() for i in lines[2:] if i.strip()] == ["lo"]
+    assert (fake_bin["ws"] / "f").read_text() == "made\n"
+    assert logged(fake_bin["apptainer_log"])[0][:12] == [
+        "apptainer", "exec", "--containall", "--cleanenv", "--no-home", "--bind", f"{fake_bin['ws']}:/workspace",
+        "--pwd", "/workspace", "--net", "--network", "none"]
+
+
+def test_unknown_flag_and_missing_image_fail(fake_bin) -> None:
+    bad = run(fake_bin["apptainer"], "exec", "--bogus", str(fake_bin["image"]), "true")
+    assert bad.returncode == 255 and "unknown flag: --bogus" in bad.stderr
+    missing = run(fake_bin["apptainer"], "exec", str(fake_bin["image"]) + ".nope", "true")
+    assert missing.returncode == 255 and "no such file" in missing.stderr
+    nobind = run(fake_bin["apptainer"], "exec", "--bind", "/does/not/exist:/x", str(fake_bin["image"]), "true")
+    assert nobind.returncode == 255 and "doesn't exist" in nobind.stderr
+
+
+def test_instances_start_list_exec_stop(fake_bin) -> None:
+    needs_bwrap()
+    app = fake_bin["apptainer"]
+    start = run(app, "instance", "start", "--containall", "--bind", f"{fake_bin['ws']}:/workspace",
+                str(fake_bin["image"]), "box1")
+    assert start.returncode == 0, start.stderr
+    assert run(app, "instance", "start", str(fake_bin["image"]), "box1").returncode == 255
+    listed = json.loads(run(app, "instance", "list", "--json", "box1").stdout)["instances"]
+    assert [(i["instance"], i["img"]) for i in listed] == [("box1", str(fake_bin["image"]))]
+    assert set(listed[0]) == {"instance", "pid", "img", "ip", "logErrPath", "logOutPath"}
+    assert run(app, "exec", "--pwd", "/workspace", "instance://box1", "sh", "-c", "echo hi > g").returncode == 0
+    assert (fake_bin["ws"] / "g").read_text() == "hi\n"
+    assert run(app, "instance", "stop", "-t", "5", "box1").returncode == 0
+    assert json.loads(run(app, "instance", "list", "--json").stdout) == {"instances": []}
+    assert run(app, "exec", "instance://box1", "true").returncode == 255
+
+
+def test_spython_drives_the_fake(fake_bin, monkeypatch) -> None:
+    """The fake answers spython's own calls (spython runs `singularity` from PATH)."""
+    needs_bwrap()
+    pytest.importorskip("spython")
+    monkeypatch.setenv("PATH", f"{fake_bin['bin']}{os.pathsep}{os.environ['PATH']}")
+    from spython.main import Client
+
+    assert Client.version().startswith("singularity-ce version")
+    out = Client.execute(str(fake_bin["image"]), ["sh", "-c", "echo out; echo err >&2; exit 3"],
+                         bind=[f"{fake_bin['ws']}:/workspace"], options=["--containall"], return_result=True)
+    assert out == {"message": ["out\n", "err\n"], "return_code": 3}
+    inst = Client.instance(str(fake_bin["image"]), name="sp1", options=["--containall"])
+    assert inst.pid and str(inst) == "instance://sp1"
+    assert [str(i) for i in Client.instances(quiet=True)] == ["instance://sp1"]
+    assert Client.execute(inst, ["echo", "inside"]).strip() == "inside"
+    assert inst.stop(timeout=5) == 0
+    assert ["singularity", "--quiet", "instance", "stop", "-t", "5", "sp1"] in logged(fake_bin["singularity_log"])
