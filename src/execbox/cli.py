@@ -1,0 +1,301 @@
+"""The execbox command line: run, backends, doctor, gc, image build.
+
+Exit status of `execbox run`: the command's own; 124 if it timed out; 125 if the guard or the policy
+refused; 126 if the backend is unavailable; 2 for a usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import anyio
+import click
+
+from execbox.core.backend import ExecutionBackend
+from execbox.core.errors import BackendUnavailableError, ConfigError, ExecboxError, RefusedError
+from execbox.core.models import NETWORK_MODES, ExecRequest
+from execbox.core.runner import AsyncRunner, Runner, _blocking
+from execbox.core.settings import Settings
+
+T = TypeVar("T")
+EXIT_TIMEOUT, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = 124, 125, 126, 2
+CHECK_TIMEOUT_S = 20.0
+
+
+def _exit_code(exc: ExecboxError) -> int:
+    if isinstance(exc, RefusedError):
+        return EXIT_REFUSED
+    if isinstance(exc, BackendUnavailableError):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, ConfigError):
+        return EXIT_USAGE
+    return 1
+
+
+def _fail(exc: ExecboxError, as_json: bool) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps({"error": exc.to_dict()}))
+    else:
+        click.echo(f"execbox: {type(exc).__name__}: {exc.message}", err=True)
+    sys.exit(_exit_code(exc))
+
+
+def _settings(as_json: bool) -> Settings:
+    try:
+        return Settings.from_env()
+    except ConfigError as exc:
+        _fail(exc, as_json)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="execbox")
+def main() -> None:
+    """Run untrusted code behind a real sandbox boundary."""
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.option("--backend", help="Backend name (default: CODE_EXEC_BACKEND, auto = strongest sandbox here).")
+@click.option("--network", type=click.Choice(NETWORK_MODES), help="Network mode (default: CODE_EXEC_NETWORK).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds (capped at CODE_EXEC_MAX_TIMEOUT_SEC).")
+@click.option("--max-output-bytes", type=click.IntRange(min=1), help="Bytes per stream (capped at CODE_EXEC_MAX_OUTPUT_BYTES).")
+@click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="A variable for the command (repeatable).")
+@click.option("--workdir", help="Working directory, relative to the workspace.")
+@click.option("--code", help="Code to run instead of a command.")
+@click.option("--language", type=click.Choice(["python", "bash"]), default="python", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the result, or {\"error\": ...}.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(backend: str | None, network: str | None, timeout: float | None, max_output_bytes: int | None,
+        env_pairs: tuple[str, ...], workdir: str | None, code: str | None, language: str, as_json: bool,
+        command: tuple[str, ...]) -> None:
+    """Run a command (after --) or --code in a fresh sandbox.
+
+    \b
+    execbox run -- python3 -c 'print(1)'
+    execbox run --code 'print(1)'
+    """
+    if bool(command) == bool(code):
+        raise click.UsageError("give a command after -- or --code CODE, not both and not neither")
+    env = {}
+    for pair in env_pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.UsageError(f"--env takes NAME=VALUE, got {pair!r}")
+        env[name] = value
+    settings = _settings(as_json)
+    runner = Runner(settings)
+    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
+    fields: dict[str, Any] = {"network": network, "timeout": timeout, "max_output_bytes": max_output_bytes,
+                              "workdir": workdir, "env": env, "stdin": stdin or None}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    try:
+        request = ExecRequest(argv=list(command), **fields) if command else ExecRequest(code=code, language=language, **fields)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        if backend is None and settings.backend == "auto":
+            picked, _ = _blocking(runner.aio.select)
+            backend = picked.name
+            click.echo(f"execbox: using backend {backend} (CODE_EXEC_BACKEND=auto)", err=True)
+        result = runner.execute(request, backend=backend)
+    except ExecboxError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        click.echo(result.model_dump_json())
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stdout.flush()
+        sys.stderr.write(result.stderr)
+        if result.timed_out:
+            click.echo(f"execbox: timed out after {request.timeout or settings.max_timeout_sec:g}s", err=True)
+        if result.oom_killed:
+            click.echo("execbox: killed: out of memory", err=True)
+        for note in result.notes:
+            click.echo(f"execbox: note: {note}", err=True)
+    sys.exit(EXIT_TIMEOUT if result.timed_out else result.exit_code)
+
+
+async def _probe(backend: ExecutionBackend) -> dict[str, Any]:
+    """What `backends` and `doctor` say of one backend: can it run here, and what does it enforce."""
+    cls = type(backend)
+    row: dict[str, Any] = {"name": cls.name, "summary": cls.summary, "available": False, "reason": None,
+                           "fix": None, "capabilities": cls.capabilities.model_dump(mode="json"),
+                           "notes": backend.notes()}
+    try:
+        with anyio.fail_after(CHECK_TIMEOUT_S):
+            caps = await backend.check()
+        row["available"] = True
+        row["capabilities"] = caps.model_dump(mode="json")
+    except TimeoutError:
+        row["reason"] = f"the availability check did not answer within {CHECK_TIMEOUT_S:g}s"
+    except BackendUnavailableError as exc:
+        row["reason"], row["fix"] = exc.reason, exc.fix
+    except ExecboxError as exc:
+        row["reason"] = exc.message
+    return row
+
+
+def _probe_all(runner: AsyncRunner) -> list[dict[str, Any]]:
+    async def go() -> list[dict[str, Any]]:
+        rows: dict[str, dict[str, Any]] = {}
+
+        async def one(name: str) -> None:
+            rows[name] = await _probe(runner.backend(name))
+            rows[name]["distribution"] = runner.registry.get(name).distribution
+
+        async with anyio.create_task_group() as tg:
+            for name in runner.registry.names():
+                tg.start_soon(one, name)
+        return [rows[n] for n in runner.registry.names()]
+
+    return _blocking(go)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def backends(as_json: bool) -> None:
+    """List every registered backend: where it comes from, whether it runs here, what it enforces."""
+    runner = AsyncRunner(_settings(as_json))
+    rows = _probe_all(runner)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        caps = row["capabilities"]
+        state = "available" if row["available"] else "unavailable"
+        click.echo(f"{row['name']:<17} {state:<12} sandbox={str(caps['sandbox']).lower():<5} "
+                   f"isolation={caps['isolation']:<10} network={','.join(caps['network_modes']) or '-'}  "
+                   f"limits={','.join(caps['limits']) or '-'}  [{row['distribution']}]")
+        if not row["available"]:
+            click.echo(f"{'':<17} why: {row['reason']}" + (f"\n{'':<17} fix: {row['fix']}" if row["fix"] else ""))
+        for note in row["notes"]:
+            click.echo(f"{'':<17} note: {note}")
+    for problem in runner.registry.problems:
+        click.echo(f"warning: {problem}", err=True)
+
+
+def _guard_verdict(runner: AsyncRunner, backend: ExecutionBackend, row: dict[str, Any]) -> tuple[bool, str]:
+    """Would the guard admit a default request on this backend here? (allowed, why)"""
+    settings = runner.settings
+    request = ExecRequest(argv=["true"], network=settings.network)
+    verdict = backend.verdict(request)
+    try:
+        runner.guard.check_verdict(backend, request)
+        runner.guard.check_secrets(backend)
+        if row["available"]:
+            from execbox.core.models import Capabilities
+
+            runner.guard.check_policy(backend, Capabilities(**row["capabilities"]), request, set())
+    except RefusedError as exc:
+        return False, exc.message
+    kind = "sandbox" if verdict.sandbox else "not a sandbox (admitted: CODE_EXEC_LOCAL=true)"
+    if verdict.attested:
+        kind += " (attested by the operator, not enforced by execbox)"
+    return True, f"admitted: {kind}; {verdict.reason}"
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def doctor(as_json: bool) -> None:
+    """Check every backend here: can it run, what it enforces, the guard's verdict, how to fix what is missing.
+
+    Exits 0 when at least one sandbox backend can run here, 1 otherwise.
+    """
+    runner = AsyncRunner(_settings(as_json))
+    rows = _probe_all(runner)
+    for row in rows:
+        backend = runner.backend(row["name"])
+        row["guard_admits"], row["guard_verdict"] = _guard_verdict(runner, backend, row)
+        row["sandbox_here"] = bool(row["available"] and row["capabilities"]["sandbox"])
+    try:
+        auto = _blocking(runner.select).name if runner.settings.backend == "auto" else runner.settings.backend
+    except ExecboxError:
+        auto = None
+    ok = any(r["sandbox_here"] for r in rows)
+    report = {"ok": ok, "selected_backend": auto, "local_mode": runner.settings.local, "network": runner.settings.network,
+              "backends": rows, "plugin_problems": runner.registry.problems}
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        for row in rows:
+            caps = row["capabilities"]
+            mark = "ok  " if row["available"] else "--  "
+            click.echo(f"{mark}{row['name']}  [{row['distribution']}]")
+            if row["available"]:
+                click.echo(f"      enforces here: isolation {caps['isolation']}; network {', '.join(caps['network_modes']) or 'none of the modes'}; "
+                           f"limits {', '.join(caps['limits']) or 'none'}")
+            else:
+                click.echo(f"      cannot run: {row['reason']}")
+                if row["fix"]:
+                    click.echo(f"      fix: {row['fix']}")
+            click.echo(f"      guard: {row['guard_verdict']}")
+            for note in row["notes"]:
+                click.echo(f"      note: {note}")
+        for problem in runner.registry.problems:
+            click.echo(f"warning: {problem}")
+        click.echo("")
+        if ok:
+            click.echo(f"ok: a sandbox backend can run here; CODE_EXEC_BACKEND={runner.settings.backend} uses {auto or '(see above)'}")
+        else:
+            click.echo("no sandbox backend can run here: apply one of the fixes above (e.g. install bubblewrap, or start docker)")
+    sys.exit(0 if ok else 1)
+
+
+@main.command()
+@click.option("--backend", "only", help="Only this backend.")
+@click.option("--json", "as_json", is_flag=True)
+def gc(only: str | None, as_json: bool) -> None:
+    """Remove expired and orphaned sandboxes that execbox created (never another program's)."""
+    runner = AsyncRunner(_settings(as_json))
+    names = [only] if only else runner.registry.names()
+    removed: dict[str, list[str]] = {}
+    skipped: dict[str, str] = {}
+
+    async def go() -> None:
+        for name in names:
+            backend = runner.backend(name)
+            try:
+                await backend.check()
+                removed[name] = await backend.gc()
+            except BackendUnavailableError as exc:
+                skipped[name] = exc.reason
+
+    try:
+        _blocking(go)
+    except ExecboxError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        click.echo(json.dumps({"removed": removed, "skipped": skipped}))
+        return
+    for name, ids in removed.items():
+        click.echo(f"{name}: removed {len(ids)}" + (f": {', '.join(ids)}" if ids else ""))
+    if only and only in skipped:
+        click.echo(f"{only}: not available here: {skipped[only]}", err=True)
+
+
+@main.group()
+def image() -> None:
+    """Sandbox images for the docker backend."""
+
+
+@image.command("build")
+@click.option("--tag", default=None, help="Image tag (default: the docker backend's default image).")
+@click.option("--force", is_flag=True, help="Rebuild even when an up-to-date image exists.")
+def image_build(tag: str | None, force: bool) -> None:
+    """Build the Python sandbox image from Debian's packages (debootstrap + docker import); no registry needed."""
+    from execbox.backends import docker_image
+
+    try:
+        result = docker_image.build_image(tag or docker_image.DEFAULT_TAG, force=force)
+    except docker_image.ImageBuildError as exc:
+        click.echo(f"execbox image: error: {exc}", err=True)
+        sys.exit(1)
+    state = "built" if result.built else "up to date"
+    click.echo(f"{result.tag}: {state} ({result.image_id[:19]}, {result.size_bytes / 1e6:.0f} MB)")
+
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The example third-party package in examples/ is a real plugin: installed with pip, listed by
+`execbox backends`, run through the guard, and passing the conformance kit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from execbox import Runner, Settings
+from execbox.core import plugins
+from execbox.testing.conformance import BackendConformance
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "execbox-unshare"
+EXECBOX = str(Path(sys.executable).with_name("execbox"))
+
+
+def _pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args], check=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed_example() -> Iterator[None]:
+    # --no-build-isolation: hatchling comes from the dev extra, so nothing is downloaded here.
+    _pip("install", "--no-deps", "--no-build-isolation", str(EXAMPLE))
+    plugins._cache.clear()
+    yield
+    _pip("uninstall", "-y", "execbox-unshare")
+    plugins._cache.clear()
+
+
+def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("CODE_EXEC_", "EXECBOX_"))}
+    return subprocess.run([EXECBOX, *args], capture_output=True, text=True, env={**clean, **env}, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_backends_lists_the_plugin_with_its_distribution() -> None:
+    rows = {row["name"]: row for row in json.loads(_cli("backends", "--json").stdout)}
+    assert rows["unshare_net"]["distribution"] == "execbox-unshare"
+    assert rows["local_subprocess"]["distribution"] == "execbox"
+
+
+def test_run_goes_through_the_guard() -> None:
+    refused = _cli("run", "--backend", "unshare_net", "--json", "--", "echo", "hi")
+    assert refused.returncode == 125
+    error = json.loads(refused.stdout)["error"]
+    assert error["type"] == "NotASandboxError" and "CODE_EXEC_LOCAL" in error["message"]
+
+    ran = _cli("run", "--backend", "unshare_net", "--json", "--", "echo", "hi", CODE_EXEC_LOCAL="true")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["stdout"] == "hi\n"
+
+
+def test_disabling_the_plugin_removes_it() -> None:
+    rows = json.loads(_cli("backends", "--json", EXECBOX_DISABLE_PLUGINS="execbox-unshare").stdout)
+    assert "unshare_net" not in {row["name"] for row in rows}
+    rows = json.loads(_cli("backends", "--json", EXECBOX_LOAD_PLUGINS="").stdout)
+    assert "unshare_net" not in {row["name"] for row in rows}
+
+
+class TestExamplePluginConformance(BackendConformance):
+    backend_name = "unshare_net"
+
+    @pytest.fixture
+    def runner(self) -> Runner:
+        return Runner(Settings.from_env(local=True, network="none"))
