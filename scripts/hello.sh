@@ -3,4 +3,4 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 "$repo/scripts/setup.sh" >&2
-exec "$repo/.venv/bin/execbox" run --code 'import getpass, platform; print(f"hello from a sandbox: python {platform.python_version()}, user {getpass.getuser()}")'
+exec "$repo/.venv/bin/execbox" run --code 'import os, platform; print(f"hello from a sandbox: python {platform.python_version()}, uid {os.getuid()}")'
