@@ -10,6 +10,7 @@ from execbox.core.hookspecs import hookimpl
 # One line per backend: "module:Class". Each module imports its SDK lazily, so this list is cheap.
 BUILTIN_BACKENDS = [
     "execbox.backends.local_subprocess:LocalSubprocessBackend",
+    "execbox.backends.docker:DockerBackend",
 ]
 
 

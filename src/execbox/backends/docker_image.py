@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from execbox.core.errors import BackendUnavailableError, ExecboxError
+
 DEFAULT_TAG = "execbox-sandbox:bookworm"
 DEFAULT_SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -61,7 +63,7 @@ _TRIM_GLOBS = (
 Log = Callable[[str], None]
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(ExecboxError):
     """Building the sandbox image failed; the message says what to change."""
 
 
@@ -133,18 +135,13 @@ def find_debian_mirror(suite: str = DEFAULT_SUITE, etc_apt: str = "/etc/apt") ->
 
 
 def _docker_client():
+    # The same engine the backend uses: DOCKER_HOST, then the docker context, then the default socket.
+    from execbox.backends.docker import connect
+
     try:
-        import docker
-    except ImportError as exc:
-        raise ImageBuildError("docker-py is missing: pip install 'execbox[docker]'") from exc
-    try:
-        return docker.from_env()
-    except docker.errors.DockerException as exc:
-        where = os.environ.get("DOCKER_HOST") or "the default socket / docker context"
-        raise ImageBuildError(
-            f"cannot reach the Docker engine at {where}: {exc}. "
-            "Start dockerd (scripts/bootstrap.sh does) or set DOCKER_HOST."
-        ) from exc
+        return connect()[0]
+    except BackendUnavailableError as exc:
+        raise ImageBuildError(exc.message, backend="docker") from None
 
 
 def _existing(client, tag: str):
