@@ -1,0 +1,176 @@
+"""Settings: every knob from the environment, its default, and errors that name the variable and what it allows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from execbox import ConfigError, ExecRequest, Limits, Settings
+from execbox.core.runner import AsyncRunner
+
+DEFAULTS = {
+    "backend": "auto",
+    "shell_backend": None,
+    "local": False,
+    "enabled": False,
+    "network": "none",
+    "max_output_bytes": 100_000,
+    "max_timeout_sec": 30.0,
+    "secret_files": [],
+    "memory_mb": 1024,
+    "cpus": 1.0,
+    "pids_limit": 256,
+    "load_plugins": None,
+    "disable_plugins": [],
+}
+
+
+def test_defaults_with_a_clean_environment() -> None:
+    settings = Settings.from_env()
+    assert {key: getattr(settings, key) for key in DEFAULTS} == DEFAULTS
+    assert settings.session_backend == "auto"
+
+
+def test_env_vars_lists_every_knob_with_its_default() -> None:
+    rows = {var: default for var, default, _ in Settings.env_vars()}
+    assert rows == {
+        "CODE_EXEC_BACKEND": "auto", "SHELL_BACKEND": None, "CODE_EXEC_LOCAL": False, "CODE_EXEC_ENABLED": False,
+        "CODE_EXEC_NETWORK": "none", "CODE_EXEC_MAX_OUTPUT_BYTES": 100_000, "CODE_EXEC_MAX_TIMEOUT_SEC": 30.0,
+        "CODE_EXEC_SECRET_FILES": [], "CODE_EXEC_MEMORY_MB": 1024, "CODE_EXEC_CPUS": 1.0,
+        "CODE_EXEC_PIDS_LIMIT": 256, "EXECBOX_LOAD_PLUGINS": None, "EXECBOX_DISABLE_PLUGINS": [],
+    }
+    assert all(description for _, _, description in Settings.env_vars())
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "field", "expected"),
+    [
+        ("CODE_EXEC_BACKEND", "docker", "backend", "docker"),
+        ("SHELL_BACKEND", "ssh", "shell_backend", "ssh"),
+        ("CODE_EXEC_LOCAL", "true", "local", True),
+        ("CODE_EXEC_LOCAL", "1", "local", True),
+        ("CODE_EXEC_LOCAL", "false", "local", False),
+        ("CODE_EXEC_ENABLED", "true", "enabled", True),
+        ("CODE_EXEC_NETWORK", "egress", "network", "egress"),
+        ("CODE_EXEC_NETWORK", "host", "network", "host"),
+        ("CODE_EXEC_MAX_OUTPUT_BYTES", "4096", "max_output_bytes", 4096),
+        ("CODE_EXEC_MAX_TIMEOUT_SEC", "2.5", "max_timeout_sec", 2.5),
+        ("CODE_EXEC_SECRET_FILES", "/a/keys.txt, /b/.seed ,,", "secret_files", [Path("/a/keys.txt"), Path("/b/.seed")]),
+        ("CODE_EXEC_MEMORY_MB", "512", "memory_mb", 512),
+        ("CODE_EXEC_CPUS", "0.5", "cpus", 0.5),
+        ("CODE_EXEC_PIDS_LIMIT", "64", "pids_limit", 64),
+        ("EXECBOX_LOAD_PLUGINS", "one, two", "load_plugins", ["one", "two"]),
+        ("EXECBOX_LOAD_PLUGINS", "", "load_plugins", []),
+        ("EXECBOX_DISABLE_PLUGINS", "one,two", "disable_plugins", ["one", "two"]),
+    ],
+)
+def test_each_variable_is_read(monkeypatch: pytest.MonkeyPatch, var: str, value: str, field: str, expected: object) -> None:
+    monkeypatch.setenv(var, value)
+    assert getattr(Settings.from_env(), field) == expected
+
+
+def test_shell_backend_defaults_to_code_exec_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODE_EXEC_BACKEND", "docker")
+    assert Settings.from_env().session_backend == "docker"
+    monkeypatch.setenv("SHELL_BACKEND", "ssh")
+    settings = Settings.from_env()
+    assert (settings.backend, settings.session_backend) == ("docker", "ssh")
+
+
+def test_field_names_are_not_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only the documented variables count: a stray LOCAL=true must not turn local mode on.
+    for name, value in {"LOCAL": "true", "NETWORK": "host", "BACKEND": "x", "MAX_TIMEOUT_SEC": "999"}.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings.from_env()
+    assert (settings.local, settings.network, settings.backend, settings.max_timeout_sec) == (False, "none", "auto", 30.0)
+
+
+def test_overrides_take_precedence_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODE_EXEC_NETWORK", "none")
+    monkeypatch.setenv("CODE_EXEC_LOCAL", "false")
+    settings = Settings.from_env(network="host", local=True)
+    assert (settings.network, settings.local) == ("host", True)
+
+
+def test_an_unknown_override_names_the_known_settings() -> None:
+    with pytest.raises(ConfigError, match="no setting 'netwrok'.*network"):
+        Settings.from_env(netwrok="host")
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "allowed"),
+    [
+        ("CODE_EXEC_NETWORK", "foo", ["none", "egress", "proxy", "host"]),
+        ("CODE_EXEC_MAX_OUTPUT_BYTES", "-1", ["greater than 0"]),
+        ("CODE_EXEC_MAX_OUTPUT_BYTES", "lots", ["integer"]),
+        ("CODE_EXEC_MAX_TIMEOUT_SEC", "0", ["greater than 0"]),
+        ("CODE_EXEC_MEMORY_MB", "0", ["greater than 0"]),
+        ("CODE_EXEC_CPUS", "-2", ["greater than 0"]),
+        ("CODE_EXEC_PIDS_LIMIT", "0", ["greater than 0"]),
+        pytest.param(
+            "CODE_EXEC_LOCAL", "maybe", ["true", "false"],
+            marks=pytest.mark.xfail(strict=True, reason=(
+                "describe_validation_error passes pydantic's bool message through: 'Input should be a valid "
+                "boolean, unable to interpret input' names no accepted value (true/false, 1/0, yes/no, on/off)")),
+        ),
+        pytest.param(
+            "CODE_EXEC_ENABLED", "maybe", ["true", "false"],
+            marks=pytest.mark.xfail(strict=True, reason="same bool message as CODE_EXEC_LOCAL"),
+        ),
+    ],
+)
+def test_an_invalid_value_is_a_config_error_naming_the_variable_and_the_allowed_values(
+    monkeypatch: pytest.MonkeyPatch, var: str, value: str, allowed: list[str]
+) -> None:
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env()
+    message = info.value.message
+    assert var in message
+    assert repr(value) in message
+    for word in allowed:
+        assert word in message.lower()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "EnvSettings.from_env raises ConfigError(message) without env_var=..., although the error tree promises "
+    "every error carries the env var to set; the variable is only inside the message text"))
+def test_an_invalid_value_carries_the_variable_as_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODE_EXEC_NETWORK", "foo")
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env()
+    assert info.value.env_var == "CODE_EXEC_NETWORK"
+
+
+class TestClamps:
+    """Request values are clamped to the maxima from the settings; unset values take the defaults."""
+
+    def prepare(self, **request: object) -> ExecRequest:
+        runner = AsyncRunner(Settings.from_env(max_timeout_sec=5, max_output_bytes=1000, memory_mb=256, cpus=1,
+                                               pids_limit=32))
+        resolved, _, _ = runner.prepare(ExecRequest(argv=["true"], **request))
+        return resolved
+
+    def test_timeout_and_output_above_the_maxima_are_clamped(self) -> None:
+        resolved = self.prepare(timeout=3600, max_output_bytes=10**9)
+        assert (resolved.timeout, resolved.max_output_bytes) == (5, 1000)
+
+    def test_values_below_the_maxima_are_kept(self) -> None:
+        resolved = self.prepare(timeout=0.5, max_output_bytes=10)
+        assert (resolved.timeout, resolved.max_output_bytes) == (0.5, 10)
+
+    def test_unset_values_take_the_maxima_and_the_default_network(self) -> None:
+        resolved = self.prepare()
+        assert (resolved.timeout, resolved.max_output_bytes, resolved.network) == (5, 1000, "none")
+
+    def test_limits_are_clamped_and_defaulted(self) -> None:
+        resolved = self.prepare(limits=Limits(memory_mb=10**6, pids=8))
+        assert resolved.limits == Limits(memory_mb=256, cpus=1, pids=8)
+
+    def test_only_explicitly_requested_limits_are_demands(self) -> None:
+        runner = AsyncRunner(Settings.from_env())
+        _, _, asked = runner.prepare(ExecRequest(argv=["true"], limits=Limits(pids=8)))
+        assert asked == {"pids"}
+        _, _, asked = runner.prepare(ExecRequest(argv=["true"]))
+        assert asked == set()
