@@ -11,6 +11,8 @@ from execbox.core.hookspecs import hookimpl
 BUILTIN_BACKENDS = [
     "execbox.backends.local_subprocess:LocalSubprocessBackend",
     "execbox.backends.docker:DockerBackend",
+    "execbox.backends.ssh:SshBackend",
+    "execbox.backends.singularity:SingularityBackend",
 ]
 
 

@@ -46,6 +46,8 @@ from pathlib import Path
 LOG_ENV = "EXECBOX_FAKE_APPTAINER_LOG"
 STATE_ENV = "EXECBOX_FAKE_APPTAINER_STATE"
 NAME_ENV = "EXECBOX_FAKE_APPTAINER_NAME"
+# set to 1 to act like a host whose apptainer.conf does not let this user make a network namespace
+DENY_NET_ENV = "EXECBOX_FAKE_APPTAINER_DENY_NET"
 VERSIONS = {"apptainer": "apptainer version 1.3.6-fake", "singularity": "singularity-ce version 4.2.1-fake"}
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -221,6 +223,8 @@ def run_in_container(opts: dict, image: str, cmd: list[str]) -> int:
     wants_no_net = bool(opts.get("net")) and opts.get("network", "bridge") == "none"
     if opts.get("net") and opts.get("network", "bridge") != "none":
         return fail("the fake supports only --net --network none", 255)
+    if wants_no_net and os.environ.get(DENY_NET_ENV) == "1":
+        return fail("container creation failed: network none is not permitted for this user by apptainer.conf", 255)
     if bwrap_usable():
         argv = bwrap_argv(opts, binds, cmd, env)
         sys.stdout.flush()
@@ -370,8 +374,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def install(bin_dir: str | os.PathLike, name: str = "apptainer", log_file: str | os.PathLike | None = None,
-            state: str | os.PathLike | None = None, python: str | None = None) -> Path:
-    """Write an executable ``name`` into ``bin_dir`` that runs this fake; returns its path."""
+            state: str | os.PathLike | None = None, python: str | None = None, deny_net: bool = False) -> Path:
+    """Write an executable ``name`` into ``bin_dir`` that runs this fake; returns its path.
+
+    The settings are baked into the script, because the backend runs the binary with a minimal environment.
+    """
     bin_dir = Path(bin_dir)
     bin_dir.mkdir(parents=True, exist_ok=True)
     exports = [f"export {NAME_ENV}={shlex.quote(name)}"]
@@ -379,6 +386,8 @@ def install(bin_dir: str | os.PathLike, name: str = "apptainer", log_file: str |
         exports.append(f"export {LOG_ENV}={shlex.quote(os.fspath(log_file))}")
     if state is not None:
         exports.append(f"export {STATE_ENV}={shlex.quote(os.fspath(state))}")
+    if deny_net:
+        exports.append(f"export {DENY_NET_ENV}=1")
     run = f"exec {shlex.quote(python or sys.executable)} -I {shlex.quote(str(Path(__file__).resolve()))} \"$@\""
     script = bin_dir / name
     script.write_text("#!/bin/sh\n" + "\n".join([*exports, run]) + "\n")

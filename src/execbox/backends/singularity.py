@@ -1,0 +1,288 @@
+"""singularity: run code in an Apptainer / SingularityCE container, for HPC hosts where Docker is not allowed.
+
+A one-shot run is ``<binary> exec --containall --cleanenv --no-home --bind <ws>:/workspace --pwd <dir>
+[--net --network none] IMAGE argv...``: its own mount, PID and IPC namespaces, an empty home and /tmp,
+nothing of the host environment but the filtered request env (``APPTAINERENV_*`` / ``SINGULARITYENV_*``),
+and, when the host allows it, an empty network namespace. A persistent session is an instance started
+with the same flags; each exec joins it with ``exec instance://NAME``.
+
+What Apptainer enforces is weaker than Docker: the container runs as the calling user on the host kernel,
+with no seccomp filter and no cgroup limits unless the site configured them, so the only limit claimed is
+the wall-clock timeout. Network none is claimed only when a probe at ``check()`` shows the host allows
+``--net --network none`` for this user; otherwise only the host network is offered (and refused by the
+guard as not a sandbox).
+
+spython is not used at run time: its ``execute`` has no timeout and reads all output into memory, its
+instance start swallows failures, and it only ever runs a binary called ``singularity``. The binary is
+driven directly with execbox's bounded, tree-killing process runner instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import anyio
+
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+from execbox.core.envpolicy import sandbox_env
+from execbox.core.errors import BackendUnavailableError, SandboxError
+from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
+from execbox.core.procs import reaped, run_process
+from execbox.core.settings import EnvSettings, _env
+from execbox.core.workspace import safe_read, safe_write
+
+NAME = "singularity"
+WORKSPACE = "/workspace"
+CONTAIN = ["--containall", "--cleanenv", "--no-home"]
+NET_NONE = ["--net", "--network", "none"]
+_PROBE_TIMEOUT_S = 600.0  # the first probe may pull and convert the image
+_INSTANCE_PREFIX = "execbox"
+# Host variables the binary itself may need (its cache, tmp and config dirs); never the *ENV_* ones, which
+# would be injected into the container.
+_HOST_VARS = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TMPDIR", "XDG_RUNTIME_DIR")
+_KILL_RUN = 'kill -9 $(grep -l -a -F -e "EXECBOX_RUN_ID=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3) 2>/dev/null; true'
+
+
+class SingularitySettings(EnvSettings):
+    binary: str | None = _env(
+        "CODE_EXEC_SINGULARITY_BINARY", None,
+        "apptainer or singularity executable (name or path); default: apptainer, else singularity, from PATH")
+    image: str = _env(
+        "CODE_EXEC_SINGULARITY_IMAGE", "docker://python:3.12-slim",
+        "Container image: a .sif file, a sandbox directory, or a URI the binary can pull (docker://, oras://)")
+    tmpdir: Path | None = _env(
+        "CODE_EXEC_SINGULARITY_TMPDIR", None, "Host directory for the per-run workspaces; default: the system tmp dir")
+
+
+class SingularitySession(Session):
+    workspace = WORKSPACE
+
+    def __init__(self, backend: SingularityBackend, spec: SessionSpec, host_dir: str, instance: str | None) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.host_dir = host_dir
+        self.instance = instance
+        self._closed = False
+
+    def _argv(self, request: ExecRequest) -> list[str]:
+        b = self.backend
+        assert request.argv
+        pwd = ["--pwd", request.workdir or WORKSPACE]
+        if self.instance:
+            return [b.binary, "exec", "--cleanenv", *pwd, f"instance://{self.instance}", *request.argv]
+        return [b.binary, "exec", *b.container_flags(self.spec, self.host_dir), *pwd, b.settings_s.image,
+                *request.argv]
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        assert request.timeout and request.max_output_bytes
+        run_id = secrets.token_hex(8)
+        outcome = await run_process(
+            reaped(self._argv(request)),
+            env=self.backend.host_env(request.env, run_id),
+            cwd=self.host_dir,
+            stdin=request.stdin,
+            timeout=request.timeout,
+            max_output_bytes=request.max_output_bytes,
+        )
+        if outcome.timed_out and self.instance:
+            # An orphan inside the instance is re-parented to the instance's init, out of the reaper's reach;
+            # kill what carries this run's marker from inside.
+            await self.backend.run_binary(["exec", f"instance://{self.instance}", "/bin/sh", "-c", _KILL_RUN,
+                                           "sh", run_id], timeout=30)
+        return outcome.to_result()
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await anyio.to_thread.run_sync(safe_write, self.host_dir, path, data)
+
+    async def read_file(self, path: str) -> bytes:
+        return await anyio.to_thread.run_sync(safe_read, self.host_dir, path)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.instance:
+                await self.backend.run_binary(["instance", "stop", "-t", "5", self.instance], timeout=60)
+        finally:
+            await anyio.to_thread.run_sync(lambda: shutil.rmtree(self.host_dir, ignore_errors=True))
+
+
+class SingularityBackend(ExecutionBackend):
+    name = NAME
+    extra = "singularity"
+    summary = ("an Apptainer/Singularity container (--containall --cleanenv --no-home) as the calling user; "
+               "namespaces without seccomp or cgroups, weaker than docker")
+    capabilities = Capabilities(
+        sandbox=True,
+        isolation="namespace",
+        network_modes=frozenset({"none", "host"}),
+        persistent_sessions=True,
+        file_transfer=True,
+        limits=frozenset({"wall_time"}),
+    )
+
+    def __init__(self, settings: object) -> None:
+        super().__init__(settings)  # type: ignore[arg-type]
+        self.settings_s = SingularitySettings.from_env()
+        self._checked: Capabilities | None = None
+        self._notes: list[str] = []
+        self.version = ""
+
+    # --- the binary ---------------------------------------------------------------------------------
+
+    @property
+    def binary(self) -> str:
+        configured = self.settings_s.binary
+        found = shutil.which(configured) if configured else (shutil.which("apptainer") or shutil.which("singularity"))
+        if not found:
+            what = f"CODE_EXEC_SINGULARITY_BINARY={configured} is not an executable" if configured else \
+                "neither apptainer nor singularity is on PATH"
+            raise BackendUnavailableError(
+                what, backend=NAME, env_var="CODE_EXEC_SINGULARITY_BINARY",
+                fix="install Apptainer (https://apptainer.org/docs/admin/main/installation.html) or load its "
+                    "module (`module load apptainer`), or set CODE_EXEC_SINGULARITY_BINARY to its path")
+        return found
+
+    @property
+    def env_prefix(self) -> str:
+        return "SINGULARITYENV_" if "singularity" in Path(self.binary).name else "APPTAINERENV_"
+
+    def container_flags(self, spec: SessionSpec, host_dir: str) -> list[str]:
+        net = NET_NONE if spec.network == "none" else []
+        return [*CONTAIN, "--bind", f"{host_dir}:{WORKSPACE}", *net]
+
+    def host_env(self, request_env: dict[str, str], run_id: str | None = None) -> dict[str, str]:
+        """The binary's own environment: a few host variables, plus the container's env under the prefix."""
+        env = {k: os.environ[k] for k in _HOST_VARS if k in os.environ}
+        env.update({k: v for k, v in os.environ.items()
+                    if k.startswith(("APPTAINER_", "SINGULARITY_")) and "ENV_" not in k})
+        inner = sandbox_env(request_env, home=WORKSPACE)
+        # the image's PATH and the HOME apptainer makes stay, unless the caller set them
+        inner.pop("HOME", None)
+        if "PATH" not in request_env:
+            inner.pop("PATH", None)
+        if run_id:
+            inner["EXECBOX_RUN_ID"] = run_id
+        prefix = self.env_prefix
+        env.update({prefix + k: v for k, v in inner.items()})
+        return env
+
+    async def run_binary(self, args: list[str], *, timeout: float) -> subprocess.CompletedProcess:
+        """A short control command (probe, instance start/stop): output is small, timeout enforced."""
+        argv = [self.binary, *args]
+        env = self.host_env({})
+
+        def call() -> subprocess.CompletedProcess:
+            try:
+                return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
+                                      stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout:g}s")
+            except OSError as exc:
+                return subprocess.CompletedProcess(argv, 127, "", str(exc))
+
+        return await anyio.to_thread.run_sync(call)
+
+    # --- contract -----------------------------------------------------------------------------------
+
+    async def check(self) -> Capabilities:
+        if self._checked is None:
+            self._checked = await self._check()
+        return self._checked
+
+    async def _check(self) -> Capabilities:
+        binary = self.binary
+        version = await self.run_binary(["--version"], timeout=60)
+        if version.returncode != 0:
+            raise BackendUnavailableError(f"`{binary} --version` failed: {_tail(version.stderr)}", backend=NAME,
+                                          fix="repair the Apptainer installation (`apptainer --version` must work)")
+        self.version = version.stdout.strip()
+        image = self.settings_s.image
+        if "://" not in image and not os.path.exists(image):
+            raise BackendUnavailableError(
+                f"the image {image} does not exist", backend=NAME, env_var="CODE_EXEC_SINGULARITY_IMAGE",
+                fix="set CODE_EXEC_SINGULARITY_IMAGE to a .sif file (e.g. `apptainer build python.sif "
+                    "docker://python:3.12-slim`) or to a docker:// URI")
+        probe_dir = tempfile.mkdtemp(prefix="execbox-sing-probe-", dir=self.settings_s.tmpdir)
+        try:
+            spec_host = SessionSpec("host", Limits(), True, 60)
+            base = await self.run_binary(["exec", *self.container_flags(spec_host, probe_dir), image, "true"],
+                                         timeout=_PROBE_TIMEOUT_S)
+            if base.returncode != 0:
+                raise BackendUnavailableError(
+                    f"`{Path(binary).name} exec --containall ... {image} true` failed: {_tail(base.stderr)}",
+                    backend=NAME, env_var="CODE_EXEC_SINGULARITY_IMAGE",
+                    fix="check that the image can be pulled or opened, and that this user may run containers here")
+            spec_none = SessionSpec("none", Limits(), True, 60)
+            net = await self.run_binary(["exec", *self.container_flags(spec_none, probe_dir), image, "true"],
+                                        timeout=_PROBE_TIMEOUT_S)
+        finally:
+            shutil.rmtree(probe_dir, ignore_errors=True)
+        caps = self.capabilities
+        if net.returncode != 0:
+            self._notes = [f"singularity: this host refuses `--net --network none` ({_tail(net.stderr)}); only the "
+                           "host network is available, which the guard does not count as a sandbox"]
+            caps = caps.model_copy(update={"network_modes": frozenset({"host"})})
+        return caps
+
+    def notes(self) -> list[str]:
+        return list(self._notes)
+
+    async def open_session(self, spec: SessionSpec) -> SingularitySession:
+        host_dir = tempfile.mkdtemp(prefix=f"execbox-sing-{os.getpid()}-", dir=self.settings_s.tmpdir)
+        if spec.oneshot:
+            return SingularitySession(self, spec, host_dir, None)
+        instance = f"{_INSTANCE_PREFIX}-{os.getpid()}-{secrets.token_hex(6)}"
+        started = await self.run_binary(
+            ["instance", "start", *self.container_flags(spec, host_dir), self.settings_s.image, instance],
+            timeout=_PROBE_TIMEOUT_S)
+        if started.returncode != 0:
+            shutil.rmtree(host_dir, ignore_errors=True)
+            raise SandboxError(f"could not start the instance {instance}: {_tail(started.stderr)}", backend=NAME)
+        return SingularitySession(self, spec, host_dir, instance)
+
+    async def gc(self) -> list[str]:
+        """Stop instances and remove workspaces whose execbox process is gone."""
+        removed = []
+        listed = await self.run_binary(["instance", "list", "--json"], timeout=60)
+        try:
+            instances = json.loads(listed.stdout or "{}").get("instances", [])
+        except json.JSONDecodeError:
+            instances = []
+        for item in instances:
+            name = str(item.get("instance", ""))
+            match = re.fullmatch(rf"{_INSTANCE_PREFIX}-(\d+)-[0-9a-f]+", name)
+            if match and not _alive(int(match.group(1))):
+                stopped = await self.run_binary(["instance", "stop", "-t", "5", name], timeout=60)
+                if stopped.returncode == 0:
+                    removed.append(f"instance {name}")
+        root = Path(self.settings_s.tmpdir or tempfile.gettempdir())
+        for path in root.glob("execbox-sing-*-*"):
+            match = re.fullmatch(r"execbox-sing-(\d+)-.+", path.name)
+            if match and path.is_dir() and not path.is_symlink() and not _alive(int(match.group(1))):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(str(path))
+        return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _tail(text: str, limit: int = 400) -> str:
+    text = (text or "").strip()
+    return text[-limit:] if text else "(no output)"
