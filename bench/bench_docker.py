@@ -1,0 +1,96 @@
+"""The docker backend's speed and memory, against the real engine (the machine is shared: compare ratios).
+
+    .venv/bin/python bench/bench_docker.py [--runs 20] [--gigabytes 1]
+
+- one-shot `true`: execbox docker (create, attach, start, wait, remove, with the whole hardening table)
+  against a bare `docker run --rm` of the same image, and against docker-py's containers.run;
+- an exec in a persistent session (`execbox.sandbox(backend="docker")`);
+- output streaming: throughput and the caller's RSS growth while N GB pass through the byte cap;
+- the image: `build_image()` when it is up to date (the idempotent path the test command takes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+
+import psutil
+
+from execbox import Runner, Settings
+from execbox.backends import docker_image
+
+
+def median_ms(fn, runs: int) -> float:
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - started) * 1000)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--gigabytes", type=float, default=1.0)
+    args = parser.parse_args()
+    image = docker_image.DEFAULT_TAG
+    runner = Runner(Settings.from_env(backend="docker"))
+    runner.run(["true"])  # warm: engine connection, start-up sweep, page cache
+
+    ours = median_ms(lambda: runner.run(["true"]), args.runs)
+    line = f"one-shot `true`: execbox docker {ours:.0f} ms"
+    if shutil.which("docker"):
+        cli = median_ms(lambda: subprocess.run(["docker", "run", "--rm", image, "true"], check=True,
+                                               capture_output=True), args.runs)
+        line += f", bare `docker run --rm` {cli:.0f} ms (x{ours / cli:.2f})"
+    import docker
+
+    client = docker.from_env()
+    sdk = median_ms(lambda: client.containers.run(image, ["true"], remove=True), args.runs)
+    line += f", docker-py containers.run {sdk:.0f} ms — median of {args.runs}"
+    print(line)
+
+    with runner.sandbox("docker") as sb:
+        sb.exec(["true"])
+        exec_ms = median_ms(lambda: sb.exec(["true"]), args.runs)
+    print(f"session exec `true`: {exec_ms:.0f} ms median of {args.runs}")
+    started = time.perf_counter()
+    with runner.sandbox("docker") as sb:
+        opened = time.perf_counter()
+    print(f"session open + close: {(time.perf_counter() - started) * 1000:.0f} ms "
+          f"(open {(opened - started) * 1000:.0f} ms)")
+
+    me = psutil.Process()
+    baseline = me.memory_info().rss
+    peak = [baseline]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak.append(me.memory_info().rss)
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    size = int(args.gigabytes * 1e9)
+    started = time.perf_counter()
+    result = runner.run(["head", "-c", str(size), "/dev/zero"], timeout=600)
+    elapsed = time.perf_counter() - started
+    stop.set()
+    sampler.join()
+    assert result.truncated and result.exit_code == 0, result
+    print(f"output: {size / 1e9:.1f} GB through the cap in {elapsed:.1f} s ({size / 1e6 / elapsed:.0f} MB/s), "
+          f"caller RSS growth {(max(peak) - baseline) / 2**20:.1f} MiB")
+
+    build = docker_image.build_image(log=lambda _: None)
+    print(f"image {build.tag}: {build.size_bytes / 1e6:.0f} MB; build_image() when up to date: "
+          f"{build.seconds * 1000:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
