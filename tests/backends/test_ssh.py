@@ -318,3 +318,13 @@ def test_gc_removes_expired_workspaces_only(sshd_server: SshServer, ssh_env) -> 
         assert not expired.exists() and fresh.exists()
     finally:
         subprocess.run(["rm", "-rf", str(expired), str(fresh)], check=True)
+
+
+def test_invalid_setting_is_reported_when_used_not_at_registration(monkeypatch: pytest.MonkeyPatch) -> None:
+    from execbox import ConfigError
+
+    monkeypatch.setenv("CODE_EXEC_SSH_PORT", "not-a-port")
+    backend = SshBackend(Settings.from_env())  # `execbox backends` must still list every backend
+    assert not backend.verdict(ExecRequest(argv=["true"])).sandbox
+    with pytest.raises(ConfigError, match="CODE_EXEC_SSH_PORT='not-a-port' is invalid"):
+        anyio.run(backend.check)

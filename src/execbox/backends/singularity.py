@@ -32,7 +32,7 @@ import anyio
 
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import BackendUnavailableError, SandboxError
+from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.procs import reaped, run_process
 from execbox.core.settings import EnvSettings, _env
@@ -131,10 +131,22 @@ class SingularityBackend(ExecutionBackend):
 
     def __init__(self, settings: object) -> None:
         super().__init__(settings)  # type: ignore[arg-type]
-        self.settings_s = SingularitySettings.from_env()
+        # an invalid CODE_EXEC_SINGULARITY_* value is raised when the backend is used, not at registration
+        self._config_error: ConfigError | None = None
+        try:
+            self._settings_s: SingularitySettings | None = SingularitySettings.from_env()
+        except ConfigError as exc:
+            self._settings_s, self._config_error = None, exc
         self._checked: Capabilities | None = None
         self._notes: list[str] = []
         self.version = ""
+
+    @property
+    def settings_s(self) -> SingularitySettings:
+        if self._settings_s is None:
+            assert self._config_error is not None
+            raise self._config_error
+        return self._settings_s
 
     # --- the binary ---------------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ import anyio
 
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
 from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import BackendUnavailableError, SandboxError, WorkspacePathError
+from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError, WorkspacePathError
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 from execbox.core.settings import EnvSettings, _env
@@ -585,10 +585,23 @@ class SshBackend(ExecutionBackend):
 
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)
-        self.ssh = SshSettings.from_env()
+        # An invalid CODE_EXEC_SSH_* value must not break `execbox backends` for every backend: keep the
+        # error and raise it when this backend is used.
+        self._config_error: ConfigError | None = None
+        try:
+            self._ssh: SshSettings | None = SshSettings.from_env()
+        except ConfigError as exc:
+            self._ssh, self._config_error = None, exc
         self._checked: Capabilities | None = None
         self._remote_notes: list[str] = []
         self._accepted_keys: list[str] = []
+
+    @property
+    def ssh(self) -> SshSettings:
+        if self._ssh is None:
+            assert self._config_error is not None
+            raise self._config_error
+        return self._ssh
 
     def _connect(self) -> _Connection:
         conn = _Connection(self.ssh).open()
@@ -623,6 +636,8 @@ class SshBackend(ExecutionBackend):
         return self.capabilities.model_copy(update={"sandbox": self.ssh.sandboxed})
 
     def verdict(self, request: ExecRequest) -> Verdict:
+        if self._ssh is None:
+            return Verdict(False, f"the ssh settings are invalid: {self._config_error}")
         if self.ssh.sandboxed:
             return Verdict(True, f"the operator attests that {self.ssh.host} is a disposable host "
                                  "(CODE_EXEC_SSH_SANDBOXED=true); execbox does not isolate code there", attested=True)
@@ -630,12 +645,14 @@ class SshBackend(ExecutionBackend):
                               "set CODE_EXEC_SSH_SANDBOXED=true only if that host is disposable")
 
     def notes(self) -> list[str]:
+        if self._ssh is None:
+            return []
         notes = []
         if self.ssh.sandboxed:
             notes.append(f"ssh: sandbox status is attested by the operator (CODE_EXEC_SSH_SANDBOXED=true), "
-                         f"not enforced: the code ran on {self.ssh.host} with the SSH user's full privileges")
+                         f"not enforced: code runs on {self.ssh.host} with the SSH user's full privileges")
         else:
-            notes.append(f"ssh: not a sandbox: the code ran on {self.ssh.host} with the SSH user's full privileges")
+            notes.append(f"ssh: not a sandbox: code runs on {self.ssh.host} with the SSH user's full privileges")
         if self.ssh.auto_add_host_key:
             accepted = f" (accepted: {'; '.join(self._accepted_keys)})" if self._accepted_keys else ""
             notes.append("ssh: unknown host keys are trusted on first use (CODE_EXEC_SSH_AUTO_ADD_HOST_KEY=true)"

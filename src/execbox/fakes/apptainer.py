@@ -27,7 +27,8 @@ whose execs each start a fresh container with the instance's flags, so a
 background process does not survive from one exec to the next), and
 ``instance stop`` signalling processes.
 
-Install it on PATH with :func:`install`, which writes a tiny wrapper script.
+Install it with :func:`install`, which writes a tiny wrapper script with the log, state dir and options
+baked in (``deny_net=True`` acts like a host whose apptainer.conf forbids ``--network none``).
 """
 
 from __future__ import annotations
