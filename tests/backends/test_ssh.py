@@ -328,3 +328,21 @@ def test_invalid_setting_is_reported_when_used_not_at_registration(monkeypatch: 
     assert not backend.verdict(ExecRequest(argv=["true"])).sandbox
     with pytest.raises(ConfigError, match="CODE_EXEC_SSH_PORT='not-a-port' is invalid"):
         anyio.run(backend.check)
+
+
+def test_without_remote_python_the_wrapper_still_kills_session_and_marked_processes(
+        sshd_server: SshServer, ssh_env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fallback when the host has no python3 (no subreaper): the run's session, its descendants and every
+    process that kept the run's marker variable still die; only a double-forked orphan that also cleared its
+    environment could escape (said in the backend's notes)."""
+    from execbox.backends import ssh
+
+    monkeypatch.setattr(ssh, "_REMOTE_PYTHON", "no-such-python3")
+    marker = f"nopy-{uuid.uuid4().hex}"
+    code = ("import os, subprocess, sys, time\n"
+            "subprocess.Popen(['sh', '-c', 'sleep 300; : ' + sys.argv[1]], start_new_session=True)\n"
+            "if os.fork() == 0:\n    os.setsid()\n    os.execvp('sh', ['sh', '-c', 'sleep 301; : ' + sys.argv[1]])\n"
+            "print('started', flush=True)\ntime.sleep(300)\n")
+    result = attested(ssh_env).run(["python3", "-c", code, marker], timeout=2)
+    assert result.timed_out and result.stdout == "started\n"
+    assert wait_until(lambda: not leftovers(sshd_server, marker), 3), leftovers(sshd_server, marker)

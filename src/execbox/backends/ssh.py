@@ -131,6 +131,8 @@ wait "$child"
 finish $? keep
 """
 
+# The remote interpreter for the subreaper launcher (a test swaps it to exercise the fallback without it).
+_REMOTE_PYTHON = "python3"
 # Makes the wrapper a child subreaper (orphans of the run are re-parented to it, not to init) when the
 # remote host has python3; the attribute survives the exec into sh.
 _SUBREAPER = (
@@ -405,8 +407,9 @@ class SshSession(Session):
         args = [run_id, self.workspace, request.workdir or self.workspace, stdin_path, mem_kb, cpu,
                 str(FILE_SIZE_BLOCKS), endmark]
         wrapper = " ".join(shlex.quote(a) for a in ["/bin/sh", "-c", _WRAPPER, "execbox-run", *args, *request.argv])
-        subreaper = "exec python3 -I -c " + shlex.quote(_SUBREAPER) + " " + wrapper
-        command = f"if command -v python3 >/dev/null 2>&1; then {subreaper}; else exec {wrapper}; fi"
+        py = shlex.quote(_REMOTE_PYTHON)
+        subreaper = f"exec {py} -I -c " + shlex.quote(_SUBREAPER) + " " + wrapper
+        command = f"if command -v {py} >/dev/null 2>&1; then {subreaper}; else exec {wrapper}; fi"
         env = sandbox_env(request.env, home=self.workspace)
         env["EXECBOX_RUN_ID"] = run_id
         env["EXECBOX_SESSION_ID"] = self.token
