@@ -13,6 +13,7 @@ BUILTIN_BACKENDS = [
     "execbox.backends.docker:DockerBackend",
     "execbox.backends.ssh:SshBackend",
     "execbox.backends.singularity:SingularityBackend",
+    "execbox.backends.bubblewrap:BubblewrapBackend",
 ]
 
 

@@ -1,0 +1,677 @@
+"""bubblewrap: every exec in a fresh set of Linux namespaces made by ``bwrap``; no daemon, milliseconds.
+
+The boundary, on every exec:
+
+    namespaces     all unshared (user, pid, mount, ipc, uts, cgroup, and network unless 'host' is
+                   asked for); a new session (no TIOCSTI into the caller's terminal); the sandbox dies
+                   with bwrap and bwrap with execbox; no new user namespaces inside
+    identity       uid/gid 1000 inside with no capabilities; when execbox runs as root the launcher
+                   first drops to an unprivileged host uid (CODE_EXEC_BWRAP_USER, 65534:65534), since
+                   bwrap started by root maps the sandbox user onto host root for file access
+    filesystem     an empty read-only root holding: /usr (and the /bin, /lib* links), the pieces of
+                   /etc a program needs (no passwd/shadow of the host: a generated one), a fresh /proc
+                   and /dev, /tmp and /dev/shm as size-limited tmpfs, and exactly one writable host
+                   path, the session workspace, at /workspace. Never /home, /root, /run, host sockets
+                   or the execbox install directory (masked when it lies under /usr)
+    seccomp        ptrace, mounts, setns, keyrings, bpf, perf, userfaultfd, io_uring, new user
+                   namespaces and kernel-module/kexec calls fail (bubblewrap_seccomp.py)
+    limits         rlimits always (no core dumps, 1 GiB files, CPU seconds); memory, pids and cpu
+                   through a cgroup per exec where the host lets execbox create one (v1 or v2),
+                   decided by ``check``: the capabilities report only what is enforced here
+    time           at the deadline bwrap is killed; its PID namespace dies with every process in
+                   it, setsid and double-forked grandchildren included
+
+A session is a workspace directory that lives until ``close``; each exec is a new sandbox over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import math
+import os
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import anyio
+from pydantic import field_validator
+from pydantic_settings import NoDecode
+
+from execbox.backends import bubblewrap_seccomp
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+from execbox.core.envpolicy import sandbox_env
+from execbox.core.errors import BackendUnavailableError, SandboxError
+from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
+from execbox.core.procs import run_process
+from execbox.core.settings import EnvSettings, _env, _split
+from execbox.core.workspace import safe_read, safe_write
+
+_LAUNCHER = os.path.join(os.path.dirname(__file__), "_bwrap_launch.py")
+WORKSPACE = "/workspace"
+SANDBOX_UID = SANDBOX_GID = 1000
+FILE_SIZE_LIMIT = 1 << 30
+SHM_MB = 64
+# What a program needs from /etc; everything else of the host's /etc stays out.
+ETC_PIECES = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone", "ssl",
+    "ca-certificates", "ca-certificates.conf", "pki", "crypto-policies", "nsswitch.conf", "host.conf",
+    "gai.conf", "protocols", "services", "mime.types", "os-release", "debian_version", "locale.alias",
+    "locale.conf", "python3", f"python3.{sys.version_info.minor}", "bash.bashrc", "inputrc", "profile",
+)
+# Host paths that must never be visible, whatever CODE_EXEC_BWRAP_RO_BINDS says.
+FORBIDDEN = ("/", "/home", "/root", "/run", "/var/run", "/proc", "/sys", "/dev", "/boot", "/etc", "/var", "/tmp",
+             WORKSPACE)
+_CONTROLLERS = ("memory", "pids", "cpu")
+_LIMIT_OF = {"memory": "memory", "pids": "pids", "cpu": "cpu"}
+
+
+class BubblewrapSettings(EnvSettings):
+    path: str = _env("CODE_EXEC_BWRAP_PATH", "bwrap", "The bwrap binary: a name on PATH or an absolute path")
+    user: str = _env("CODE_EXEC_BWRAP_USER", "65534:65534",
+                     "Host uid:gid the sandbox runs as when execbox runs as root (never 0)")
+    tmpfs_mb: int = _env("CODE_EXEC_BWRAP_TMPFS_MB", 512, "Size of the /tmp tmpfs (counts against memory), MiB", gt=0)
+    cgroups: Literal["auto", "off"] = _env(
+        "CODE_EXEC_BWRAP_CGROUPS", "auto", "auto: memory/pids/cpu limits through a cgroup per exec when the host "
+        "lets execbox create one; off: rlimits only")
+    cgroup_parent: str = _env(
+        "CODE_EXEC_BWRAP_CGROUP_PARENT", "", "cgroup (path under the cgroup mount) in which execbox creates one "
+        "cgroup per exec; empty = execbox's own cgroup")
+    ro_binds: Annotated[list[str], NoDecode] = _env(
+        "CODE_EXEC_BWRAP_RO_BINDS", [], "Comma list of extra host paths bound read-only at the same place (e.g. /opt/python)")
+
+    _split_lists = field_validator("ro_binds", mode="before")(_split)
+
+    @field_validator("user")
+    @classmethod
+    def _uid_gid(cls, value: str) -> str:
+        uid, sep, gid = value.partition(":")
+        if not (uid.isdigit() and (not sep or gid.isdigit())):
+            raise ValueError("give uid:gid as numbers, e.g. 65534:65534")
+        if int(uid) == 0 or (gid and int(gid) == 0):
+            raise ValueError("the sandbox must not run as root (uid or gid 0)")
+        return f"{uid}:{gid or uid}"
+
+    @field_validator("ro_binds")
+    @classmethod
+    def _safe_binds(cls, paths: list[str]) -> list[str]:
+        for raw in paths:
+            path = os.path.normpath(raw)
+            if not raw.startswith("/"):
+                raise ValueError(f"{raw!r} is not an absolute path")
+            for bad in FORBIDDEN:
+                if path == bad or (bad != "/" and (path.startswith(bad + "/"))) or bad.startswith(path.rstrip("/") + "/"):
+                    raise ValueError(f"{raw!r} would expose {bad} to the sandbox")
+        return paths
+
+    def host_identity(self) -> tuple[int, int] | None:
+        """The uid:gid to drop to before bwrap, when execbox runs as root; None when it does not."""
+        if os.geteuid() != 0:
+            return None
+        uid, _, gid = self.user.partition(":")
+        return int(uid), int(gid)
+
+
+# --- cgroups --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CgroupPlan:
+    """Where per-exec cgroups go on this host: controller -> parent directory (v1: one per controller)."""
+
+    version: int
+    parents: dict[str, str]
+
+    @property
+    def limits(self) -> frozenset[str]:
+        return frozenset(_LIMIT_OF[c] for c in self.parents)
+
+
+@dataclass
+class RunCgroup:
+    plan: CgroupPlan
+    dirs: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, plan: CgroupPlan, limits: Limits) -> RunCgroup:
+        run = cls(plan)
+        name = f"execbox-{os.getpid()}-{uuid.uuid4().hex[:10]}"
+        try:
+            for controller, parent in plan.parents.items():
+                path = os.path.join(parent, name)
+                if path not in run.dirs.values():
+                    os.mkdir(path, 0o755)
+                run.dirs[controller] = path
+            run._apply(limits)
+        except OSError:
+            run.remove()
+            raise
+        return run
+
+    def _apply(self, limits: Limits) -> None:
+        v1 = self.plan.version == 1
+        if limits.memory_mb and "memory" in self.dirs:
+            limit = str(limits.memory_mb * 1024 * 1024)
+            base = self.dirs["memory"]
+            if v1:
+                _write(base, "memory.limit_in_bytes", limit)
+                if os.path.exists(os.path.join(base, "memory.memsw.limit_in_bytes")):
+                    _write(base, "memory.memsw.limit_in_bytes", limit)  # no swap headroom
+            else:
+                _write(base, "memory.max", limit)
+                if os.path.exists(os.path.join(base, "memory.swap.max")):
+                    _write(base, "memory.swap.max", "0")
+        if limits.pids and "pids" in self.dirs:
+            _write(self.dirs["pids"], "pids.max", str(limits.pids))
+        if limits.cpus and "cpu" in self.dirs:
+            period = 100_000
+            quota = max(1000, int(limits.cpus * period))
+            if v1:
+                _write(self.dirs["cpu"], "cpu.cfs_period_us", str(period))
+                _write(self.dirs["cpu"], "cpu.cfs_quota_us", str(quota))
+            else:
+                _write(self.dirs["cpu"], "cpu.max", f"{quota} {period}")
+
+    def procs_files(self) -> list[str]:
+        return sorted({os.path.join(d, "cgroup.procs") for d in self.dirs.values()})
+
+    def oom_killed(self) -> bool:
+        base = self.dirs.get("memory")
+        if not base:
+            return False
+        name = "memory.oom_control" if self.plan.version == 1 else "memory.events"
+        try:
+            with open(os.path.join(base, name)) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and int(value) > 0:
+                        return True
+        except OSError:
+            pass
+        return False
+
+    def remove(self) -> None:
+        """Kill whatever is still in the cgroups, then remove them (a leftover is swept by gc)."""
+        for path in sorted(set(self.dirs.values())):
+            _remove_cgroup(path)
+        self.dirs.clear()
+
+
+def _write(base: str, name: str, value: str) -> None:
+    with open(os.path.join(base, name), "w") as fh:
+        fh.write(value)
+
+
+def _remove_cgroup(path: str) -> bool:
+    for attempt in range(50):
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                return False
+        if os.path.exists(os.path.join(path, "cgroup.kill")):
+            with contextlib.suppress(OSError):
+                _write(path, "cgroup.kill", "1")
+        else:
+            with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.procs")) as fh:
+                for pid in fh.read().split():
+                    with contextlib.suppress(OSError):
+                        os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.01 * (attempt + 1))
+    return False
+
+
+def _mounts() -> list[tuple[str, str, str, set[str]]]:
+    """(mount point, root within the hierarchy, fstype, super options) of every cgroup mount."""
+    found = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if len(rfields) >= 3 and rfields[0] in ("cgroup", "cgroup2"):
+                found.append((fields[4], fields[3], rfields[0], set(rfields[2].split(","))))
+    return found
+
+
+def _own_cgroups() -> dict[str, str]:
+    """controller (or "" for the v2 hierarchy) -> this process's cgroup path."""
+    own: dict[str, str] = {}
+    with open("/proc/self/cgroup") as fh:
+        for line in fh:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for controller in controllers.split(",") if controllers else [""]:
+                own[controller] = path
+    return own
+
+
+def _under(mount: str, root: str, path: str) -> str | None:
+    """The directory of cgroup ``path`` as seen through a mount of the hierarchy at ``root``."""
+    if root != "/" and not (path == root or path.startswith(root.rstrip("/") + "/")):
+        return None
+    rel = path[len(root):] if root != "/" else path
+    return os.path.join(mount, rel.lstrip("/"))
+
+
+def plan_cgroups(settings: BubblewrapSettings) -> tuple[CgroupPlan | None, str]:
+    """Where this host lets execbox create a cgroup per exec, proved by creating one; or why not."""
+    if settings.cgroups == "off":
+        return None, "CODE_EXEC_BWRAP_CGROUPS=off"
+    try:
+        mounts, own = _mounts(), _own_cgroups()
+    except OSError as exc:
+        return None, f"cannot read this process's cgroups: {exc}"
+    parents: dict[str, str] = {}
+    version = 0
+    for mount, root, fstype, opts in mounts:  # v1 first: a controller bound to v1 is not on v2
+        if fstype != "cgroup":
+            continue
+        for controller in _CONTROLLERS:
+            if controller in opts and controller not in parents and controller in own:
+                path = settings.cgroup_parent or own[controller]
+                where = _under(mount, root, path)
+                if where and os.path.isdir(where):
+                    parents[controller], version = where, 1
+    if not parents:
+        for mount, root, fstype, _ in mounts:
+            if fstype != "cgroup2" or "" not in own:
+                continue
+            where = _under(mount, root, settings.cgroup_parent or own[""])
+            if not where or not os.path.isdir(where):
+                continue
+            try:
+                with open(os.path.join(where, "cgroup.controllers")) as fh:
+                    available = set(fh.read().split())
+                wanted = [c for c in _CONTROLLERS if c in available]
+                with open(os.path.join(where, "cgroup.subtree_control")) as fh:
+                    enabled = set(fh.read().split())
+                missing = [c for c in wanted if c not in enabled]
+                if missing:
+                    # Fails (EBUSY) when the parent holds processes itself: the v2 no-internal-process rule.
+                    _write(where, "cgroup.subtree_control", " ".join("+" + c for c in missing))
+            except OSError as exc:
+                return None, (f"cgroup v2 at {where} does not let execbox create limited child cgroups ({exc.strerror}); "
+                              "give execbox a delegated cgroup without processes of its own via CODE_EXEC_BWRAP_CGROUP_PARENT")
+            parents = {c: where for c in wanted}
+            version = 2
+            break
+    if not parents:
+        return None, "no memory, pids or cpu cgroup controller is mounted here"
+    plan = CgroupPlan(version, parents)
+    try:
+        RunCgroup.create(plan, Limits(memory_mb=64, pids=16, cpus=0.5)).remove()
+    except OSError as exc:
+        return None, (f"cannot create a cgroup under {sorted(set(parents.values()))[0]} ({exc.strerror}); run execbox "
+                      "as root, or point CODE_EXEC_BWRAP_CGROUP_PARENT at a cgroup delegated to this user")
+    return plan, ""
+
+
+# --- the host -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostReport:
+    """What ``check`` found: the capabilities and the facts behind them (for `execbox doctor`)."""
+
+    capabilities: Capabilities
+    bwrap: str
+    version: str
+    features: frozenset[str]
+    host_identity: tuple[int, int] | None
+    cgroup: CgroupPlan | None
+    cgroup_reason: str
+    seccomp_syscalls: tuple[str, ...]
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "bwrap": self.bwrap,
+            "version": self.version,
+            "runs_as": ("uid %d gid %d (dropped from root)" % self.host_identity) if self.host_identity
+                       else f"uid {os.getuid()} (the caller)",
+            "cgroup": f"v{self.cgroup.version}: " + ", ".join(sorted(self.cgroup.parents)) if self.cgroup
+                      else f"none ({self.cgroup_reason})",
+            "limits": sorted(self.capabilities.limits),
+            "seccomp": "denies " + ", ".join(self.seccomp_syscalls),
+            "disable_userns": "--disable-userns" in self.features,
+            "tmpfs_size": "--size" in self.features,
+        }
+
+
+_REPORTS: dict[tuple[Any, ...], HostReport] = {}
+
+_USERNS_FIX = (
+    "let unprivileged users create user namespaces: `sysctl -w user.max_user_namespaces=15000`; on Debian <= 10 "
+    "`sysctl -w kernel.unprivileged_userns_clone=1`; on Ubuntu >= 23.10 allow bwrap in AppArmor (or `sysctl -w "
+    "kernel.apparmor_restrict_unprivileged_userns=0`); in a container, run it with a seccomp/AppArmor profile that "
+    "allows unshare. Or use the docker backend"
+)
+
+
+def _unavailable(reason: str, fix: str, env_var: str | None = None) -> BackendUnavailableError:
+    return BackendUnavailableError(f"bubblewrap: {reason}", backend=BubblewrapBackend.name, fix=fix, env_var=env_var)
+
+
+async def _output(*argv: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                                                stdin=asyncio.subprocess.DEVNULL)
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode(errors="replace")
+
+
+async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> HostReport:
+    """Decide once per configuration what runs here; raises BackendUnavailableError with the fix."""
+    key = (settings.model_dump_json(), os.geteuid())
+    if key in _REPORTS:
+        return _REPORTS[key]
+    if not sys.platform.startswith("linux"):
+        raise _unavailable(f"needs Linux namespaces; this is {sys.platform}", "use the docker backend")
+    bwrap = shutil.which(settings.path)
+    if not bwrap:
+        raise _unavailable(f"{settings.path!r} not found", "apt-get install bubblewrap (Fedora: dnf install bubblewrap; "
+                           "Arch: pacman -S bubblewrap) or set CODE_EXEC_BWRAP_PATH", "CODE_EXEC_BWRAP_PATH")
+    if os.stat(bwrap).st_mode & stat.S_ISUID:
+        raise _unavailable(f"{bwrap} is setuid root; execbox needs the unprivileged (user namespace) bwrap",
+                           f"chmod u-s {bwrap}, after making sure unprivileged user namespaces work here")
+    _, version = await _output(bwrap, "--version")
+    _, usage = await _output(bwrap, "--help")
+    features = frozenset(f for f in ("--size", "--disable-userns", "--json-status-fd", "--args") if f in usage)
+    if not {"--json-status-fd", "--args"} <= features:
+        raise _unavailable(f"{version.strip()} is too old (no --args/--json-status-fd)",
+                           "install bubblewrap >= 0.5 (Debian 12, Ubuntu 22.04 and newer have it)")
+    try:
+        bubblewrap_seccomp.compiled_filter()
+    except bubblewrap_seccomp.SeccompUnavailable as exc:
+        raise _unavailable(str(exc), "apt-get install libseccomp2 (Fedora: dnf install libseccomp)") from None
+    plan, reason = await anyio.to_thread.run_sync(plan_cgroups, settings)
+    report = HostReport(_capabilities(plan), bwrap, version.strip(), features, settings.host_identity(), plan, reason,
+                        bubblewrap_seccomp.DENIED_SYSCALLS)
+    # Prove it end to end: a real sandbox, with the cgroup and the seccomp filter, must run python3 or sh.
+    probe = BubblewrapSession(report, settings, SessionSpec("none", core_limits, True, 60.0))
+    try:
+        result = await probe.exec(_probe_request(core_limits))
+    except SandboxError as exc:
+        result = ExecResult(exit_code=125, stderr=str(exc))
+    finally:
+        await probe.close()
+    if result.exit_code != 0 and plan is not None:
+        # A host that lets us create cgroups but not join them: fall back to rlimits only, and say so.
+        report = HostReport(_capabilities(None), bwrap, version.strip(), features, settings.host_identity(), None,
+                            f"joining the cgroup failed: {result.stderr.strip()[-300:]}", bubblewrap_seccomp.DENIED_SYSCALLS)
+        probe = BubblewrapSession(report, settings, SessionSpec("none", core_limits, True, 60.0))
+        try:
+            result = await probe.exec(_probe_request(core_limits))
+        except SandboxError as exc:
+            result = ExecResult(exit_code=125, stderr=str(exc))
+        finally:
+            await probe.close()
+    if result.exit_code != 0 or result.stdout.strip() != str(SANDBOX_UID):
+        detail = (result.stderr or result.stdout).strip()[-500:]
+        fix = _USERNS_FIX if ("namespace" in detail or "uid map" in detail) else "see the error above"
+        raise _unavailable(f"a test sandbox did not start (exit {result.exit_code}): {detail}", fix)
+    _REPORTS[key] = report
+    return report
+
+
+def _probe_request(limits: Limits) -> ExecRequest:
+    return ExecRequest(argv=["/bin/sh", "-c", "id -u"], timeout=20, max_output_bytes=4096, network="none",
+                       limits=limits, workdir=WORKSPACE)
+
+
+def _capabilities(plan: CgroupPlan | None) -> Capabilities:
+    return BubblewrapBackend.capabilities.model_copy(
+        update={"limits": frozenset({"wall_time"}) | (plan.limits if plan else frozenset())})
+
+
+# --- the sandbox ----------------------------------------------------------------------------------
+
+
+def _system_binds() -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for piece in ETC_PIECES:
+        if os.path.lexists(f"/etc/{piece}"):
+            args += ["--ro-bind-try", f"/etc/{piece}", f"/etc/{piece}"]
+    return args
+
+
+def _masks(bound: list[str]) -> list[str]:
+    """Cover the execbox install directory with an empty tmpfs when a bound path contains it."""
+    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    if any(here == b or here.startswith(b.rstrip("/") + "/") for b in bound):
+        return ["--tmpfs", here]
+    return []
+
+
+class BubblewrapSession(Session):
+    workspace = WORKSPACE
+
+    def __init__(self, report: HostReport, settings: BubblewrapSettings, spec: SessionSpec) -> None:
+        self.report = report
+        self.settings = settings
+        self.spec = spec
+        self.owner = report.host_identity
+        self.root = tempfile.mkdtemp(prefix=f"execbox-bwrap-{os.getpid()}-")
+        self.host_workspace = os.path.join(self.root, "workspace")
+        self._closed = False
+        try:
+            # root: 0711 so the dropped uid can reach its workspace but list nothing else here
+            os.chmod(self.root, 0o711)
+            os.mkdir(self.host_workspace, 0o700)
+            if self.owner:
+                os.chown(self.host_workspace, *self.owner)
+            self._write_private("passwd", f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:"
+                                          f"sandbox:{WORKSPACE}:/bin/sh\nnobody:x:65534:65534::/:/usr/sbin/nologin\n",
+                                0o644)
+            self._write_private("group", f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n", 0o644)
+            self._write_private("hosts", "127.0.0.1 localhost\n::1 localhost\n", 0o644)
+            self._write_private("filter.bpf", bubblewrap_seccomp.compiled_filter(), 0o600)
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
+
+    def _write_private(self, name: str, data: str | bytes, mode: int) -> str:
+        path = os.path.join(self.root, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(path, mode)
+        return path
+
+    def _bwrap_args(self, request: ExecRequest) -> list[str]:
+        features = self.report.features
+        args = ["--unshare-all", "--unshare-user"]
+        if request.network == "host":
+            args.append("--share-net")
+        if "--disable-userns" in features:
+            args.append("--disable-userns")
+        args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                 "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "execbox", "--clearenv"]
+        for name, value in sandbox_env(request.env, home=WORKSPACE).items():
+            args += ["--setenv", name, value]
+        args += _system_binds()
+        for name in ("passwd", "group", "hosts"):
+            args += ["--ro-bind", os.path.join(self.root, name), f"/etc/{name}"]
+        if request.network == "host":
+            args += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        sized = "--size" in features
+        args += (["--size", str(SHM_MB << 20)] if sized else []) + ["--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+        args += (["--size", str(self.settings.tmpfs_mb << 20)] if sized else []) + ["--tmpfs", "/tmp"]
+        args += ["--bind", self.host_workspace, WORKSPACE]
+        for extra in self.settings.ro_binds:
+            args += ["--ro-bind", extra, extra]
+        args += _masks(["/usr", *self.settings.ro_binds])
+        args += ["--remount-ro", "/"]
+        args += ["--chdir", request.workdir or WORKSPACE]
+        return args
+
+    def _rlimits(self, request: ExecRequest, cgroup: RunCgroup | None) -> dict[str, int]:
+        assert request.timeout
+        rlimits = {"CORE": 0, "FSIZE": FILE_SIZE_LIMIT, "CPU": math.ceil(request.timeout) + 1}
+        limits = request.limits or self.spec.limits
+        if limits.memory_mb and not (cgroup and "memory" in cgroup.dirs):
+            # No memory cgroup here: a per-process address-space cap is the best there is (not claimed).
+            rlimits["AS"] = limits.memory_mb * 1024 * 1024
+        return rlimits
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        if self._closed:
+            raise SandboxError("this bubblewrap session is closed", backend=BubblewrapBackend.name)
+        assert request.argv and request.timeout and request.max_output_bytes
+        limits = request.limits or self.spec.limits
+        tag = uuid.uuid4().hex[:12]
+        args_file = self._write_private(f"args-{tag}", "\0".join(self._bwrap_args(request)) + "\0", 0o600)
+        status_file = os.path.join(self.root, f"status-{tag}")
+        cgroup = None
+        try:
+            if self.report.cgroup:
+                try:
+                    cgroup = await anyio.to_thread.run_sync(RunCgroup.create, self.report.cgroup, limits)
+                except OSError as exc:
+                    raise SandboxError(f"cannot create the run's cgroup: {exc}", backend=BubblewrapBackend.name) from exc
+            launch = [sys.executable, "-I", "-S", _LAUNCHER, f"bwrap={self.report.bwrap}", f"args={args_file}",
+                      f"seccomp={os.path.join(self.root, 'filter.bpf')}", f"status={status_file}"]
+            launch += [f"rlimit={k}:{v}" for k, v in self._rlimits(request, cgroup).items()]
+            launch += [f"cgroup={p}" for p in (cgroup.procs_files() if cgroup else [])]
+            if self.owner:
+                launch.append("user=%d:%d" % self.owner)
+            outcome = await run_process(
+                [*launch, "--", *request.argv],
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                cwd=self.root,
+                stdin=request.stdin,
+                timeout=request.timeout,
+                max_output_bytes=request.max_output_bytes,
+            )
+            oom = cgroup.oom_killed() if cgroup else False
+            started = await anyio.to_thread.run_sync(_sandbox_started, status_file)
+            if not started and not outcome.timed_out:
+                raise SandboxError(
+                    f"bubblewrap did not start the sandbox (exit {outcome.exit_code}): {outcome.stderr.text().strip()[-500:]}",
+                    backend=BubblewrapBackend.name)
+            return outcome.to_result(oom_killed=oom)
+        finally:
+            for path in (args_file, status_file):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            if cgroup:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(cgroup.remove)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await anyio.to_thread.run_sync(lambda: safe_write(self.host_workspace, path, data, owner=self.owner))
+
+    async def read_file(self, path: str) -> bytes:
+        return await anyio.to_thread.run_sync(safe_read, self.host_workspace, path)
+
+    async def close(self) -> None:
+        self._closed = True
+        await anyio.to_thread.run_sync(_rmtree, self.root)
+
+
+def _sandbox_started(status_file: str) -> bool:
+    try:
+        with open(status_file) as fh:
+            return '"child-pid"' in fh.read()
+    except OSError:
+        return False
+
+
+def _rmtree(path: str) -> None:
+    """Remove a tree the sandbox may have made unreadable (chmod 000) for a non-root owner."""
+    def fix(func: Any, target: str, _exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(target), 0o700)
+            if os.path.isdir(target) and not os.path.islink(target):
+                os.chmod(target, 0o700)
+            func(target)
+
+    shutil.rmtree(path, onerror=fix)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class BubblewrapBackend(ExecutionBackend):
+    name = "bubblewrap"
+    extra = None  # no Python SDK: needs the bwrap binary and libseccomp2 from the OS
+    summary = "Linux namespaces with bwrap: no daemon, starts in milliseconds; shares the host kernel"
+    capabilities = Capabilities(
+        sandbox=True,
+        isolation="namespace",
+        network_modes=frozenset({"none", "host"}),
+        persistent_sessions=True,
+        file_transfer=True,
+        limits=frozenset({"memory", "pids", "cpu", "wall_time"}),
+    )
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self.bwrap_settings = BubblewrapSettings.from_env()
+        self.report: HostReport | None = None
+
+    async def check(self) -> Capabilities:
+        core = self.settings
+        self.report = await host_report(self.bwrap_settings, Limits(memory_mb=core.memory_mb, cpus=core.cpus,
+                                                                    pids=core.pids_limit))
+        return self.report.capabilities
+
+    async def open_session(self, spec: SessionSpec) -> BubblewrapSession:
+        if self.report is None:
+            await self.check()
+        assert self.report is not None
+        return await anyio.to_thread.run_sync(BubblewrapSession, self.report, self.bwrap_settings, spec)
+
+    async def gc(self) -> list[str]:
+        return await anyio.to_thread.run_sync(_gc, self.report.cgroup if self.report else None)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner_pid(name: str, prefix: str) -> int | None:
+    rest = name[len(prefix):]
+    pid = rest.split("-", 1)[0]
+    return int(pid) if name.startswith(prefix) and pid.isdigit() else None
+
+
+def _gc(plan: CgroupPlan | None) -> list[str]:
+    """Workspaces and cgroups left by execbox processes that are gone (a crash, a SIGKILL)."""
+    removed = []
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        pid = _owner_pid(name, "execbox-bwrap-")
+        if pid is not None and pid != os.getpid() and not _pid_alive(pid):
+            _rmtree(os.path.join(tmp, name))
+            removed.append(os.path.join(tmp, name))
+    for parent in sorted(set(plan.parents.values())) if plan else []:
+        with contextlib.suppress(OSError):
+            for name in os.listdir(parent):
+                pid = _owner_pid(name, "execbox-")
+                path = os.path.join(parent, name)
+                if pid is not None and os.path.isdir(path) and pid != os.getpid() and not _pid_alive(pid):
+                    if _remove_cgroup(path):
+                        removed.append(path)
+    return removed
+
+
+__all__ = ["BubblewrapBackend", "BubblewrapSession", "BubblewrapSettings"]

@@ -1,0 +1,477 @@
+"""The bubblewrap backend against real bwrap: the conformance kit, then one test per wall of the sandbox
+(each would fail if that wall were missing), then limits, seccomp, lifecycle and gc."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from execbox import Limits, NotASandboxError, Runner, Settings, WorkspacePathError
+from execbox.backends import bubblewrap as bw
+from execbox.core.errors import BackendUnavailableError, UnsupportedPolicyError
+from execbox.core.models import Capabilities
+from execbox.core.runner import _blocking
+from execbox.testing import engine_missing
+from execbox.testing.conformance import PROBE_CONNECT, BackendConformance, Listener
+
+pytestmark = pytest.mark.engine
+ROOT = os.geteuid() == 0
+
+
+@pytest.fixture
+def runner() -> Runner:
+    return Runner(Settings.from_env(backend="bubblewrap"))
+
+
+@pytest.fixture
+def caps(runner: Runner) -> Capabilities:
+    try:
+        return _blocking(runner.aio.backend("bubblewrap").check)
+    except BackendUnavailableError as exc:
+        engine_missing(f"bubblewrap cannot run here: {exc}")
+
+
+def sh(runner: Runner, command: str, **kw: object) -> tuple[int, str, str]:
+    result = runner.run(command, backend="bubblewrap", **kw)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def sandbox_processes(marker: str) -> list[int]:
+    """Host pids whose command line carries ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if marker.encode() in fh.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+class TestBubblewrapConformance(BackendConformance):
+    backend_name = "bubblewrap"
+
+    @pytest.fixture
+    def runner(self) -> Runner:
+        return Runner(Settings.from_env(backend="bubblewrap"))
+
+
+# --- identity ------------------------------------------------------------------------------------
+
+
+def test_runs_as_non_root_without_capabilities(runner: Runner, caps: Capabilities) -> None:
+    code, out, _ = sh(runner, "id -u; id -g; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status")
+    lines = out.split("\n")
+    assert code == 0 and lines[:2] == ["1000", "1000"]
+    status = dict(line.split(":\t") for line in lines[2:] if line)
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(status[cap], 16) == 0, (cap, status[cap])
+    assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
+
+
+def test_host_sees_an_unprivileged_uid(runner: Runner, caps: Capabilities) -> None:
+    """bwrap started by root would map the sandbox user onto host root: a root-owned host file in the
+    workspace would then be writable from inside. The launcher drops to CODE_EXEC_BWRAP_USER first."""
+    with runner.sandbox("bubblewrap") as sb:
+        session = sb.aio._session
+        assert isinstance(session, bw.BubblewrapSession)
+        host_file = Path(session.host_workspace) / "hosts-own.txt"
+        host_file.write_text("host\n")
+        host_file.chmod(0o644)  # owned by the test's own uid (root in CI)
+        result = sb.exec("echo made > mine.txt; echo tampered >> hosts-own.txt")
+        owner = os.stat(Path(session.host_workspace) / "mine.txt")
+        if ROOT:
+            assert result.exit_code != 0, "the sandbox wrote a file owned by host root"
+            assert host_file.read_text() == "host\n"
+            assert (owner.st_uid, owner.st_gid) == (65534, 65534)
+        else:
+            assert owner.st_uid == os.getuid() != 0
+
+
+def test_setuid_binaries_gain_nothing(runner: Runner, caps: Capabilities) -> None:
+    code, out, _ = sh(runner, "for b in /usr/bin/su /usr/bin/passwd /usr/bin/newgrp /usr/bin/mount; do "
+                              "[ -u $b ] && echo SETUID $b; done; grep ' /usr ' /proc/self/mountinfo")
+    assert "nosuid" in out.split("\n")[-2]
+    if "SETUID /usr/bin/newgrp" in out:
+        # newgrp as root would print nothing and switch groups; unprivileged it cannot even set the gid.
+        code, out, err = sh(runner, "newgrp root </dev/null; id -u")
+        assert out.strip().endswith("1000")
+
+
+# --- network -------------------------------------------------------------------------------------
+
+
+def test_network_none_blocks_a_host_listener_and_host_reaches_it(caps: Capabilities) -> None:
+    listener = Listener()
+    try:
+        blocked = Runner(Settings.from_env()).run(["python3", "-c", PROBE_CONNECT, str(listener.port)],
+                                                  backend="bubblewrap", network="none")
+        assert "BLOCKED" in blocked.stdout and blocked.stdout.split("IFACES")[1].split() in ([], ["lo"])
+        assert listener.accepted == 0
+        # Positive control: the same probe with the host network (local mode only) does connect.
+        with pytest.raises(NotASandboxError):
+            Runner(Settings.from_env()).run(["true"], backend="bubblewrap", network="host")
+        host = Runner(Settings.from_env(local=True)).run(["python3", "-c", PROBE_CONNECT, str(listener.port)],
+                                                         backend="bubblewrap", network="host")
+        assert "CONNECTED" in host.stdout, host
+    finally:
+        listener.close()
+    assert listener.accepted == 1
+
+
+def test_network_egress_is_refused_not_weakened(runner: Runner, caps: Capabilities) -> None:
+    with pytest.raises(UnsupportedPolicyError, match="egress"):
+        runner.run(["true"], backend="bubblewrap", network="egress")
+
+
+# --- filesystem ----------------------------------------------------------------------------------
+
+
+def test_system_is_read_only_and_only_workspace_and_tmp_are_writable(runner: Runner, caps: Capabilities) -> None:
+    probe = textwrap.dedent("""
+        import os
+        for path in ["/x", "/etc/x", "/etc/passwd", "/usr/x", "/usr/bin/python3", "/bin/x", "/lib/x", "/dev/x",
+                     "/proc/x", "/var/x", "/home/x", "/root/x", "/run/x", "/opt/x", "/srv/x",
+                     "/workspace/ok", "/tmp/ok", "/dev/shm/ok"]:
+            try:
+                with open(path, "a") as fh:
+                    fh.write("x")
+                print("WROTE", path)
+            except OSError as exc:
+                print("DENIED", path, exc.errno)
+    """)
+    result = runner.run_code(probe, backend="bubblewrap")
+    wrote = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("WROTE")}
+    assert wrote == {"/workspace/ok", "/tmp/ok", "/dev/shm/ok"}, result.stdout
+
+
+def test_tmp_is_size_limited(runner: Runner, caps: Capabilities, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODE_EXEC_BWRAP_TMPFS_MB", "8")
+    small = Runner(Settings.from_env(backend="bubblewrap"))
+    code, out, err = sh(small, "head -c 20000000 /dev/zero > /tmp/big; echo rc=$?; stat -c %s /tmp/big")
+    assert "rc=1" in out and int(out.split()[-1]) <= 8 << 20 and "No space left" in err
+
+
+def test_host_files_and_secrets_are_invisible(runner: Runner, caps: Capabilities,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = f"host-secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("EXECBOX_TEST_HOST_SECRET", secret)
+    with tempfile.TemporaryDirectory() as outside:
+        marker = Path(outside) / "marker.txt"
+        marker.write_text(secret)
+        execbox_dir = str(Path(bw.__file__).resolve().parents[1])
+        probe = textwrap.dedent(f"""
+            import glob, os
+            print("ENV", os.environ.get("EXECBOX_TEST_HOST_SECRET"))
+            for path in [{str(marker)!r}, {outside!r}, "/home", "/root", "/run", "/var/run/docker.sock",
+                         "/etc/shadow", "/etc/sudoers", "/sys", {execbox_dir + '/core'!r}, {sys.prefix!r}]:
+                print("SEEN" if os.path.exists(path) else "ABSENT", path)
+            # nothing of the host's processes or their environment is reachable through /proc
+            blobs = []
+            for f in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline"):
+                try:
+                    blobs.append(open(f, "rb").read())
+                except OSError:
+                    pass
+            print("PROCS", len(glob.glob("/proc/[0-9]*")), any({secret.encode()!r} in b for b in blobs))
+            print(open("/etc/passwd").read())
+        """)
+        result = runner.run_code(probe, backend="bubblewrap")
+    assert result.exit_code == 0, result.stderr
+    assert "ENV None" in result.stdout and secret not in result.stdout.replace(f"{secret.encode()!r}", "")
+    assert "SEEN" not in result.stdout, result.stdout
+    procs = result.stdout.split("PROCS ")[1].split("\n")[0].split()
+    assert int(procs[0]) <= 4 and procs[1] == "False"
+    host_users = {line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines()} - {"root", "nobody"}
+    inside_users = {line.split(":")[0] for line in result.stdout.split("\n") if line.count(":") >= 6}
+    assert inside_users <= {"root", "sandbox", "nobody"} and not (inside_users & host_users)
+
+
+def test_planted_symlink_to_a_host_secret_is_refused(runner: Runner, caps: Capabilities) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".secret") as host_secret:
+        host_secret.write("do not read")
+        host_secret.flush()
+        with runner.sandbox("bubblewrap") as sb:
+            assert sb.exec(f"ln -s {host_secret.name} out.txt && mkdir d && ln -s / d/up").exit_code == 0
+            with pytest.raises(WorkspacePathError):
+                sb.read_file("out.txt")
+            with pytest.raises(WorkspacePathError):
+                sb.read_file(f"d/up{host_secret.name}")
+            # write_file must not follow the planted link either
+            with pytest.raises(WorkspacePathError):
+                sb.write_file("out.txt", b"overwrite")
+        assert Path(host_secret.name).read_text() == "do not read"
+
+
+# --- seccomp -------------------------------------------------------------------------------------
+
+
+SYSCALLS = textwrap.dedent("""
+    import ctypes, errno, os, threading, subprocess
+    libc = ctypes.CDLL(None, use_errno=True)
+    def call(name, nr, *args):
+        rc = libc.syscall(nr, *args)
+        print(name, errno.errorcode.get(ctypes.get_errno(), "?") if rc < 0 else "ALLOWED")
+    call("ptrace", 101, 16, 1, 0, 0)
+    call("mount", 165, b"none", b"/tmp", b"tmpfs", 0, 0)
+    call("umount2", 166, b"/tmp", 0)
+    call("keyctl", 250, 0, 0, 0, 0)
+    call("add_key", 248, b"user", b"k", b"v", 1, -2)
+    call("request_key", 249, b"user", b"k", 0, 0)
+    call("unshare_newuser", 272, 0x10000000)
+    call("clone_newuser", 56, 0x10000000 | 17, 0, 0, 0, 0)
+    call("setns", 308, 0, 0)
+    call("bpf", 321, 0, 0, 0)
+    call("perf_event_open", 298, 0, 0, -1, -1, 0)
+    call("userfaultfd", 323, 0)
+    call("io_uring_setup", 425, 1, 0)
+    t = threading.Thread(target=lambda: None); t.start(); t.join()
+    print("subprocess", subprocess.run(["true"]).returncode, "threads ok")
+""")
+
+
+def test_seccomp_blocks_what_sandboxed_code_has_no_business_with(runner: Runner, caps: Capabilities) -> None:
+    if os.uname().machine != "x86_64":
+        pytest.skip("the probe uses x86_64 syscall numbers")
+    result = runner.run_code(SYSCALLS, backend="bubblewrap")
+    seen = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert seen.pop("subprocess") == "0 threads ok", result
+    assert seen and all(v == "EPERM" for v in seen.values()), seen
+
+
+def test_filter_denies_the_listed_syscalls() -> None:
+    from execbox.backends import bubblewrap_seccomp as sc
+
+    try:
+        program = sc.compiled_filter()
+    except sc.SeccompUnavailable as exc:
+        engine_missing(str(exc))
+    assert len(program) % 8 == 0 and len(program) > 8 * len(sc.DENIED_SYSCALLS) // 2
+    for name in ("ptrace", "mount", "keyctl", "add_key", "request_key", "bpf", "perf_event_open"):
+        assert name in sc.DENIED_SYSCALLS
+    assert {"unshare", "clone"} <= set(sc.DENIED_WITH_NEWUSER)
+
+
+# --- limits and time -----------------------------------------------------------------------------
+
+
+def host_latency() -> float:
+    started = time.monotonic()
+    subprocess.run(["true"], check=True)
+    return time.monotonic() - started
+
+
+def test_fork_bomb_is_held_and_the_host_stays_responsive(runner: Runner, caps: Capabilities) -> None:
+    if "pids" not in caps.limits:
+        pytest.skip("no pids cgroup on this host (the capabilities say so)")
+    marker = f"bomb-{uuid.uuid4().hex[:8]}"
+    worst: list[float] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            worst.append(host_latency())
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = runner.run(f"b() {{ b | b & }}; b; sleep 3; : {marker}", backend="bubblewrap",
+                            limits=Limits(pids=64), timeout=6)
+    finally:
+        stop.set()
+        watcher.join()
+    # held: forks fail inside, and the script itself carries on to its end
+    assert "Cannot fork" in result.stderr and not result.timed_out, result
+    assert max(worst) < 2.0, f"the host stalled for {max(worst):.1f}s during the fork bomb"
+    time.sleep(0.3)
+    assert not sandbox_processes(marker)
+
+
+def test_memory_bomb_is_reported_as_oom_killed(runner: Runner, caps: Capabilities) -> None:
+    if "memory" not in caps.limits:
+        pytest.skip("no memory cgroup on this host (the capabilities say so)")
+    result = runner.run_code("b = []\nwhile True:\n    b.append(bytearray(16 << 20))", backend="bubblewrap",
+                             limits=Limits(memory_mb=96), timeout=20)
+    assert result.oom_killed and not result.timed_out, result
+    assert result.exit_code == 137
+
+
+def test_cpu_limit_throttles(runner: Runner, caps: Capabilities) -> None:
+    if "cpu" not in caps.limits:
+        pytest.skip("no cpu cgroup on this host (the capabilities say so)")
+    spin = textwrap.dedent("""
+        import os, resource, time
+        for _ in range(2):
+            if os.fork() == 0:
+                end = time.monotonic() + 1.5
+                while time.monotonic() < end:
+                    pass
+                os._exit(0)
+        os.wait(); os.wait()
+        print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime)
+    """)
+    result = runner.run_code(spin, backend="bubblewrap", limits=Limits(cpus=0.25), timeout=20)
+    # Two busy processes for 1.5 s of wall time would use ~3 CPU-seconds unthrottled (on 2 cores).
+    assert float(result.stdout) < 1.0, result
+
+
+def test_requests_for_limits_the_host_cannot_enforce_are_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                 caps: Capabilities) -> None:
+    monkeypatch.setenv("CODE_EXEC_BWRAP_CGROUPS", "off")
+    plain = Runner(Settings.from_env(backend="bubblewrap"))
+    backend = plain.aio.backend("bubblewrap")
+    assert _blocking(backend.check).limits == frozenset({"wall_time"})
+    with pytest.raises(UnsupportedPolicyError, match="memory"):
+        plain.run(["true"], backend="bubblewrap", limits=Limits(memory_mb=64))
+    # Without the cgroup a run still works, with the rlimits (a per-process address-space cap).
+    code, out, _ = sh(plain, "ulimit -v; ulimit -c; echo ok")
+    assert code == 0 and out.split() == [str(1024 * 1024), "0", "ok"]
+
+
+def test_one_gigabyte_of_output_is_capped_with_flat_memory(runner: Runner, caps: Capabilities) -> None:
+    psutil = pytest.importorskip("psutil")
+    me = psutil.Process()
+    before = me.memory_info().rss
+    result = runner.run("head -c 1000000000 /dev/zero | tr '\\0' x; echo; echo END", backend="bubblewrap",
+                        max_output_bytes=50_000, timeout=60)
+    grown = me.memory_info().rss - before
+    assert result.exit_code == 0 and result.truncated and result.stdout.endswith("END\n")
+    assert grown < 64 << 20, f"the caller grew by {grown >> 20} MiB while capping 1 GB of output"
+
+
+def test_setsid_grandchild_dies_at_the_deadline_and_nothing_survives(runner: Runner, caps: Capabilities) -> None:
+    marker = f"escapee-{uuid.uuid4().hex[:8]}"
+    code = textwrap.dedent(f"""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execvp("sleep", ["sleep", "1000", "{marker}"])
+            os._exit(0)
+        time.sleep(1000)
+    """)
+    started = time.monotonic()
+    result = runner.run_code(code, backend="bubblewrap", timeout=1.5)
+    assert result.timed_out and time.monotonic() - started < 10
+    time.sleep(0.3)
+    assert not sandbox_processes(marker)
+
+
+def test_killed_caller_takes_the_sandbox_with_it(caps: Capabilities) -> None:
+    """execbox itself SIGKILLed mid-run: bwrap --die-with-parent tears the namespace down."""
+    marker = f"orphan-{uuid.uuid4().hex[:8]}"
+    script = ("import execbox\nexecbox.Runner(execbox.Settings.from_env()).run("
+              f"'sleep 1000 & sleep 1000 {marker}', backend='bubblewrap', timeout=60)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODE_EXEC_")}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    deadline = time.monotonic() + 20
+    while not sandbox_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_processes(marker), "the sandbox never started"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while sandbox_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not sandbox_processes(marker)
+
+
+# --- sessions and lifecycle -----------------------------------------------------------------------
+
+
+def test_session_persists_files_and_goes_away(runner: Runner, caps: Capabilities) -> None:
+    with runner.sandbox("bubblewrap") as sb:
+        session = sb.aio._session
+        assert isinstance(session, bw.BubblewrapSession)
+        root = session.root
+        sb.exec("mkdir -p lib && echo 'VALUE = 42' > lib/mod.py && chmod 000 lib")
+        assert sb.exec("chmod 755 lib && PYTHONPATH=lib python3 -c 'import mod; print(mod.VALUE)'").stdout == "42\n"
+        assert sb.exec("sleep 5", timeout=1).timed_out
+        assert sb.exec("cat lib/mod.py").stdout == "VALUE = 42\n", "a timed-out exec must not end the session"
+        sb.exec("mkdir -p locked/deep && touch locked/deep/f && chmod 000 locked")
+    assert not os.path.exists(root)
+
+
+def test_cgroups_are_removed_after_each_run(runner: Runner, caps: Capabilities) -> None:
+    backend = runner.aio.backend("bubblewrap")
+    plan = backend.report.cgroup if backend.report else None
+    if plan is None:
+        pytest.skip("no cgroups on this host")
+    runner.run(["true"], backend="bubblewrap")
+    mine = [name for parent in set(plan.parents.values()) for name in os.listdir(parent)
+            if name.startswith(f"execbox-{os.getpid()}-")]
+    assert not mine
+
+
+def test_gc_removes_what_a_dead_process_left_and_nothing_else(caps: Capabilities, runner: Runner) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    tmp = tempfile.gettempdir()
+    stale = Path(tmp) / f"execbox-bwrap-{dead.pid}-abc"
+    (stale / "workspace").mkdir(parents=True)
+    live = Path(tmp) / f"execbox-bwrap-{os.getpid()}-live"
+    live.mkdir()
+    other = Path(tmp) / "execbox-bwrapper-not-ours"
+    other.mkdir()
+    try:
+        removed = _blocking(runner.aio.backend("bubblewrap").gc)
+        assert str(stale) in removed and not stale.exists()
+        assert live.exists() and other.exists()
+    finally:
+        for path in (stale, live, other):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# --- availability and settings --------------------------------------------------------------------
+
+
+def test_missing_bwrap_is_unavailable_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODE_EXEC_BWRAP_PATH", "/nonexistent/bwrap")
+    backend = Runner(Settings.from_env()).aio.backend("bubblewrap")
+    with pytest.raises(BackendUnavailableError, match="apt-get install bubblewrap") as info:
+        _blocking(backend.check)
+    assert info.value.retryable is False and "retry" in info.value.message
+
+
+@pytest.mark.parametrize("value", ["0:0", "1000:0", "root", "-1:5"])
+def test_root_or_garbage_host_user_is_a_config_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    from execbox.core.errors import ConfigError
+
+    monkeypatch.setenv("CODE_EXEC_BWRAP_USER", value)
+    with pytest.raises(ConfigError, match="CODE_EXEC_BWRAP_USER"):
+        bw.BubblewrapSettings.from_env()
+
+
+@pytest.mark.parametrize("path", ["/", "/home/me", "/root", "/run/docker.sock", "/var", "/etc", "relative"])
+def test_extra_binds_cannot_expose_host_secrets(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    from execbox.core.errors import ConfigError
+
+    monkeypatch.setenv("CODE_EXEC_BWRAP_RO_BINDS", path)
+    with pytest.raises(ConfigError, match="CODE_EXEC_BWRAP_RO_BINDS"):
+        bw.BubblewrapSettings.from_env()
+
+
+def test_extra_read_only_bind_is_visible_and_read_only(monkeypatch: pytest.MonkeyPatch, caps: Capabilities) -> None:
+    if not os.access("/opt", os.W_OK):
+        pytest.skip("needs a writable /opt to make a directory outside the forbidden places")
+    with tempfile.TemporaryDirectory(dir="/opt") as extra:
+        os.chmod(extra, 0o755)
+        Path(extra, "tool.txt").write_text("tool\n")
+        os.chmod(Path(extra, "tool.txt"), 0o644)
+        monkeypatch.setenv("CODE_EXEC_BWRAP_RO_BINDS", extra)
+        code, out, _ = sh(Runner(Settings.from_env()), f"cat {extra}/tool.txt; touch {extra}/new; echo rc=$?")
+        assert out.startswith("tool\n") and "rc=1" in out
