@@ -148,12 +148,6 @@ def test_cancelling_arun_leaves_no_process_and_no_workspace(local_mode: None, wo
     assert _processes_with(marker) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "procs.run_process handles cancellation with `await asyncio.shield(_kill(...))`; anyio re-delivers the "
-    "cancellation on every loop iteration, so that await is interrupted at once, the kill continues as a "
-    "detached task and the cancelled arun returns while the reaper and its command still run (the workspace "
-    "is already removed under them; if the loop then closes, asyncio logs 'Event loop is closed'). Shield "
-    "the cleanup with `anyio.CancelScope(shield=True)` (or await the kill task to completion) before re-raising"))
 def test_a_cancelled_arun_returns_only_after_its_processes_are_dead(local_mode: None) -> None:
     marker = f"100.{uuid.uuid4().int % 10**6:06d}"
     seen: dict[int, psutil.Process] = {}
@@ -186,10 +180,6 @@ class TestModels:
         with pytest.raises(ValueError):
             Capabilities(sandbox=True, isolation="vm")  # type: ignore[arg-type]
 
-    @pytest.mark.xfail(strict=True, reason=(
-        "ExecRequest.stdin and .files are bytes and pydantic serialises bytes as UTF-8 text by default, so a "
-        "request with binary stdin or a binary file raises PydanticSerializationError (invalid utf-8); set "
-        "ser_json_bytes/val_json_bytes='base64' in ExecRequest.model_config"))
     def test_a_request_with_binary_stdin_and_files_round_trips_through_json(self) -> None:
         request = ExecRequest(argv=["cat"], stdin=b"\xff\x00", files={"a.bin": b"\x80\x81"})
         assert ExecRequest.model_validate_json(request.model_dump_json()) == request

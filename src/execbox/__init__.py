@@ -25,7 +25,7 @@ from execbox.core.errors import (
     UnsupportedPolicyError,
     WorkspacePathError,
 )
-from execbox.core.hookspecs import hookimpl
+from execbox.core.hookspecs import PluginWarning, hookimpl
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox
 from execbox.core.settings import Settings
@@ -43,6 +43,7 @@ __all__ = [
     "Limits",
     "NotASandboxError",
     "PluginError",
+    "PluginWarning",
     "RefusedError",
     "Runner",
     "Sandbox",

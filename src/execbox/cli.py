@@ -15,7 +15,7 @@ import anyio
 import click
 
 from execbox.core.backend import ExecutionBackend
-from execbox.core.errors import BackendUnavailableError, ConfigError, ExecboxError, RefusedError
+from execbox.core.errors import BackendUnavailableError, ConfigError, ExecboxError, RefusedError, WorkspacePathError
 from execbox.core.models import NETWORK_MODES, ExecRequest
 from execbox.core.runner import AsyncRunner, Runner, _blocking
 from execbox.core.settings import Settings
@@ -30,7 +30,7 @@ def _exit_code(exc: ExecboxError) -> int:
         return EXIT_REFUSED
     if isinstance(exc, BackendUnavailableError):
         return EXIT_UNAVAILABLE
-    if isinstance(exc, ConfigError):
+    if isinstance(exc, (ConfigError, WorkspacePathError)):
         return EXIT_USAGE
     return 1
 
@@ -210,7 +210,7 @@ def doctor(as_json: bool) -> None:
         row["guard_admits"], row["guard_verdict"] = _guard_verdict(runner, backend, row)
         row["sandbox_here"] = bool(row["available"] and row["capabilities"]["sandbox"])
     try:
-        auto = _blocking(runner.select).name if runner.settings.backend == "auto" else runner.settings.backend
+        auto = _blocking(runner.select)[0].name if runner.settings.backend == "auto" else runner.settings.backend
     except ExecboxError:
         auto = None
     ok = any(r["sandbox_here"] for r in rows)

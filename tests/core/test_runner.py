@@ -82,11 +82,6 @@ class TestRuns:
             runner.run(["true"], files={str(tmp_path / "abs.txt"): "x"})
         assert not (tmp_path / "abs.txt").exists()
 
-    @pytest.mark.xfail(strict=True, reason=(
-        "runner._exec_in joins the workdir to the workspace but nobody creates it; local_subprocess then passes "
-        "a missing cwd to asyncio.create_subprocess_exec and a bare FileNotFoundError escapes (not an "
-        "ExecboxError; `execbox run --workdir sub` crashes with a traceback). Create the directory (as docker -w "
-        "does) or raise a WorkspacePathError naming it"))
     def test_a_missing_workdir_is_created_or_a_clear_error(self, runner: Runner) -> None:
         from execbox import ExecboxError
 

@@ -147,9 +147,6 @@ def test_code_exec_secret_files_are_scanned(tree: tuple[Path, Path], tmp_path: P
     assert_refused_naming(seed, secret, workspace, home)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "secrets._has_mnemonic counts BIP-39 words per line, so the common paper-backup layout (one word per "
-    "line, often numbered) in a CODE_EXEC_SECRET_FILES file is not found"))
 def test_a_mnemonic_written_one_word_per_line_is_found(tree: tuple[Path, Path], tmp_path: Path) -> None:
     workspace, home = tree
     seed = tmp_path / "seed-backup.txt"

@@ -110,13 +110,9 @@ def test_an_unknown_override_names_the_known_settings() -> None:
         ("CODE_EXEC_PIDS_LIMIT", "0", ["greater than 0"]),
         pytest.param(
             "CODE_EXEC_LOCAL", "maybe", ["true", "false"],
-            marks=pytest.mark.xfail(strict=True, reason=(
-                "describe_validation_error passes pydantic's bool message through: 'Input should be a valid "
-                "boolean, unable to interpret input' names no accepted value (true/false, 1/0, yes/no, on/off)")),
         ),
         pytest.param(
             "CODE_EXEC_ENABLED", "maybe", ["true", "false"],
-            marks=pytest.mark.xfail(strict=True, reason="same bool message as CODE_EXEC_LOCAL"),
         ),
     ],
 )
@@ -133,9 +129,6 @@ def test_an_invalid_value_is_a_config_error_naming_the_variable_and_the_allowed_
         assert word in message.lower()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "EnvSettings.from_env raises ConfigError(message) without env_var=..., although the error tree promises "
-    "every error carries the env var to set; the variable is only inside the message text"))
 def test_an_invalid_value_carries_the_variable_as_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CODE_EXEC_NETWORK", "foo")
     with pytest.raises(ConfigError) as info:

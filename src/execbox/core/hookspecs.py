@@ -15,6 +15,10 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
+class PluginWarning(UserWarning):
+    """A plugin could not be loaded; the others still work."""
+
+
 @hookspec
 def execbox_register_backends(register: Callable[[type[ExecutionBackend]], None]) -> None:
     """Call ``register(BackendClass)`` once for each backend the plugin provides."""

@@ -56,6 +56,9 @@ class Limits(BaseModel):
 class ExecRequest(BaseModel):
     """One command to run. Either ``argv`` or ``code`` (+ ``language``)."""
 
+    # stdin and files may hold any bytes: base64 in JSON.
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+
     argv: list[str] | None = None
     code: str | None = None
     language: Language = "python"

@@ -14,16 +14,13 @@ from importlib.metadata import entry_points
 import pluggy
 
 from execbox.core import hookspecs
+from execbox.core.hookspecs import PluginWarning
 from execbox.core.backend import ExecutionBackend
 from execbox.core.errors import ConfigError, PluginError
 
 ENTRY_POINT_GROUP = "execbox"
 BUILTIN_DISTRIBUTION = "execbox"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-class PluginWarning(UserWarning):
-    """A plugin could not be loaded; the others still work."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +95,9 @@ def _build(load: list[str] | None, disable: list[str]) -> Registry:
         try:
             pm.register(plugin, name=plugin_name)
             pm.check_pending()  # a misspelled hook name is an error, not a silent no-op
+            if not pm.get_hookcallers(plugin):
+                raise PluginError("it implements no execbox hook (is @execbox.hookimpl missing on "
+                                  "execbox_register_backends?)")
         except Exception as exc:
             if pm.is_registered(plugin):
                 pm.unregister(plugin)

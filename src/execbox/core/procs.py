@@ -12,6 +12,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+import anyio
+
 from execbox.core.models import ExecResult
 from execbox.core.output import BoundedCapture
 
@@ -100,7 +102,9 @@ async def run_process(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(io), _GRACE_S)
     except BaseException:
-        await asyncio.shield(_kill(proc, terminate_signal))
+        # Shielded: the caller's cancellation must not cut the kill short (anyio re-delivers it).
+        with anyio.CancelScope(shield=True):
+            await _kill(proc, terminate_signal)
         raise
     finally:
         io.cancel()

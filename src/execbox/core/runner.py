@@ -179,10 +179,12 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
     argv, files = request.materialize(session.workspace)
     for path, data in files.items():
         await session.write_file(normalize(path, session.workspace), data)
-    workdir = session.workspace
     if request.workdir:
         workdir = posixpath.join(session.workspace, normalize(request.workdir, session.workspace))
-    ready = request.model_copy(update={"argv": argv, "code": None, "files": {}, "workdir": workdir})
+        # The backend starts in the workspace; a workdir below it is created (if missing) and entered inside
+        # the sandbox, the same way on every backend.
+        argv = ["/bin/sh", "-c", 'mkdir -p -- "$0" && cd -- "$0" && exec "$@"', workdir, *argv]
+    ready = request.model_copy(update={"argv": argv, "code": None, "files": {}, "workdir": session.workspace})
     result = await session.exec(ready)
     return result.model_copy(update={
         "backend": backend.name, "filtered_env": dropped, "notes": [*result.notes, *backend.notes()],

@@ -41,7 +41,7 @@ class EnvSettings(BaseSettings):
         try:
             return cls(**by_alias)
         except ValidationError as exc:
-            raise ConfigError(describe_validation_error(cls, exc)) from None
+            raise ConfigError(describe_validation_error(cls, exc), env_var=_first_variable(cls, exc)) from None
 
     @classmethod
     def env_vars(cls) -> list[tuple[str, Any, str]]:
@@ -66,8 +66,19 @@ def describe_validation_error(cls: type[BaseSettings], exc: ValidationError) -> 
     for err in exc.errors():
         key = str(err["loc"][0]) if err["loc"] else "?"
         var = names.get(key, key)
-        parts.append(f"{var}={err.get('input')!r} is invalid: {err['msg']}")
+        msg = err["msg"]
+        if err["type"] == "bool_parsing":
+            msg = "allowed values are true or false (also 1/0, yes/no, on/off)"
+        parts.append(f"{var}={err.get('input')!r} is invalid: {msg}")
     return "; ".join(parts) + ". Change or unset the variable."
+
+
+def _first_variable(cls: type[BaseSettings], exc: ValidationError) -> str | None:
+    errors = exc.errors()
+    if not errors or not errors[0]["loc"]:
+        return None
+    key = str(errors[0]["loc"][0])  # pydantic reports the variable's name (the alias)
+    return _alias(cls, key) if key in cls.model_fields else key
 
 
 class Settings(EnvSettings):

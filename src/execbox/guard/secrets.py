@@ -18,6 +18,7 @@ _HEX_KEY_RE = re.compile(
     r"(?i)[\w.-]*(?:key|secret|priv|seed|wallet|signer|mnemonic|account)[\w.-]*['\"]?\s*[:=]\s*['\"]?(?:0x)?[0-9a-f]{64}(?![0-9a-f])"
 )
 _WORD_RE = re.compile(r"[a-z]+")
+_ONE_WORD_LINE = re.compile(r"^\s*(?:\d+[.):]?\s*)?[A-Za-z]+\s*$")
 _MAX_FILE_BYTES = 1 << 20
 
 
@@ -42,21 +43,28 @@ def _b58_decode_len(text: str) -> int:
     return leading_zeros + (value.bit_length() + 7) // 8
 
 
-def _has_mnemonic(line: str) -> bool:
+def _has_mnemonic(text: str) -> bool:
+    """12+ list words in a row on one line, or one word per line (the paper-backup layout, "1. word")."""
     words = _bip39_words()
-    run = 0
-    for token in _WORD_RE.findall(line.lower()):
-        run = run + 1 if token in words else 0
-        if run >= 12:
+    column = 0
+    for line in text.splitlines():
+        tokens = _WORD_RE.findall(line.lower())
+        run = 0
+        for token in tokens:
+            run = run + 1 if token in words else 0
+            if run >= 12:
+                return True
+        column = column + 1 if len(tokens) == 1 and tokens[0] in words and _ONE_WORD_LINE.match(line) else 0
+        if column >= 12:
             return True
     return False
 
 
 def scan_text(text: str) -> str | None:
     """The kind of secret found in ``text``, or None."""
+    if _has_mnemonic(text):
+        return "BIP-39 mnemonic"
     for line in text.splitlines():
-        if _has_mnemonic(line):
-            return "BIP-39 mnemonic"
         if _HEX_KEY_RE.search(line):
             return "64-hex-digit private key"
         for match in _B58_RE.finditer(line):
