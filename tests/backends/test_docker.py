@@ -3,6 +3,7 @@ hardening table (each would fail if that wall were missing), then lifecycle, gc 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 import shutil
@@ -240,7 +241,7 @@ def test_writes_outside_workspace_and_tmp_fail(runner: Runner) -> None:
         print("RW", sorted(rw))
     """)
     assert "WROTE" not in result.stdout, result.stdout
-    rw = eval(result.stdout.split("RW ", 1)[1])
+    rw = ast.literal_eval(result.stdout.split("RW ", 1)[1])
     assert set(rw) <= {"/workspace", "/tmp", "/dev", "/dev/shm", "/dev/mqueue"}, rw
 
 
@@ -302,7 +303,8 @@ def test_fork_bomb_is_held_and_the_host_stays_responsive(runner: Runner, engine:
         stop.set()
         watcher.join()
     assert result.timed_out
-    assert host_latencies and max(host_latencies) < 2.0, host_latencies
+    # Generous: the machine may be busy with other work; an unlimited bomb makes fork fail outright.
+    assert host_latencies and max(host_latencies) < 5.0, host_latencies
     if peak_pids:  # cgroup v1 with the cgroupfs driver: the count the limit held
         assert max(peak_pids) <= 256, max(peak_pids)
 
@@ -363,6 +365,25 @@ def test_cancelled_caller_leaves_no_container(engine: Any) -> None:
     assert anyio.run(cancel_mid_run)
     assert time.monotonic() - started < 15
     assert ours(engine) == []
+
+
+def test_parallel_runs_stay_apart(engine: Any) -> None:
+    async def many() -> dict[int, Any]:
+        runner = AsyncRunner(Settings.from_env(backend="docker"))
+        results: dict[int, Any] = {}
+
+        async def one(i: int) -> None:
+            results[i] = await runner.run(["sh", "-c", f"echo {i}; cat; ls"], backend="docker",
+                                          stdin=f"in-{i}\n".encode(), files={f"only-{i}.txt": b"x"})
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(one, i)
+        return results
+
+    for i, result in anyio.run(many).items():
+        assert result.stdout.startswith(f"{i}\nin-{i}\n") and f"only-{i}.txt" in result.stdout, result
+        assert result.stdout.count("only-") == 1
 
 
 def test_planted_symlink_to_a_host_secret_is_refused(runner: Runner) -> None:

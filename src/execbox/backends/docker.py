@@ -306,6 +306,15 @@ def _hijacked(sock_io: Any) -> tuple[socket.socket, bytes]:
     return raw, leftover
 
 
+def _close(sock_io: Any, sock: socket.socket) -> None:
+    """Close the hijacked connection at every layer docker-py stacked on it (response, file, socket)."""
+    response = getattr(sock_io, "_response", None)
+    for closable in (response, sock_io, sock):
+        with contextlib.suppress(Exception):
+            if closable is not None:
+                closable.close()
+
+
 def _pump(sock: socket.socket, leftover: bytes, stdin: bytes | None, deadline: float,
           out: BoundedCapture, err: BoundedCapture) -> bool:
     """Feed stdin and read output until EOF; True if the deadline came first. Memory stays flat: one
@@ -488,8 +497,7 @@ class DockerSession(Session):
                         self.backend.call(lambda c: container.kill())
                     _drain(sock, out, err, _GRACE_S)
             finally:
-                with contextlib.suppress(OSError):
-                    sock.close()
+                _close(sock_io, sock)
             state = self._final_state(container)
             duration = time.monotonic() - started
         finally:
@@ -544,8 +552,7 @@ class DockerSession(Session):
                 self._kill_sandbox_user()
                 _drain(sock, out, err, _GRACE_S)
         finally:
-            with contextlib.suppress(OSError):
-                sock.close()
+            _close(sock_io, sock)
         exit_code = self._exec_exit_code(exec_id)
         duration = time.monotonic() - started
         if timed_out and exit_code in (0, -1, None):
