@@ -64,17 +64,16 @@ def runs(argvs: list[list[str]]) -> list[list[str]]:
 
 
 def test_oneshot_command_line_is_exact(apptainer: Fake) -> None:
-    result = apptainer.runner().run(["sh", "-c", "pwd; echo hi > f"], network="none", workdir="sub",
-                                    files={"sub/in.txt": b"x"})
-    assert result.exit_code == 0 and result.stdout == "/workspace/sub\n"
+    result = apptainer.runner().run(["sh", "-c", "pwd; cat sub/in.txt"], network="none", files={"sub/in.txt": b"x"})
+    assert result.exit_code == 0 and result.stdout == "/workspace\nx"
     probes = [a for a in apptainer.argvs() if a[-1] == "true"]
     assert [a[:2] for a in apptainer.argvs()[:1]] == [["apptainer", "--version"]]
     assert len(probes) == 2 and probes[1][7:10] == ["--net", "--network", "none"]
     (run,) = runs(apptainer.argvs())
     host_ws = run[6].split(":")[0]
     assert run == ["apptainer", "exec", "--containall", "--cleanenv", "--no-home", "--bind", f"{host_ws}:/workspace",
-                   "--net", "--network", "none", "--pwd", "/workspace/sub", str(apptainer.image),
-                   "sh", "-c", "pwd; echo hi > f"]
+                   "--net", "--network", "none", "--pwd", "/workspace", str(apptainer.image),
+                   "sh", "-c", "pwd; cat sub/in.txt"]
     assert host_ws.startswith(str(apptainer.workspaces)) and not os.path.exists(host_ws)
 
 
