@@ -475,3 +475,47 @@ def test_extra_read_only_bind_is_visible_and_read_only(monkeypatch: pytest.Monke
         monkeypatch.setenv("CODE_EXEC_BWRAP_RO_BINDS", extra)
         code, out, _ = sh(Runner(Settings.from_env()), f"cat {extra}/tool.txt; touch {extra}/new; echo rc=$?")
         assert out.startswith("tool\n") and "rc=1" in out
+
+
+class TestBubblewrapConformanceWithoutCgroups(BackendConformance):
+    """The same kit on a host where execbox may not create cgroups: rlimits and the deadline only."""
+
+    backend_name = "bubblewrap"
+
+    @pytest.fixture
+    def runner(self, monkeypatch: pytest.MonkeyPatch) -> Runner:
+        monkeypatch.setenv("CODE_EXEC_BWRAP_CGROUPS", "off")
+        return Runner(Settings.from_env(backend="bubblewrap"))
+
+
+def test_cgroup_v2_plan_and_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The v2 path on a stand-in tree (this host may be v1): controllers enabled on the parent, then
+    memory.max / swap 0 / pids.max / cpu.max written in a child per run."""
+    parent = tmp_path / "execbox.slice"
+    parent.mkdir()
+    (parent / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (parent / "cgroup.subtree_control").write_text("\n")
+    monkeypatch.setattr(bw, "_mounts", lambda: [(str(tmp_path), "/", "cgroup2", {"rw"})])
+    monkeypatch.setattr(bw, "_own_cgroups", lambda: {"": "/execbox.slice"})
+    plan, reason = bw.plan_cgroups(bw.BubblewrapSettings.from_env())
+    assert plan is not None, reason
+    assert (plan.version, plan.limits) == (2, frozenset({"memory", "pids", "cpu"}))
+    assert (parent / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    run = bw.RunCgroup.create(plan, Limits(memory_mb=100, pids=7, cpus=1.5))
+    child = Path(run.dirs["memory"])
+    assert child.parent == parent and child.name.startswith(f"execbox-{os.getpid()}-")
+    assert (child / "memory.max").read_text() == str(100 << 20)
+    assert (child / "pids.max").read_text() == "7"
+    assert (child / "cpu.max").read_text() == "150000 100000"
+    assert run.procs_files() == [str(child / "cgroup.procs")]
+    (child / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    assert run.oom_killed()
+
+
+def test_cgroup_v2_busy_parent_is_reported_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cgroup.controllers").write_text("memory pids\n")
+    (tmp_path / "cgroup.subtree_control").mkdir()  # writing it fails, as EBUSY would on a real parent
+    monkeypatch.setattr(bw, "_mounts", lambda: [(str(tmp_path), "/", "cgroup2", {"rw"})])
+    monkeypatch.setattr(bw, "_own_cgroups", lambda: {"": "/"})
+    plan, reason = bw.plan_cgroups(bw.BubblewrapSettings.from_env())
+    assert plan is None and "CODE_EXEC_BWRAP_CGROUP_PARENT" in reason

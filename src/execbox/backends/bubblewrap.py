@@ -280,6 +280,9 @@ def plan_cgroups(settings: BubblewrapSettings) -> tuple[CgroupPlan | None, str]:
             if controller in opts and controller not in parents and controller in own:
                 path = settings.cgroup_parent or own[controller]
                 where = _under(mount, root, path)
+                if where and settings.cgroup_parent:
+                    with contextlib.suppress(OSError):
+                        os.makedirs(where, exist_ok=True)
                 if where and os.path.isdir(where):
                     parents[controller], version = where, 1
     if not parents:
@@ -287,6 +290,9 @@ def plan_cgroups(settings: BubblewrapSettings) -> tuple[CgroupPlan | None, str]:
             if fstype != "cgroup2" or "" not in own:
                 continue
             where = _under(mount, root, settings.cgroup_parent or own[""])
+            if where and settings.cgroup_parent:
+                with contextlib.suppress(OSError):
+                    os.makedirs(where, exist_ok=True)
             if not where or not os.path.isdir(where):
                 continue
             try:
@@ -592,16 +598,22 @@ def _sandbox_started(status_file: str) -> bool:
 
 
 def _rmtree(path: str) -> None:
-    """Remove a tree the sandbox may have made unreadable (chmod 000) for a non-root owner."""
-    def fix(func: Any, target: str, _exc: Any) -> None:
+    """Remove a tree in which the sandbox may have made directories unreadable (chmod 000): a non-root
+    owner must give itself access back first. Only real directories are chmod-ed (lstat), never the
+    target of a planted symlink; the sandbox's processes are all dead by the time this runs."""
+    def unlock(_func: Any, target: str, _exc: Any) -> None:
+        for candidate in (os.path.dirname(target), target):
+            with contextlib.suppress(OSError):
+                if stat.S_ISDIR(os.lstat(candidate).st_mode):
+                    os.chmod(candidate, 0o700)
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(target), 0o700)
-            if os.path.isdir(target) and not os.path.islink(target):
-                os.chmod(target, 0o700)
-            func(target)
+            if stat.S_ISDIR(os.lstat(target).st_mode):
+                shutil.rmtree(target, onerror=unlock)
+            else:
+                os.unlink(target)
 
-    shutil.rmtree(path, onerror=fix)
-    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        shutil.rmtree(path, onerror=unlock)
 
 
 class BubblewrapBackend(ExecutionBackend):
@@ -619,8 +631,15 @@ class BubblewrapBackend(ExecutionBackend):
 
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)
-        self.bwrap_settings = BubblewrapSettings.from_env()
+        self._bwrap_settings: BubblewrapSettings | None = None
         self.report: HostReport | None = None
+
+    @property
+    def bwrap_settings(self) -> BubblewrapSettings:
+        """Read when the backend is used (an invalid CODE_EXEC_BWRAP_* is a ConfigError then, not at listing)."""
+        if self._bwrap_settings is None:
+            self._bwrap_settings = BubblewrapSettings.from_env()
+        return self._bwrap_settings
 
     async def check(self) -> Capabilities:
         core = self.settings

@@ -1,0 +1,87 @@
+"""bubblewrap startup latency, measured side by side in one run (the machine is shared and noisy: compare ratios).
+
+    .venv/bin/python bench/bench_bubblewrap.py [--runs 20]
+
+- bare `bwrap ... true` with the backend's own arguments, no launcher (what bwrap itself costs);
+- one-shot `true` and `python3 -c pass` through execbox (launcher, cgroup per exec, seccomp, capture);
+- `true` in an open session (no workspace set-up per exec);
+- the same commands on the host without any sandbox, for reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+from execbox import Runner, Settings
+from execbox.backends import bubblewrap as bw
+from execbox.core.models import ExecRequest
+from execbox.core.runner import _blocking
+
+
+def median_ms(fn, runs: int) -> float:
+    fn()  # warm-up
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - started) * 1000)
+    return statistics.median(samples)
+
+
+def bare_bwrap_argv(report: bw.HostReport, workspace: str) -> list[str]:
+    """The backend's bwrap arguments for `true`, run directly (as the caller: no uid drop, no cgroup)."""
+    session = bw.BubblewrapSession.__new__(bw.BubblewrapSession)
+    session.report, session.settings, session.root, session.host_workspace = (
+        report, bw.BubblewrapSettings.from_env(), workspace, workspace)
+    for name in ("passwd", "group", "hosts"):
+        open(os.path.join(workspace, name), "w").close()
+    request = ExecRequest(argv=["true"], timeout=10, max_output_bytes=1000, network="none")
+    return [report.bwrap, *session._bwrap_args(request), "--", "true"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    runs = args.runs
+
+    runner = Runner(Settings.from_env(backend="bubblewrap"))
+    backend = runner.aio.backend("bubblewrap")
+    caps = _blocking(backend.check)
+    report = backend.report
+    assert report is not None
+    print(f"host: {report.version}; runs as {report.facts()['runs_as']}; cgroup {report.facts()['cgroup']}; "
+          f"limits {sorted(caps.limits)}")
+
+    with tempfile.TemporaryDirectory() as ws:
+        argv = bare_bwrap_argv(report, ws)
+        if os.geteuid() == 0:  # never bwrap as root (the sandbox user would be host root): drop like the launcher
+            uid, gid = report.host_identity or (65534, 65534)
+            os.chown(ws, uid, gid)
+            argv = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *argv]
+        bare = median_ms(lambda: subprocess.run(argv, check=True), runs)
+    host_true = median_ms(lambda: subprocess.run(["true"], check=True), runs)
+    host_py = median_ms(lambda: subprocess.run(["/usr/bin/python3", "-c", "pass"], check=True), runs)
+    one_true = median_ms(lambda: runner.run(["true"]), runs)
+    one_py = median_ms(lambda: runner.run(["python3", "-c", "pass"]), runs)
+    with runner.sandbox("bubblewrap") as sb:
+        sess_true = median_ms(lambda: sb.exec(["true"]), runs)
+        sess_py = median_ms(lambda: sb.exec(["python3", "-c", "pass"]), runs)
+
+    print(f"median of {runs} runs, ms")
+    print(f"  host `true`                          {host_true:7.1f}")
+    print(f"  host `python3 -c pass`               {host_py:7.1f}")
+    print(f"  bare bwrap `true` (backend's args)   {bare:7.1f}")
+    print(f"  execbox one-shot `true`              {one_true:7.1f}")
+    print(f"  execbox one-shot `python3 -c pass`   {one_py:7.1f}")
+    print(f"  execbox session exec `true`          {sess_true:7.1f}")
+    print(f"  execbox session `python3 -c pass`    {sess_py:7.1f}")
+
+
+if __name__ == "__main__":
+    main()
