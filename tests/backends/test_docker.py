@@ -27,6 +27,7 @@ from execbox import (
     Limits,
     NotASandboxError,
     Runner,
+    SandboxError,
     Settings,
     WorkspacePathError,
 )
@@ -426,6 +427,14 @@ def test_session_timeout_kills_the_run_but_not_the_session(runner: Runner) -> No
         left = sb.run_code("import os\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit() and "
                            "os.stat('/proc/' + p).st_uid == os.getuid() and int(p) != os.getpid()))")
         assert left.stdout == "[]\n", left
+
+
+def test_session_whose_container_was_removed_raises_a_sandbox_error(runner: Runner, engine: Any) -> None:
+    with runner.sandbox("docker") as sb:
+        (container,) = ours(engine)
+        container.remove(force=True)
+        with pytest.raises(SandboxError, match="gone"):
+            sb.exec(["true"])
 
 
 # --- images, gc and engine errors --------------------------------------------------------------------

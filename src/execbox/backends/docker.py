@@ -472,7 +472,18 @@ class DockerSession(Session):
         run = self._exec_oneshot if self.spec.oneshot else self._exec_in_session
         # Abandon the worker thread on cancellation: close() (shielded, in the runner) kills the container,
         # which ends the thread's stream.
-        return await anyio.to_thread.run_sync(run, request, abandon_on_cancel=True)
+        return await anyio.to_thread.run_sync(self._guarded, run, request, abandon_on_cancel=True)
+
+    def _guarded(self, run: Any, request: ExecRequest) -> ExecResult:
+        import docker
+
+        try:
+            return run(request)
+        except docker.errors.NotFound as exc:
+            raise SandboxError(f"the sandbox container is gone (removed or killed from outside?): "
+                               f"{exc.explanation or exc}", backend="docker") from None
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"the Docker engine refused: {exc.explanation or exc}", backend="docker") from None
 
     def _exec_oneshot(self, request: ExecRequest) -> ExecResult:
         assert request.argv and request.timeout and request.max_output_bytes
