@@ -519,3 +519,16 @@ def test_cgroup_v2_busy_parent_is_reported_with_the_fix(tmp_path: Path, monkeypa
     monkeypatch.setattr(bw, "_own_cgroups", lambda: {"": "/"})
     plan, reason = bw.plan_cgroups(bw.BubblewrapSettings.from_env())
     assert plan is None and "CODE_EXEC_BWRAP_CGROUP_PARENT" in reason
+
+
+def test_execbox_install_directory_is_masked_when_a_bind_contains_it(monkeypatch: pytest.MonkeyPatch,
+                                                                     caps: Capabilities) -> None:
+    """execbox installed under /usr (pip as root) would be visible through the /usr bind: it is covered."""
+    package = Path(bw.__file__).resolve().parents[1]
+    if any(str(package).startswith(bad + "/") for bad in bw.FORBIDDEN if bad != "/"):
+        pytest.skip(f"execbox is installed under a forbidden path ({package}); /usr masking is covered by _masks")
+    monkeypatch.setenv("CODE_EXEC_BWRAP_RO_BINDS", str(package.parent))
+    code, out, _ = sh(Runner(Settings.from_env()), f"ls -A {package.parent}; echo ---; ls -A {package}")
+    before, after = out.split("---\n")
+    assert "execbox" in before.split() and after.strip() == "", out
+    assert bw._masks(["/usr"]) == ([] if not str(package).startswith("/usr/") else ["--tmpfs", str(package)])

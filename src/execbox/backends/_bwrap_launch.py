@@ -31,17 +31,17 @@ def fail(message):
 
 def main():
     rlimits, cgroups, opts = [], [], {}
-    split = sys.argv.index("--")
-    command = sys.argv[split + 1:]
-    for item in sys.argv[1:split]:
-        key, _, value = item.partition("=")
-        if key == "rlimit":
-            rlimits.append(value)
-        elif key == "cgroup":
-            cgroups.append(value)
-        else:
-            opts[key] = value
     try:
+        split = sys.argv.index("--")
+        command = sys.argv[split + 1:]
+        for item in sys.argv[1:split]:
+            key, _, value = item.partition("=")
+            if key == "rlimit":
+                rlimits.append(value)
+            elif key == "cgroup":
+                cgroups.append(value)
+            else:
+                opts[key] = value
         for spec in rlimits:
             name, _, value = spec.partition(":")
             resource.setrlimit(getattr(resource, "RLIMIT_" + name), (int(value), int(value)))

@@ -39,7 +39,6 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -60,18 +59,18 @@ WORKSPACE = "/workspace"
 SANDBOX_UID = SANDBOX_GID = 1000
 FILE_SIZE_LIMIT = 1 << 30
 SHM_MB = 64
-# What a program needs from /etc; everything else of the host's /etc stays out.
+# What a program needs from /etc (plus /etc/python3*); everything else of the host's /etc stays out.
 ETC_PIECES = (
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone", "ssl",
     "ca-certificates", "ca-certificates.conf", "pki", "crypto-policies", "nsswitch.conf", "host.conf",
     "gai.conf", "protocols", "services", "mime.types", "os-release", "debian_version", "locale.alias",
-    "locale.conf", "python3", f"python3.{sys.version_info.minor}", "bash.bashrc", "inputrc", "profile",
+    "locale.conf",
 )
 # Host paths that must never be visible, whatever CODE_EXEC_BWRAP_RO_BINDS says.
 FORBIDDEN = ("/", "/home", "/root", "/run", "/var/run", "/proc", "/sys", "/dev", "/boot", "/etc", "/var", "/tmp",
              WORKSPACE)
+# cgroup controllers execbox uses; each enforces the limit of the same name.
 _CONTROLLERS = ("memory", "pids", "cpu")
-_LIMIT_OF = {"memory": "memory", "pids": "pids", "cpu": "cpu"}
 
 
 class BubblewrapSettings(EnvSettings):
@@ -104,12 +103,13 @@ class BubblewrapSettings(EnvSettings):
     @classmethod
     def _safe_binds(cls, paths: list[str]) -> list[str]:
         for raw in paths:
-            path = os.path.normpath(raw)
             if not raw.startswith("/"):
                 raise ValueError(f"{raw!r} is not an absolute path")
-            for bad in FORBIDDEN:
-                if path == bad or (bad != "/" and (path.startswith(bad + "/"))) or bad.startswith(path.rstrip("/") + "/"):
-                    raise ValueError(f"{raw!r} would expose {bad} to the sandbox")
+            # bwrap follows a symlink in the source: judge where it really points too
+            for path in {os.path.normpath(raw), os.path.realpath(raw)}:
+                for bad in FORBIDDEN:
+                    if path == bad or (bad != "/" and path.startswith(bad + "/")) or bad.startswith(path.rstrip("/") + "/"):
+                        raise ValueError(f"{raw!r} would expose {bad} to the sandbox")
         return paths
 
     def host_identity(self) -> tuple[int, int] | None:
@@ -132,7 +132,7 @@ class CgroupPlan:
 
     @property
     def limits(self) -> frozenset[str]:
-        return frozenset(_LIMIT_OF[c] for c in self.parents)
+        return frozenset(self.parents)
 
 
 @dataclass
@@ -386,8 +386,9 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> Host
         raise _unavailable(f"{settings.path!r} not found", "apt-get install bubblewrap (Fedora: dnf install bubblewrap; "
                            "Arch: pacman -S bubblewrap) or set CODE_EXEC_BWRAP_PATH", "CODE_EXEC_BWRAP_PATH")
     if os.stat(bwrap).st_mode & stat.S_ISUID:
-        raise _unavailable(f"{bwrap} is setuid root; execbox needs the unprivileged (user namespace) bwrap",
-                           f"chmod u-s {bwrap}, after making sure unprivileged user namespaces work here")
+        raise _unavailable(f"{bwrap} is setuid root; execbox supports only the unprivileged (user namespace) bwrap",
+                           "use a bwrap without the setuid bit (Debian, Ubuntu and Fedora ship it so) via "
+                           "CODE_EXEC_BWRAP_PATH", "CODE_EXEC_BWRAP_PATH")
     _, version = await _output(bwrap, "--version")
     _, usage = await _output(bwrap, "--help")
     features = frozenset(f for f in ("--size", "--disable-userns", "--json-status-fd", "--args") if f in usage)
@@ -401,25 +402,13 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> Host
     plan, reason = await anyio.to_thread.run_sync(plan_cgroups, settings)
     report = HostReport(_capabilities(plan), bwrap, version.strip(), features, settings.host_identity(), plan, reason,
                         bubblewrap_seccomp.DENIED_SYSCALLS)
-    # Prove it end to end: a real sandbox, with the cgroup and the seccomp filter, must run python3 or sh.
-    probe = BubblewrapSession(report, settings, SessionSpec("none", core_limits, True, 60.0))
-    try:
-        result = await probe.exec(_probe_request(core_limits))
-    except SandboxError as exc:
-        result = ExecResult(exit_code=125, stderr=str(exc))
-    finally:
-        await probe.close()
+    # Prove it end to end: a real sandbox, with the cgroup and the seccomp filter, must run.
+    result = await _probe(report, settings, core_limits)
     if result.exit_code != 0 and plan is not None:
         # A host that lets us create cgroups but not join them: fall back to rlimits only, and say so.
         report = HostReport(_capabilities(None), bwrap, version.strip(), features, settings.host_identity(), None,
                             f"joining the cgroup failed: {result.stderr.strip()[-300:]}", bubblewrap_seccomp.DENIED_SYSCALLS)
-        probe = BubblewrapSession(report, settings, SessionSpec("none", core_limits, True, 60.0))
-        try:
-            result = await probe.exec(_probe_request(core_limits))
-        except SandboxError as exc:
-            result = ExecResult(exit_code=125, stderr=str(exc))
-        finally:
-            await probe.close()
+        result = await _probe(report, settings, core_limits)
     if result.exit_code != 0 or result.stdout.strip() != str(SANDBOX_UID):
         detail = (result.stderr or result.stdout).strip()[-500:]
         fix = _USERNS_FIX if ("namespace" in detail or "uid map" in detail) else "see the error above"
@@ -428,9 +417,17 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> Host
     return report
 
 
-def _probe_request(limits: Limits) -> ExecRequest:
-    return ExecRequest(argv=["/bin/sh", "-c", "id -u"], timeout=20, max_output_bytes=4096, network="none",
-                       limits=limits, workdir=WORKSPACE)
+async def _probe(report: HostReport, settings: BubblewrapSettings, limits: Limits) -> ExecResult:
+    """`id -u` in a sandbox built exactly as a real exec would be."""
+    request = ExecRequest(argv=["/bin/sh", "-c", "id -u"], timeout=20, max_output_bytes=4096, network="none",
+                          limits=limits, workdir=WORKSPACE)
+    probe = BubblewrapSession(report, settings, SessionSpec("none", limits, True, 60.0))
+    try:
+        return await probe.exec(request)
+    except SandboxError as exc:
+        return ExecResult(exit_code=125, stderr=str(exc))
+    finally:
+        await probe.close()
 
 
 def _capabilities(plan: CgroupPlan | None) -> Capabilities:
@@ -448,7 +445,10 @@ def _system_binds() -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    for piece in ETC_PIECES:
+    pieces = list(ETC_PIECES)
+    with contextlib.suppress(OSError):
+        pieces += sorted(n for n in os.listdir("/etc") if n.startswith("python3"))
+    for piece in pieces:
         if os.path.lexists(f"/etc/{piece}"):
             args += ["--ro-bind-try", f"/etc/{piece}", f"/etc/{piece}"]
     return args
