@@ -350,6 +350,9 @@ class HostReport:
             "seccomp": "denies " + ", ".join(self.seccomp_syscalls),
             "disable_userns": "--disable-userns" in self.features,
             "tmpfs_size": "--size" in self.features,
+            # run_code(language="python") needs the host's python3 under /usr (it is bound in)
+            "python3": shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+                       or "missing: apt-get install python3 (dnf install python3)",
         }
 
 
@@ -646,6 +649,10 @@ class BubblewrapBackend(ExecutionBackend):
         self.report = await host_report(self.bwrap_settings, Limits(memory_mb=core.memory_mb, cpus=core.cpus,
                                                                     pids=core.pids_limit))
         return self.report.capabilities
+
+    def details(self) -> dict[str, Any]:
+        """What ``check`` found on this host (bwrap, identity, cgroups, seccomp), for `execbox doctor`."""
+        return self.report.facts() if self.report else {}
 
     async def open_session(self, spec: SessionSpec) -> BubblewrapSession:
         if self.report is None:
