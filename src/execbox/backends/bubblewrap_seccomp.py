@@ -134,15 +134,3 @@ def compiled_filter() -> bytes:
     finally:
         lib.seccomp_release(ctx)
 
-
-def filter_fd() -> int:
-    """A fresh readable fd holding the program, positioned at its start (bwrap reads to EOF)."""
-    program = compiled_filter()
-    fd = os.memfd_create("execbox-seccomp")  # close-on-exec; subprocess pass_fds hands it to bwrap
-    try:
-        os.write(fd, program)
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
