@@ -208,7 +208,8 @@ def incompatibilities(fake: Any, real: Any) -> list[str]:
             problems.append(f"parameter {p.name!r} does not exist in the real SDK")
             continue
         if r.kind is not p.kind:
-            problems.append(f"parameter {p.name!r} is {p.kind.description} in the fake, {r.kind.description} in the SDK")
+            problems.append(
+                f"parameter {p.name!r} is {p.kind.description} in the fake, {r.kind.description} in the SDK")
         if (p.default is p.empty) != (r.default is r.empty):
             problems.append(f"parameter {p.name!r} has a default in only one of fake and SDK")
         elif p.default is not p.empty:
@@ -306,7 +307,8 @@ def test_daytona_create_params_match_fields() -> None:
     for cls in ("CreateSandboxFromImageParams", "CreateSandboxFromSnapshotParams"):
         real_fields = set(getattr(daytona, cls).model_fields)
         fake_fields = set(fake._BASE_FIELDS) | set(getattr(fake, cls)._extra)
-        assert fake_fields == real_fields, f"{cls}: only in fake {fake_fields - real_fields}, only in SDK {real_fields - fake_fields}"
+        assert fake_fields == real_fields, (
+            f"{cls}: only in the fake {fake_fields - real_fields}, only in the SDK {real_fields - fake_fields}")
 
 
 def test_vercel_policy_and_extras() -> None:

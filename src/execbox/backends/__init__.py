@@ -13,6 +13,7 @@ BUILTIN_BACKENDS = [
     "execbox.backends.local_subprocess:LocalSubprocessBackend",
     "execbox.backends.modal:ModalBackend",
     "execbox.backends.daytona:DaytonaBackend",
+    "execbox.backends.vercel_sandbox:VercelSandboxBackend",
     "execbox.backends.docker:DockerBackend",
     "execbox.backends.ssh:SshBackend",
     "execbox.backends.singularity:SingularityBackend",

@@ -63,7 +63,9 @@ done
 mkdir "$root/dev/shm" "$root/dev/pts"
 mount -t tmpfs -o mode=1777,size=64m tmpfs "$root/dev/shm"
 ln -s /proc/self/fd "$root/dev/fd"
-ln -s /proc/self/fd/0 "$root/dev/stdin"; ln -s /proc/self/fd/1 "$root/dev/stdout"; ln -s /proc/self/fd/2 "$root/dev/stderr"
+ln -s /proc/self/fd/0 "$root/dev/stdin"
+ln -s /proc/self/fd/1 "$root/dev/stdout"
+ln -s /proc/self/fd/2 "$root/dev/stderr"
 mount -t proc proc "$root/proc"
 if [ "$EXECBOX_BOX_NET" = none ] && command -v ip >/dev/null 2>&1; then ip link set lo up; fi
 exec "$EXECBOX_BOX_PYTHON" -I -S -c "$EXECBOX_BOX_INIT" "$EXECBOX_BOX_OWNER"

@@ -19,6 +19,8 @@ class Call:
     name: str
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: The sandbox an instance method was called on (its id or name), None for module/class-level calls.
+    on: str | None = None
 
 
 class Service:
@@ -31,6 +33,10 @@ class Service:
     def record(self, call: str, /, *args: Any, **kwargs: Any) -> None:
         with self.lock:
             self.calls.append(Call(call, args, dict(kwargs)))
+
+    def record_on(self, target: str, call: str, /, *args: Any, **kwargs: Any) -> None:
+        with self.lock:
+            self.calls.append(Call(call, args, dict(kwargs), on=target))
 
     def calls_to(self, name: str) -> list[Call]:
         return [c for c in self.calls if c.name == name]

@@ -335,7 +335,7 @@ class Process:
 
     def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
              timeout: int | None = None) -> ExecuteResponse:
-        _svc().record("Process.exec", command, sandbox=self._sb.id, cwd=cwd, env=env, timeout=timeout)
+        _svc().record_on(self._sb.id, "Process.exec", command, cwd=cwd, env=env, timeout=timeout)
         box = self._sb._live_box()
         full_env = {"PATH": _box.PATH, "HOME": WORK_DIR, **(self._sb.env or {}), **(env or {})}
         shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
@@ -355,14 +355,14 @@ class FileSystem:
         self._sb = sandbox
 
     def upload_file(self, src: str | bytes, dst: str, timeout: int = 1800) -> None:
-        _svc().record("FileSystem.upload_file", src if isinstance(src, str) else f"<{len(src)} bytes>", dst,
-                      sandbox=self._sb.id)
+        shown = src if isinstance(src, str) else f"<{len(src)} bytes>"
+        _svc().record_on(self._sb.id, "FileSystem.upload_file", shown, dst)
         self._upload(src, dst)
 
     def upload_files(self, files: list[FileUpload], timeout: int = 1800) -> None:
-        _svc().record("FileSystem.upload_files", [
+        _svc().record_on(self._sb.id, "FileSystem.upload_files", [
             (f.source if isinstance(f.source, str) else f"<{len(f.source)} bytes>", f.destination) for f in files
-        ], sandbox=self._sb.id)
+        ])
         for f in files:
             self._upload(f.source, f.destination)
 
@@ -376,7 +376,7 @@ class FileSystem:
         return _box.read_file(self._sb._live_box(), self._sb._resolve(remote_path))
 
     def download_file(self, *args: str) -> bytes | None:
-        _svc().record("FileSystem.download_file", *args, sandbox=self._sb.id)
+        _svc().record_on(self._sb.id, "FileSystem.download_file", *args)
         remote_path = args[0]
         local_path = args[1] if len(args) > 1 and isinstance(args[1], str) else None
         rc, data = self._read(remote_path)
@@ -393,7 +393,7 @@ class FileSystem:
         return None
 
     def download_files(self, files: list[FileDownloadRequest], timeout: int = 1800) -> list[FileDownloadResponse]:
-        _svc().record("FileSystem.download_files", [(f.source, f.destination) for f in files], sandbox=self._sb.id)
+        _svc().record_on(self._sb.id, "FileSystem.download_files", [(f.source, f.destination) for f in files])
         out = []
         for f in files:
             rc, data = self._read(f.source)
@@ -457,7 +457,7 @@ class Sandbox:
             raise DaytonaNotFoundError(f"Sandbox {self.id} not found", status_code=404, source="api")
 
     def start(self, timeout: float | None = 60) -> None:
-        _svc().record("Sandbox.start", sandbox=self.id, timeout=timeout)
+        _svc().record_on(self.id, "Sandbox.start", timeout=timeout)
         self._client._auth()
         self.refresh_data()
         if self.state == SandboxState.STARTED:
@@ -467,7 +467,7 @@ class Sandbox:
         self.state = SandboxState.STARTED
 
     def stop(self, timeout: float | None = 60, force: bool = False) -> None:
-        _svc().record("Sandbox.stop", sandbox=self.id, timeout=timeout, force=force)
+        _svc().record_on(self.id, "Sandbox.stop", timeout=timeout, force=force)
         self._client._auth()
         self.refresh_data()
         if self._box is not None:
@@ -477,7 +477,7 @@ class Sandbox:
             self._remove()
 
     def delete(self, timeout: float | None = 60, wait: bool = False) -> None:
-        _svc().record("Sandbox.delete", sandbox=self.id, timeout=timeout, wait=wait)
+        _svc().record_on(self.id, "Sandbox.delete", timeout=timeout, wait=wait)
         self._client._auth()
         self.refresh_data()
         self._remove()

@@ -392,7 +392,7 @@ class SandboxFilesystem:
         return self._sb._live_box()
 
     def read_bytes(self, remote_path: str) -> bytes:
-        _svc().record("SandboxFilesystem.read_bytes", remote_path, sandbox=self._sb.object_id)
+        _svc().record_on(self._sb.object_id, "SandboxFilesystem.read_bytes", remote_path)
         rc, data = _box.read_file(self._check(remote_path, "read_bytes"), remote_path)
         if rc == 2:
             raise SandboxFilesystemNotFoundError(f"{remote_path}: No such file or directory")
@@ -403,8 +403,7 @@ class SandboxFilesystem:
         return data
 
     def write_bytes(self, data: bytes | bytearray | memoryview, remote_path: str) -> None:
-        _svc().record("SandboxFilesystem.write_bytes", f"<{len(data)} bytes>", remote_path,
-                      sandbox=self._sb.object_id)
+        _svc().record_on(self._sb.object_id, "SandboxFilesystem.write_bytes", f"<{len(data)} bytes>", remote_path)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"write_bytes() expects bytes-like data, got {type(data).__name__}")
         rc = _box.write_file(self._check(remote_path, "write_bytes"), remote_path, bytes(data))
@@ -416,7 +415,8 @@ class SandboxFilesystem:
             raise SandboxFilesystemError(f"write_bytes({remote_path}) failed with status {rc}")
 
     def make_directory(self, remote_path: str, *, create_parents: bool = True) -> None:
-        _svc().record("SandboxFilesystem.make_directory", remote_path, create_parents=create_parents)
+        _svc().record_on(self._sb.object_id, "SandboxFilesystem.make_directory", remote_path,
+                         create_parents=create_parents)
         box = self._check(remote_path, "make_directory")
         argv = ["mkdir", *(["-p"] if create_parents else []), "--", remote_path]
         done = box.run(argv, cwd="/")
@@ -587,14 +587,14 @@ class Sandbox:
         return self._returncode
 
     def get_tags(self) -> dict[str, str]:
-        _svc().record("Sandbox.get_tags", sandbox=self.object_id)
+        _svc().record_on(self.object_id, "Sandbox.get_tags")
         return dict(self.tags)
 
     def exec(self, *args: str, stdout: StreamType = StreamType.PIPE, stderr: StreamType = StreamType.PIPE,
              timeout: int | None = None, workdir: str | None = None, env: dict[str, str | None] | None = None,
              secrets: Collection[Any] | None = None, text: bool = True, bufsize: int = -1, pty: bool = False,
              _pty_info: Any = None, pty_info: Any = None) -> ContainerProcess:
-        _svc().record("Sandbox.exec", *args, sandbox=self.object_id, stdout=stdout, stderr=stderr, timeout=timeout,
+        _svc().record_on(self.object_id, "Sandbox.exec", *args, stdout=stdout, stderr=stderr, timeout=timeout,
                       workdir=workdir, env=env, secrets=secrets, text=text, bufsize=bufsize, pty=pty)
         if workdir is not None and not workdir.startswith("/"):
             raise InvalidError(f"workdir must be an absolute path, got: {workdir}")
@@ -616,7 +616,7 @@ class Sandbox:
         return ContainerProcess(proc, text=text, timeout=timeout)
 
     def terminate(self, *, wait: bool = False) -> int | None:
-        _svc().record("Sandbox.terminate", sandbox=self.object_id, wait=wait)
+        _svc().record_on(self.object_id, "Sandbox.terminate", wait=wait)
         self._finish(137)
         return self._returncode if wait else None
 

@@ -286,7 +286,8 @@ def create_sandbox(
         if name in svc.sandboxes:
             raise _api_error(409, f"a sandbox named {name!r} already exists")
         sb = _ManagedSyncSandbox(name=name, image=image, resources=resources or SandboxResources(),
-                                 persistent=bool(persistent), network_policy=network_policy or NetworkPolicy.allow_all(),
+                                 persistent=bool(persistent),
+                                 network_policy=network_policy or NetworkPolicy.allow_all(),
                                  env=dict(env or {}), tags=dict(tags or {}),
                                  execution_time_limit=_seconds(execution_time_limit) or 300.0, destroy=destroy)
         svc.sandboxes[name] = sb
@@ -332,16 +333,17 @@ class SyncSandboxFilesystem:
         return path if path.startswith("/") else posixpath.normpath(posixpath.join(str(cwd or self._sb.cwd), path))
 
     def read_bytes(self, path: Any, *, cwd: Any = None) -> bytes:
-        _svc().record("fs.read_bytes", str(path), sandbox=self._sb.name, cwd=cwd)
+        _svc().record_on(self._sb.name, "fs.read_bytes", str(path), cwd=cwd)
         rc, data = _box.read_file(self._sb._resume(), self._path(path, cwd))
         if rc == 2:
-            raise SandboxPathNotFoundError(str(path), operation="read_bytes", cwd=cwd, cause=_api_error(404, "not found"))
+            raise SandboxPathNotFoundError(str(path), operation="read_bytes", cwd=cwd,
+                                           cause=_api_error(404, "not found"))
         if rc:
             raise SandboxFilesystemError(f"read_bytes({path}) failed with status {rc}")
         return data
 
     def write_bytes(self, path: Any, data: bytes, *, cwd: Any = None, mode: int | None = None) -> None:
-        _svc().record("fs.write_bytes", str(path), f"<{len(data)} bytes>", sandbox=self._sb.name, cwd=cwd, mode=mode)
+        _svc().record_on(self._sb.name, "fs.write_bytes", str(path), f"<{len(data)} bytes>", cwd=cwd, mode=mode)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError("data must be bytes-like")
         target = self._path(path, cwd)
@@ -444,7 +446,7 @@ class SyncSandbox:
                     capture_output: bool = False, input: str | bytes | bytearray | memoryview | None = None,
                     on_start: Any = None) -> CompletedProcess:
         svc = _svc()
-        svc.record("run_process", command, list(args or []), sandbox=self._name, cwd=cwd, env=env, sudo=sudo,
+        svc.record_on(self._name, "run_process", command, list(args or []), cwd=cwd, env=env, sudo=sudo,
                    kill_after=kill_after, check=check, stdout=stdout, stderr=stderr,
                    capture_output=capture_output, input=None if input is None else f"<{len(input)} bytes>")
         if capture_output and (stdout is not None or stderr is not None):
@@ -478,13 +480,13 @@ class SyncSandbox:
         return result
 
     def stop(self) -> SyncSandbox:
-        _svc().record("stop", sandbox=self._name)
+        _svc().record_on(self._name, "stop")
         _svc().authenticate()
         self._session_ended()
         return self
 
     def destroy(self, *, delete_orphan_snapshots: bool = False) -> SyncSandbox:
-        _svc().record("destroy", sandbox=self._name, delete_orphan_snapshots=delete_orphan_snapshots)
+        _svc().record_on(self._name, "destroy", delete_orphan_snapshots=delete_orphan_snapshots)
         _svc().authenticate()
         if self._name not in self._service.sandboxes:
             raise _api_error(404, f"Sandbox not found: {self._name}")
@@ -513,7 +515,8 @@ class _Target:
 
     def __init__(self, dest: TextIO | int | None, inherited: TextIO) -> None:
         self.chunks: list[str] | None = [] if dest == subprocess.PIPE else None
-        self.stream = None if dest in (subprocess.PIPE, subprocess.DEVNULL) else (dest if dest is not None else inherited)
+        dropped = dest in (subprocess.PIPE, subprocess.DEVNULL)
+        self.stream = None if dropped else (dest if dest is not None else inherited)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def feed(self, data: bytes, final: bool = False) -> None:

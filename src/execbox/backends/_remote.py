@@ -1,0 +1,206 @@
+"""What the remote backends (modal, daytona, vercel_sandbox) share.
+
+- Their SDKs are blocking: every call runs in a worker thread (``blocking``), and a cancelled caller is
+  released at once while ``Session.close`` (shielded by the runner) terminates the remote sandbox, which
+  ends whatever the abandoned thread was waiting for.
+- Labels: every remote sandbox carries ``execbox=1``, its owner (host, pid, process start time), when it
+  was created and when it expires, so ``gc`` removes only our own, and only expired or orphaned ones.
+- Shell snippets that run inside the remote sandbox: the argv wrapper (a signal death becomes
+  128+signal whatever the provider reports, and every process the run starts carries a marker variable),
+  the reaper that kills the marked processes after a timeout (a setsid grandchild included), and the path
+  check that keeps ``read_file``/``write_file`` from following a symlink out of the workspace.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+import anyio
+
+from execbox.core.errors import BackendUnavailableError, WorkspacePathError
+from execbox.core.output import BoundedCapture
+
+T = TypeVar("T")
+
+LABEL = "execbox"
+L_OWNER = "execbox-owner"
+L_CREATED = "execbox-created"
+L_EXPIRES = "execbox-expires"
+L_PERSIST = "execbox-persist"
+# Set in the environment of every command a run starts, so the reaper can find what escaped its group.
+MARKER = "EXECBOX_RUN"
+# What a run that hit its deadline reports when the provider gives no exit code of its own (SIGKILL).
+TIMEOUT_EXIT = 137
+
+
+async def blocking(fn: Callable[..., T], *args: object) -> T:
+    """Run a blocking SDK call in a worker thread; cancellation does not wait for it (see module doc)."""
+    return await anyio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
+
+
+async def create_cleanly(create: Callable[[list[T]], None], cleanup: Callable[[T], None]) -> T:
+    """Run ``create`` (which appends what it made to the list it is given) in a worker thread to the end, even
+    when the caller is cancelled meanwhile; if anything fails or the caller was cancelled, ``cleanup`` what
+    was made, so a cancelled open leaves no remote sandbox behind."""
+    made: list[T] = []
+    try:
+        await anyio.to_thread.run_sync(lambda: create(made))
+    except BaseException:
+        if made:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(lambda: cleanup(made[0]))
+        raise
+    return made[0]
+
+
+def require_sdk(module: str, backend: str, extra: str) -> None:
+    """BackendUnavailableError with the pip command when the SDK is not importable."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise BackendUnavailableError(
+            f"the {backend} backend needs the `{module}` package, which is not installed",
+            backend=backend, fix=f"pip install 'execbox[{extra}]'")
+
+
+def missing_credentials(backend: str, what: str, fix: str, env_var: str) -> BackendUnavailableError:
+    return BackendUnavailableError(f"{what} (credentials stay in this process; they never enter the sandbox)",
+                                   backend=backend, fix=fix, env_var=env_var)
+
+
+# --- labels and gc ------------------------------------------------------------------------------------------
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def owner_id() -> str:
+    pid = os.getpid()
+    return f"{pid}-{_start_time(pid)}@{socket.gethostname()}"
+
+
+def owner_alive(owner: str) -> bool | None:
+    """True/False for an owner process on this host; None when it lives elsewhere (then only expiry applies)."""
+    ident, _, host = owner.rpartition("@")
+    pid_s, _, started = ident.partition("-")
+    if host != socket.gethostname() or not pid_s.isdigit():
+        return None
+    try:
+        os.kill(int(pid_s), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return not started or _start_time(int(pid_s)) in ("", started)
+
+
+def labels(lifetime_s: float, *, persist: bool = False) -> dict[str, str]:
+    now = time.time()
+    out = {LABEL: "1", L_OWNER: owner_id(), L_CREATED: str(int(now))}
+    if persist:
+        out[L_PERSIST] = "true"  # kept on purpose (daytona's DAYTONA_SANDBOX_PERSIST): gc leaves it alone
+    else:
+        out[L_EXPIRES] = str(int(now + lifetime_s))
+    return out
+
+
+def orphan_reason(tags: Mapping[str, str], now: float | None = None) -> str | None:
+    """Why gc may remove a sandbox with these labels ("expired", "orphaned"), or None to keep it."""
+    if tags.get(LABEL) != "1" or tags.get(L_PERSIST) == "true":
+        return None
+    try:
+        if float(tags.get(L_EXPIRES, "inf")) < (now or time.time()):
+            return "expired"
+    except ValueError:
+        pass
+    if owner_alive(tags.get(L_OWNER, "")) is False:
+        return "orphaned"
+    return None
+
+
+# --- inside the sandbox ---------------------------------------------------------------------------------
+
+# sh -c WRAP execbox ARGV...: runs ARGV as a child, so a signal death reaches us as 128+signal.
+WRAP = '"$@"; exit $?'
+
+
+def wrapped(argv: list[str]) -> list[str]:
+    return ["/bin/sh", "-c", WRAP, "execbox", *argv]
+
+
+def new_marker() -> str:
+    return uuid.uuid4().hex
+
+
+# sh -c REAP execbox MARKER: SIGKILL every process whose environment carries MARKER=<value>, until none is
+# left (a process forking while we scan is caught on the next pass).
+REAP = f"""
+m="{MARKER}=$1"
+for pass in 1 2 3 4 5 6 7 8 9 10; do
+  found=
+  for d in /proc/[0-9]*; do
+    p=${{d#/proc/}}
+    [ "$p" = "$$" ] && continue
+    if tr '\\0' '\\n' < "$d/environ" 2>/dev/null | grep -qxF "$m"; then kill -9 "$p" 2>/dev/null; found=1; fi
+  done
+  [ -z "$found" ] && exit 0
+  sleep 0.1
+done
+"""
+
+
+def reap_argv(marker: str) -> list[str]:
+    return ["/bin/sh", "-c", REAP, "execbox", marker]
+
+
+# sh -c CHECK execbox WORKSPACE RELPATH: prints the path with every symlink resolved; exit 4 when that is
+# outside the workspace.
+CHECK = """
+w=$(realpath -- "$1") || exit 3
+t=$(cd "$w" && realpath -m -- "$2") || exit 3
+case "$t" in "$w"/*) printf %s "$t" ;; *) exit 4 ;; esac
+"""
+
+
+def check_argv(workspace: str, rel: str) -> list[str]:
+    return ["/bin/sh", "-c", CHECK, "execbox", workspace, rel]
+
+
+def checked_path(rel: str, code: int, resolved: str) -> str:
+    """The result of CHECK as a path, or the WorkspacePathError it means."""
+    if code == 4:
+        raise WorkspacePathError(
+            f"refused {rel!r}: it is (or passes through) a symlink that leads out of the workspace")
+    if code != 0 or not resolved.startswith("/"):
+        raise WorkspacePathError(f"cannot resolve {rel!r} in the workspace (status {code})")
+    return resolved
+
+
+class TextCapture:
+    """A text stream (write/flush) that feeds a BoundedCapture: for SDKs that deliver decoded chunks."""
+
+    def __init__(self, cap: int) -> None:
+        self.capture = BoundedCapture(cap)
+
+    def write(self, text: str) -> int:
+        self.capture.write(text.encode("utf-8", errors="replace"))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def writable(self) -> bool:
+        return True

@@ -1,0 +1,354 @@
+"""daytona: every session is a Daytona sandbox in Daytona's cloud (SDK ``daytona``, extra ``daytona``).
+
+Policy, translated to Daytona's own controls (and refused when Daytona cannot enforce it):
+
+    network none   network_block_all=True            egress   no block
+    cpu            Resources(cpu=) whole CPUs; a fraction is refused
+    memory         Resources(memory=) whole GiB, from CODE_EXEC_MEMORY_MB; a value that is not a whole
+                   number of GiB is refused. A per-request memory limit is refused (Daytona's floor is 1 GiB)
+    lifetime       ttl_minutes (rounded up): the sandbox is destroyed at it, whatever its state
+    exec timeout   process.exec(timeout=) whole seconds, rounded up; Daytona kills the command, answers 408
+
+Resources can only be given to sandboxes created from an image, so execbox always creates from
+CODE_EXEC_DAYTONA_IMAGE. Credentials: ``Daytona()`` reads DAYTONA_API_KEY (or DAYTONA_JWT_TOKEN +
+DAYTONA_ORGANIZATION_ID) in this process; nothing of them goes into the sandbox.
+
+Runs. Daytona's exec returns stdout and stderr combined, whole, as one string, and cannot feed stdin. So a
+run is: upload a small script (and the stdin) with the filesystem API; exec it, and it runs the argv with
+stdin, stdout and stderr on files in the sandbox (a signal death becomes 128+signal); then cut the head and
+the tail of each output file in the sandbox and download only those, so no more than the cap ever crosses
+the network or sits in memory, and bytes arrive exactly as written. After a timeout in a session every
+process the run started is killed (found by a marker variable).
+
+Sessions. One sandbox per session, ephemeral (deleted when stopped) with the lifetime as its TTL.
+DAYTONA_SANDBOX_PERSIST=true: a session stops its sandbox at the end instead of deleting it, and a later
+session with the same name resumes it (refused if it was created with another network mode or limits).
+Every sandbox carries execbox labels, so ``gc`` deletes orphans (never a persisted one).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import posixpath
+import shlex
+import time
+from typing import Any
+
+from execbox.backends import _remote
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+from execbox.core.envpolicy import sandbox_env
+from execbox.core.errors import SandboxError, UnsupportedPolicyError, WorkspacePathError
+from execbox.core.models import Capabilities, ExecRequest, ExecResult
+from execbox.core.output import BoundedCapture
+from execbox.core.settings import EnvSettings, _env
+
+log = logging.getLogger("execbox.backends.daytona")
+CTL = "/tmp/.execbox"  # run scripts and captured output, outside the workspace
+
+# sh RUN CTL: run the argv that follows (written into the script) with its streams on files in CTL.
+_RUN = """ctl={ctl}
+for d in {root}/*; do [ "$d" = "$ctl" ] || rm -rf -- "$d"; done
+{argv} <"$ctl/stdin" >"$ctl/out" 2>"$ctl/err"
+exit $?
+"""
+
+# sh COLLECT CTL HEAD TAIL: sizes of out and err on stdout; their head and tail cut into .h and .t files.
+_COLLECT = """ctl=$1; head=$2; tail=$3
+for s in out err; do
+  f=$ctl/$s
+  [ -f "$f" ] || : >"$f"
+  n=$(wc -c <"$f")
+  printf '%s %s\\n' "$s" "$n"
+  if [ "$n" -gt $((head + tail)) ]; then head -c "$head" "$f" >"$f.h"; tail -c "$tail" "$f" >"$f.t"
+  else cp "$f" "$f.h"; : >"$f.t"; fi
+done
+"""
+
+
+class DaytonaSettings(EnvSettings):
+    persist: bool = _env("DAYTONA_SANDBOX_PERSIST", False,
+                         "Stop (not delete) a Daytona session's sandbox at its end; a later session with the same "
+                         "name resumes it")
+    image: str = _env("CODE_EXEC_DAYTONA_IMAGE", "python:3.12-slim",
+                      "Image of Daytona sandboxes (Daytona sets CPU and memory only on image sandboxes)")
+
+
+def _errors() -> Any:
+    import daytona
+
+    return daytona
+
+
+def resources(spec: SessionSpec) -> tuple[int | None, int | None]:
+    """(CPUs, GiB) for Daytona, or UnsupportedPolicyError: Daytona allocates whole CPUs and whole GiB."""
+    cpus, memory_mb = spec.limits.cpus, spec.limits.memory_mb
+    if cpus is not None and not float(cpus).is_integer():
+        raise UnsupportedPolicyError(
+            f"refused: Daytona allocates whole CPUs and cannot enforce {cpus} CPUs. Ask for a whole number "
+            "(limits.cpus or CODE_EXEC_CPUS)", backend="daytona", env_var="CODE_EXEC_CPUS")
+    if memory_mb is not None and memory_mb % 1024:
+        raise UnsupportedPolicyError(
+            f"refused: Daytona sets memory in whole GiB and cannot enforce {memory_mb} MiB. Set CODE_EXEC_MEMORY_MB "
+            "to a multiple of 1024", backend="daytona", env_var="CODE_EXEC_MEMORY_MB")
+    return (int(cpus) if cpus else None), (memory_mb // 1024 if memory_mb else None)
+
+
+class DaytonaSession(Session):
+    def __init__(self, backend: DaytonaBackend, sandbox: Any, workspace: str, *, oneshot: bool, persist: bool) -> None:
+        self.backend = backend
+        self.sb = sandbox
+        self.oneshot = oneshot
+        self.persist = persist
+        self.workspace = workspace
+        self.dirty = persist  # a resumed sandbox may hold anything: check paths from the start
+        self.closed = False
+
+    def _sdk_error(self, exc: Exception, doing: str) -> Exception:
+        daytona = _errors()
+        if isinstance(exc, daytona.DaytonaAuthenticationError):
+            return self.backend.credentials_error(str(exc))
+        return SandboxError(f"daytona failed while {doing}: {exc}", backend="daytona")
+
+    # --- exec ---
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        self.dirty = True
+        return await _remote.blocking(self._exec, request)
+
+    def _exec(self, request: ExecRequest) -> ExecResult:
+        assert request.argv and request.timeout and request.max_output_bytes
+        daytona = _errors()
+        marker = _remote.new_marker()
+        ctl = f"{CTL}/{marker}"
+        run = _RUN.format(ctl=shlex.quote(ctl), root=CTL, argv=shlex.join(request.argv))
+        env = {**sandbox_env(request.env, home=self.workspace), _remote.MARKER: marker}
+        started = time.monotonic()
+        timed_out = False
+        try:
+            self.sb.fs.upload_files([
+                daytona.FileUpload(source=run.encode(), destination=f"{ctl}/run.sh"),
+                daytona.FileUpload(source=_COLLECT.encode(), destination=f"{ctl}/collect.sh"),
+                daytona.FileUpload(source=request.stdin or b"", destination=f"{ctl}/stdin"),
+            ])
+            try:
+                response = self.sb.process.exec(f"sh {ctl}/run.sh", cwd=request.workdir or self.workspace, env=env,
+                                                timeout=max(1, math.ceil(request.timeout)))
+                code = response.exit_code
+            except daytona.DaytonaTimeoutError:
+                timed_out, code = True, _remote.TIMEOUT_EXIT
+            duration = time.monotonic() - started
+            if timed_out and not self.oneshot:
+                self._reap(marker)
+            out, err = self._collect(ctl, request.max_output_bytes)
+        except daytona.DaytonaError as exc:
+            raise self._sdk_error(exc, "running a command") from exc
+        return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out,
+                          truncated=out.truncated or err.truncated, duration_s=round(duration, 4))
+
+    def _collect(self, ctl: str, cap: int) -> tuple[BoundedCapture, BoundedCapture]:
+        """Only the head and the tail of each stream leave the sandbox."""
+        daytona = _errors()
+        probe = BoundedCapture(cap)
+        sizes = self.sb.process.exec(f"sh {ctl}/collect.sh {ctl} {probe.head_cap} {probe.tail_cap}", timeout=60)
+        if sizes.exit_code != 0:
+            raise SandboxError(f"could not collect the output of a run: {sizes.result.strip()}", backend="daytona")
+        total = {name: int(n) for name, n in (line.split() for line in sizes.result.splitlines() if line.strip())}
+        names = [f"{ctl}/{s}.{part}" for s in ("out", "err") for part in ("h", "t")]
+        got = {r.source: r for r in self.sb.fs.download_files([daytona.FileDownloadRequest(source=n) for n in names])}
+        captures = []
+        for s in ("out", "err"):
+            capture = BoundedCapture(cap)
+            for part in ("h", "t"):
+                item = got.get(f"{ctl}/{s}.{part}")
+                if item is None or item.error or not isinstance(item.result, bytes):
+                    raise SandboxError(f"could not download the {s} of a run: {getattr(item, 'error', 'missing')}",
+                                       backend="daytona")
+                capture.write(item.result)
+            capture.total = total[s]  # what was cut out in the sandbox counts as omitted
+            captures.append(capture)
+        return captures[0], captures[1]
+
+    def _reap(self, marker: str) -> None:
+        try:
+            self.sb.process.exec(shlex.join(_remote.reap_argv(marker)), timeout=30)
+        except _errors().DaytonaError as exc:
+            log.warning("could not reap the processes of a timed-out run: %s", exc)
+
+    # --- files ---
+
+    def _target(self, path: str) -> str:
+        if not self.dirty:
+            return posixpath.join(self.workspace, path)
+        out = self.sb.process.exec(shlex.join(_remote.check_argv(self.workspace, path)), timeout=30)
+        return _remote.checked_path(path, out.exit_code, out.result)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await _remote.blocking(self._write, path, data)
+
+    def _write(self, path: str, data: bytes) -> None:
+        try:
+            # bytes: the content. (A str would be read as a LOCAL file path by the SDK.)
+            self.sb.fs.upload_file(bytes(data), self._target(path))
+        except _errors().DaytonaError as exc:
+            raise self._sdk_error(exc, f"writing {path!r}") from exc
+
+    async def read_file(self, path: str) -> bytes:
+        return await _remote.blocking(self._read, path)
+
+    def _read(self, path: str) -> bytes:
+        daytona = _errors()
+        try:
+            data = self.sb.fs.download_file(self._target(path))
+        except daytona.DaytonaNotFoundError:
+            raise WorkspacePathError(f"no such file in the workspace: {path!r}") from None
+        except daytona.DaytonaError as exc:
+            raise self._sdk_error(exc, f"reading {path!r}") from exc
+        return bytes(data or b"")
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await _remote.blocking(_stop if self.persist else _delete, self.sb)
+
+
+def _delete(sandbox: Any) -> None:
+    try:
+        sandbox.delete()
+    except Exception as exc:  # noqa: BLE001 - its TTL still ends it, and gc finds it
+        log.warning("could not delete daytona sandbox %s: %s (its TTL ends it; `execbox gc` removes it)",
+                    getattr(sandbox, "id", "?"), exc)
+
+
+def _stop(sandbox: Any) -> None:
+    try:
+        sandbox.stop()
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not stop persisted daytona sandbox %s: %s (Daytona's auto-stop will)",
+                    getattr(sandbox, "name", "?"), exc)
+
+
+class DaytonaBackend(ExecutionBackend):
+    name = "daytona"
+    extra = "daytona"
+    summary = "a Daytona sandbox in Daytona's cloud; files live in the remote sandbox; DAYTONA_SANDBOX_PERSIST keeps it"
+    capabilities = Capabilities(
+        sandbox=True,
+        isolation="container",
+        network_modes=frozenset({"none", "egress"}),
+        persistent_sessions=True,
+        file_transfer=True,
+        limits=frozenset({"cpu", "wall_time"}),
+        remote=True,
+    )
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self.daytona_settings = DaytonaSettings.from_env()
+
+    def credentials_error(self, detail: str = "", *, missing: bool = False) -> Exception:
+        what = "no Daytona credentials are set" if missing or not detail else "Daytona did not accept the credentials"
+        return _remote.missing_credentials(
+            "daytona", what + (f": {detail}" if detail else ""),
+            fix="set DAYTONA_API_KEY (or DAYTONA_JWT_TOKEN and DAYTONA_ORGANIZATION_ID)", env_var="DAYTONA_API_KEY")
+
+    async def check(self) -> Capabilities:
+        _remote.require_sdk("daytona", "daytona", "daytona")
+        await _remote.blocking(self._client)  # reads the credentials; makes no request
+        return self.capabilities
+
+    def _client(self) -> Any:
+        import daytona
+
+        try:
+            return daytona.Daytona()  # reads the credentials; makes no request
+        except daytona.DaytonaAuthenticationError as exc:
+            raise self.credentials_error(str(exc), missing=True) from exc
+
+    async def open_session(self, spec: SessionSpec) -> DaytonaSession:
+        if spec.network not in ("none", "egress"):
+            raise UnsupportedPolicyError(f"refused: daytona cannot enforce network mode {spec.network!r} (it "
+                                         "enforces none and egress)", backend=self.name)
+        cpus, gib = resources(spec)
+        if not self.daytona_settings.image:
+            raise UnsupportedPolicyError("refused: CODE_EXEC_DAYTONA_IMAGE is empty, and Daytona sets CPU and memory "
+                                         "only on sandboxes created from an image. Set it (e.g. python:3.12-slim)",
+                                         backend=self.name, env_var="CODE_EXEC_DAYTONA_IMAGE")
+        persist = self.daytona_settings.persist and not spec.oneshot
+        where: dict[str, str] = {}
+        sandbox = await _remote.create_cleanly(lambda made: self._open(spec, cpus, gib, persist, made, where),
+                                               _stop if persist else _delete)
+        return DaytonaSession(self, sandbox, where["workspace"], oneshot=spec.oneshot, persist=persist)
+
+    def _open(self, spec: SessionSpec, cpus: int | None, gib: int | None, persist: bool, made: list[Any],
+              where: dict[str, str]) -> None:
+        daytona = _errors()
+        try:
+            self._create_or_resume(spec, cpus, gib, persist, made)
+            where["workspace"] = made[0].get_work_dir().rstrip("/") or "/"
+        except daytona.DaytonaAuthenticationError as exc:
+            raise self.credentials_error(str(exc)) from exc
+        except daytona.DaytonaError as exc:
+            raise SandboxError(f"daytona could not create a sandbox: {exc}", backend=self.name) from exc
+
+    def _create_or_resume(self, spec: SessionSpec, cpus: int | None, gib: int | None, persist: bool,
+                          made: list[Any]) -> None:
+        daytona = _errors()
+        client = self._client()
+        if persist and spec.name:
+            existing = self._resume(client, spec, cpus, gib, made)
+            if existing:
+                return
+        lifetime = {} if persist else {"ephemeral": True, "ttl_minutes": max(1, math.ceil(spec.lifetime_s / 60))}
+        params = daytona.CreateSandboxFromImageParams(
+            image=self.daytona_settings.image,
+            name=spec.name if persist else None,
+            labels=_remote.labels(spec.lifetime_s, persist=persist),
+            network_block_all=spec.network == "none",
+            resources=daytona.Resources(cpu=cpus, memory=gib),
+            **lifetime,
+        )
+        made.append(client.create(params, timeout=120))
+
+    def _resume(self, client: Any, spec: SessionSpec, cpus: int | None, gib: int | None, made: list[Any]) -> bool:
+        """Start the persisted sandbox of this name again (into ``made``); False if there is none."""
+        daytona = _errors()
+        try:
+            sandbox = client.get(spec.name)
+        except daytona.DaytonaNotFoundError:
+            return False
+        labels = sandbox.labels or {}
+        if labels.get(_remote.LABEL) != "1" or labels.get(_remote.L_PERSIST) != "true":
+            raise UnsupportedPolicyError(f"refused: a Daytona sandbox named {spec.name!r} exists but execbox did not "
+                                         "persist it; use another name", backend=self.name)
+        wanted = {"network_block_all": spec.network == "none", "cpu": cpus, "memory": gib}
+        have = {"network_block_all": bool(sandbox.network_block_all), "cpu": sandbox.cpu, "memory": sandbox.memory}
+        differs = [k for k, v in wanted.items() if v is not None and have[k] != v]
+        if differs:
+            raise UnsupportedPolicyError(
+                f"refused: the persisted Daytona sandbox {spec.name!r} was created with "
+                + ", ".join(f"{k}={have[k]!r}" for k in differs) + " but this session asks for "
+                + ", ".join(f"{k}={wanted[k]!r}" for k in differs)
+                + "; a sandbox cannot change them. Delete it or use another name", backend=self.name)
+        made.append(sandbox)  # from here on, a failure stops it again
+        if sandbox.state != daytona.SandboxState.STARTED:
+            sandbox.start(timeout=120)
+        return True
+
+    async def gc(self) -> list[str]:
+        return await _remote.blocking(self._gc)
+
+    def _gc(self) -> list[str]:
+        daytona = _errors()
+        client = self._client()
+        removed = []
+        try:
+            for sandbox in client.list(daytona.ListSandboxesQuery(labels={_remote.LABEL: "1"})):
+                reason = _remote.orphan_reason(sandbox.labels or {})
+                if reason:
+                    sandbox.delete()
+                    removed.append(f"daytona sandbox {sandbox.name} ({reason})")
+        except daytona.DaytonaAuthenticationError as exc:
+            raise self.credentials_error(str(exc)) from exc
+        return removed

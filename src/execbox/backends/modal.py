@@ -1,0 +1,286 @@
+"""modal: every session is a Modal Sandbox (gVisor) in Modal's cloud (SDK ``modal``, extra ``modal``).
+
+Policy, translated to Modal's own controls (and refused when Modal cannot enforce it):
+
+    network none   block_network=True                egress   no block (Modal's default)
+    memory         memory=(MiB, MiB): request = hard limit (a plain int would only be a request)
+    cpu            cpu=(cores, cores): request = hard limit
+    lifetime       timeout= whole seconds (a sandbox dies at it, whatever runs in it)
+    exec timeout   exec(timeout=) whole seconds, rounded up; Modal then reports -1 and ends the streams
+
+Credentials: ``modal.Client.from_env()`` reads MODAL_TOKEN_ID/MODAL_TOKEN_SECRET (or ~/.modal.toml) in this
+process; the client object is passed to every call, and nothing of it goes into the sandbox's env.
+
+Runs. One sandbox per session (a one-shot run is a session of one exec); files go in and out through
+``sb.filesystem`` (paths checked inside the sandbox once code has run, so a planted symlink cannot lead a
+read out of /workspace); stdout and stderr are read as they stream, into the bounded capture, so memory
+stays at the cap. After a timeout in a session, every process the run started is killed (a setsid
+grandchild too, found by a marker variable). Every sandbox is tagged (see _remote.labels) so ``gc``
+terminates orphans.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import posixpath
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from execbox.backends import _remote
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+from execbox.core.envpolicy import sandbox_env
+from execbox.core.errors import SandboxError, UnsupportedPolicyError, WorkspacePathError
+from execbox.core.models import Capabilities, ExecRequest, ExecResult
+from execbox.core.output import BoundedCapture
+from execbox.core.settings import EnvSettings, _env
+
+log = logging.getLogger("execbox.backends.modal")
+WORKSPACE = "/workspace"
+STDIN_CHUNK = 1 << 20  # modal buffers at most 2 MiB of stdin between drains
+MAX_LIFETIME_S = 24 * 3600  # Modal's longest sandbox timeout
+
+
+class ModalSettings(EnvSettings):
+    app: str = _env("CODE_EXEC_MODAL_APP", "execbox", "Modal app that owns execbox's sandboxes (created if missing)")
+    image: str = _env("CODE_EXEC_MODAL_IMAGE", "", "Registry image for Modal sandboxes; empty = Modal's debian_slim")
+
+
+def _modal_errors() -> Any:
+    import modal.exception
+
+    return modal.exception
+
+
+class ModalSession(Session):
+    workspace = WORKSPACE
+
+    def __init__(self, backend: ModalBackend, sandbox: Any, oneshot: bool) -> None:
+        self.backend = backend
+        self.sb = sandbox
+        self.oneshot = oneshot
+        # Once code has run, a path may be a planted symlink: check it inside the sandbox first.
+        self.dirty = False
+        self.closed = False
+
+    def _sdk_error(self, exc: Exception, doing: str) -> Exception:
+        errors = _modal_errors()
+        if isinstance(exc, errors.AuthError):
+            return self.backend.credentials_error(str(exc))
+        if isinstance(exc, (errors.ConflictError, errors.NotFoundError, errors.SandboxTerminatedError,
+                            errors.SandboxTimeoutError)):
+            return SandboxError(f"the modal sandbox is gone while {doing} ({exc}); it may have reached its lifetime",
+                                backend="modal")
+        return SandboxError(f"modal failed while {doing}: {exc}", backend="modal")
+
+    # --- exec ---
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        self.dirty = True
+        return await _remote.blocking(self._exec, request)
+
+    def _exec(self, request: ExecRequest) -> ExecResult:
+        assert request.argv and request.timeout and request.max_output_bytes
+        errors = _modal_errors()
+        marker = _remote.new_marker()
+        env = {**sandbox_env(request.env, home=WORKSPACE), _remote.MARKER: marker}
+        out, err = BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes)
+        started = time.monotonic()
+        try:
+            proc = self.sb.exec(*_remote.wrapped(request.argv), timeout=max(1, math.ceil(request.timeout)),
+                                workdir=request.workdir or WORKSPACE, env=env, text=False)
+            feeder = threading.Thread(target=_feed, args=(proc.stdin, request.stdin), daemon=True)
+            feeder.start()
+            drain_err = threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True)
+            drain_err.start()
+            _drain(proc.stdout, out)
+            drain_err.join()
+            code = proc.wait()
+        except errors.Error as exc:
+            raise self._sdk_error(exc, "running a command") from exc
+        timed_out = code == -1  # Modal's way of saying the exec outlived its timeout
+        if timed_out and not self.oneshot:
+            self._reap(marker)
+        return ExecResult(
+            exit_code=_remote.TIMEOUT_EXIT if timed_out else code,
+            stdout=out.text(), stderr=err.text(), timed_out=timed_out,
+            truncated=out.truncated or err.truncated, duration_s=round(time.monotonic() - started, 4),
+        )
+
+    def _reap(self, marker: str) -> None:
+        """Kill what the timed-out run left behind (a setsid grandchild keeps running after Modal's kill)."""
+        try:
+            self.sb.exec(*_remote.reap_argv(marker), timeout=30, text=False).wait()
+        except _modal_errors().Error as exc:
+            log.warning("could not reap the processes of a timed-out run: %s", exc)
+
+    # --- files ---
+
+    def _run_small(self, argv: list[str]) -> tuple[int, str]:
+        proc = self.sb.exec(*argv, timeout=30, text=False)
+        data = proc.stdout.read()
+        return proc.wait(), data.decode(errors="replace")
+
+    def _target(self, path: str) -> str:
+        if not self.dirty:
+            return posixpath.join(WORKSPACE, path)
+        code, resolved = self._run_small(_remote.check_argv(WORKSPACE, path))
+        return _remote.checked_path(path, code, resolved)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await _remote.blocking(self._write, path, data)
+
+    def _write(self, path: str, data: bytes) -> None:
+        errors = _modal_errors()
+        try:
+            self.sb.filesystem.write_bytes(data, self._target(path))
+        except (errors.SandboxFilesystemIsADirectoryError, errors.SandboxFilesystemNotADirectoryError) as exc:
+            raise WorkspacePathError(f"cannot write {path!r} in the workspace: {exc}") from exc
+        except errors.Error as exc:
+            raise self._sdk_error(exc, f"writing {path!r}") from exc
+
+    async def read_file(self, path: str) -> bytes:
+        return await _remote.blocking(self._read, path)
+
+    def _read(self, path: str) -> bytes:
+        errors = _modal_errors()
+        try:
+            return self.sb.filesystem.read_bytes(self._target(path))
+        except errors.SandboxFilesystemNotFoundError:
+            raise WorkspacePathError(f"no such file in the workspace: {path!r}") from None
+        except errors.SandboxFilesystemError as exc:
+            raise WorkspacePathError(f"cannot read {path!r} in the workspace: {exc}") from exc
+        except errors.Error as exc:
+            raise self._sdk_error(exc, f"reading {path!r}") from exc
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await _remote.blocking(_terminate, self.sb)
+
+
+def _terminate(sandbox: Any) -> None:
+    try:
+        sandbox.terminate()
+    except Exception as exc:  # noqa: BLE001 - the sandbox still dies at its lifetime, and gc finds it
+        log.warning("could not terminate modal sandbox %s: %s (it ends at its lifetime; `execbox gc` "
+                    "removes it)", getattr(sandbox, "object_id", "?"), exc)
+
+
+def _feed(stdin: Any, data: bytes | None) -> None:
+    try:
+        for i in range(0, len(data or b""), STDIN_CHUNK):
+            stdin.write(data[i:i + STDIN_CHUNK])  # type: ignore[index]
+            stdin.drain()
+        stdin.write_eof()
+        stdin.drain()
+    except Exception as exc:  # noqa: BLE001 - a command that exits without reading its stdin is not an error
+        log.debug("stdin not fully delivered: %s", exc)
+
+
+def _drain(stream: Any, capture: BoundedCapture) -> None:
+    for chunk in stream:
+        capture.write(chunk)
+
+
+class ModalBackend(ExecutionBackend):
+    name = "modal"
+    extra = "modal"
+    summary = "a Modal Sandbox (gVisor) in Modal's cloud; files live in the remote sandbox"
+    capabilities = Capabilities(
+        sandbox=True,
+        isolation="gvisor",
+        network_modes=frozenset({"none", "egress"}),
+        persistent_sessions=True,
+        file_transfer=True,
+        limits=frozenset({"memory", "cpu", "wall_time"}),
+        remote=True,
+    )
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self.modal_settings = ModalSettings.from_env()
+
+    def credentials_error(self, detail: str = "") -> Exception:
+        return _remote.missing_credentials(
+            "modal", (f"Modal did not accept the credentials: {detail}" if detail else "no Modal credentials are set"),
+            fix="set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET (from `modal token new`), or a profile in ~/.modal.toml",
+            env_var="MODAL_TOKEN_ID")
+
+    async def check(self) -> Capabilities:
+        _remote.require_sdk("modal", "modal", "modal")
+        token = os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")
+        oauth = os.environ.get("MODAL_OAUTH_REFRESH_TOKEN")
+        config = Path(os.environ.get("MODAL_CONFIG_PATH") or Path.home() / ".modal.toml")
+        if not (token or oauth or config.is_file()):
+            raise self.credentials_error()
+        return self.capabilities
+
+    def _client(self) -> Any:
+        import modal
+        import modal.exception
+
+        try:
+            return modal.Client.from_env()
+        except modal.exception.AuthError as exc:
+            raise self.credentials_error(str(exc)) from exc
+
+    async def open_session(self, spec: SessionSpec) -> ModalSession:
+        if spec.network not in ("none", "egress"):
+            raise UnsupportedPolicyError(f"refused: modal cannot enforce network mode {spec.network!r} (it enforces "
+                                         "none and egress)", backend=self.name)
+        if spec.lifetime_s > MAX_LIFETIME_S:
+            raise UnsupportedPolicyError(f"refused: a Modal sandbox lives at most {MAX_LIFETIME_S} s; ask for a "
+                                         "shorter lifetime", backend=self.name)
+        sandbox = await _remote.create_cleanly(lambda made: self._create(spec, made), _terminate)
+        return ModalSession(self, sandbox, spec.oneshot)
+
+    def _create(self, spec: SessionSpec, created: list[Any]) -> None:
+        import modal
+
+        errors = _modal_errors()
+        client = self._client()
+        try:
+            app = modal.App.lookup(self.modal_settings.app, create_if_missing=True, client=client)
+            image = (modal.Image.from_registry(self.modal_settings.image) if self.modal_settings.image
+                     else modal.Image.debian_slim())
+            kwargs: dict[str, Any] = {}
+            if spec.limits.memory_mb:
+                kwargs["memory"] = (spec.limits.memory_mb, spec.limits.memory_mb)
+            if spec.limits.cpus:
+                kwargs["cpu"] = (spec.limits.cpus, spec.limits.cpus)
+            created.append(modal.Sandbox.create(
+                app=app, image=image, workdir=WORKSPACE, timeout=max(1, math.ceil(spec.lifetime_s)),
+                block_network=spec.network == "none", tags=_remote.labels(spec.lifetime_s), client=client,
+                **kwargs))
+        except errors.AuthError as exc:
+            raise self.credentials_error(str(exc)) from exc
+        except errors.Error as exc:
+            raise SandboxError(f"modal could not create a sandbox: {exc}", backend=self.name) from exc
+
+    async def gc(self) -> list[str]:
+        return await _remote.blocking(self._gc)
+
+    def _gc(self) -> list[str]:
+        import modal
+
+        errors = _modal_errors()
+        client = self._client()
+        removed = []
+        try:
+            app = modal.App.lookup(self.modal_settings.app, client=client)
+        except errors.NotFoundError:
+            return []
+        except errors.AuthError as exc:
+            raise self.credentials_error(str(exc)) from exc
+        for sb in modal.Sandbox.list(app_id=app.app_id, tags={_remote.LABEL: "1"}, client=client):
+            reason = _remote.orphan_reason(sb.get_tags())
+            if reason:
+                sb.terminate()
+                removed.append(f"modal sandbox {sb.object_id} ({reason})")
+        return removed
+

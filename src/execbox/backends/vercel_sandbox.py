@@ -1,0 +1,240 @@
+"""vercel_sandbox: every session is a Vercel Sandbox (a Firecracker microVM) in Vercel's cloud (SDK ``vercel``
+>= 0.12, its function-style ``vercel.sandbox.sync`` API; extra ``vercel``).
+
+Policy, translated to Vercel's own controls (and refused when Vercel cannot enforce it):
+
+    network none   network_policy=NetworkPolicy.deny_all()      egress   NetworkPolicy.allow_all()
+    cpu            SandboxResources(vcpus=) whole vCPUs; a fraction is refused
+    memory         not settable on its own: Vercel gives 2048 MB per vCPU. Not claimed, so a per-request
+                   memory limit is refused; CODE_EXEC_MEMORY_MB does not apply (every result says so)
+    lifetime       execution_time_limit= seconds; the session is stopped at it
+    exec timeout   run_process(kill_after=) seconds: the service SIGKILLs the command
+
+Credentials: the SDK resolves them in this process on the first call (VERCEL_OIDC_TOKEN, or VERCEL_TOKEN +
+VERCEL_PROJECT_ID + VERCEL_TEAM_ID); nothing of them goes into the sandbox.
+
+Runs. One non-persistent sandbox per session; files through ``sb.fs``; stdout and stderr arrive as decoded
+text chunks and go straight into the bounded capture (run_process is given text streams, so the SDK keeps
+nothing). The exit code of a command killed by a signal is 128+signal (a shell wrapper makes it so); a run
+is timed out when it ends unsuccessfully at or after its kill_after. After a timeout in a session every
+process the run started is killed (found by a marker variable). Sandboxes carry execbox tags, so ``gc``
+destroys orphans.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from execbox.backends import _remote
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+from execbox.core.envpolicy import sandbox_env
+from execbox.core.errors import SandboxError, UnsupportedPolicyError, WorkspacePathError
+from execbox.core.models import Capabilities, ExecRequest, ExecResult
+from execbox.core.settings import EnvSettings, _env
+
+log = logging.getLogger("execbox.backends.vercel_sandbox")
+WORKSPACE = "/vercel/sandbox"  # the sandbox's default working directory
+MEMORY_NOTE = "vercel_sandbox: memory is Vercel's 2048 MB per vCPU; CODE_EXEC_MEMORY_MB does not apply"
+
+
+class VercelSettings(EnvSettings):
+    image: str = _env("CODE_EXEC_VERCEL_IMAGE", "",
+                      "Vercel Container Registry image for sandboxes; empty = Vercel's default")
+
+
+def _sync() -> Any:
+    from vercel.sandbox import sync
+
+    return sync
+
+
+class VercelSession(Session):
+    workspace = WORKSPACE
+
+    def __init__(self, backend: VercelSandboxBackend, sandbox: Any, oneshot: bool) -> None:
+        self.backend = backend
+        self.sb = sandbox
+        self.oneshot = oneshot
+        self.dirty = False
+        self.closed = False
+
+    def _sdk_error(self, exc: Exception, doing: str) -> Exception:
+        return self.backend.sdk_error(exc, doing)
+
+    # --- exec ---
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        self.dirty = True
+        return await _remote.blocking(self._exec, request)
+
+    def _exec(self, request: ExecRequest) -> ExecResult:
+        assert request.argv and request.timeout and request.max_output_bytes
+        sync = _sync()
+        marker = _remote.new_marker()
+        env = {**sandbox_env(request.env, home=WORKSPACE), _remote.MARKER: marker}
+        out, err = _remote.TextCapture(request.max_output_bytes), _remote.TextCapture(request.max_output_bytes)
+        argv = _remote.wrapped(request.argv)
+        started = time.monotonic()
+        try:
+            done = self.sb.run_process(argv[0], argv[1:], cwd=request.workdir or WORKSPACE, env=env,
+                                       kill_after=request.timeout, stdout=out, stderr=err, input=request.stdin)
+        except sync.SandboxError as exc:
+            raise self._sdk_error(exc, "running a command") from exc
+        duration = time.monotonic() - started
+        # kill_after is the service's: a run that ended unsuccessfully at its deadline was killed by it.
+        timed_out = done.returncode != 0 and duration >= request.timeout
+        if timed_out and not self.oneshot:
+            self._reap(marker)
+        return ExecResult(
+            exit_code=_remote.TIMEOUT_EXIT if timed_out else done.returncode,
+            stdout=out.capture.text(), stderr=err.capture.text(), timed_out=timed_out,
+            truncated=out.capture.truncated or err.capture.truncated, duration_s=round(duration, 4),
+        )
+
+    def _reap(self, marker: str) -> None:
+        argv = _remote.reap_argv(marker)
+        try:
+            self.sb.run_process(argv[0], argv[1:], capture_output=True, kill_after=30)
+        except _sync().SandboxError as exc:
+            log.warning("could not reap the processes of a timed-out run: %s", exc)
+
+    # --- files ---
+
+    def _target(self, path: str) -> str:
+        if not self.dirty:
+            return f"{WORKSPACE}/{path}"
+        argv = _remote.check_argv(WORKSPACE, path)
+        done = self.sb.run_process(argv[0], argv[1:], capture_output=True, kill_after=30)
+        return _remote.checked_path(path, done.returncode, done.stdout or "")
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await _remote.blocking(self._write, path, data)
+
+    def _write(self, path: str, data: bytes) -> None:
+        sync = _sync()
+        try:
+            self.sb.fs.write_bytes(self._target(path), bytes(data))  # path first, then data (unlike modal)
+        except sync.SandboxFilesystemError as exc:
+            raise WorkspacePathError(f"cannot write {path!r} in the workspace: {exc}") from exc
+        except sync.SandboxError as exc:
+            raise self._sdk_error(exc, f"writing {path!r}") from exc
+
+    async def read_file(self, path: str) -> bytes:
+        return await _remote.blocking(self._read, path)
+
+    def _read(self, path: str) -> bytes:
+        sync = _sync()
+        try:
+            return self.sb.fs.read_bytes(self._target(path))
+        except sync.SandboxPathNotFoundError:
+            raise WorkspacePathError(f"no such file in the workspace: {path!r}") from None
+        except sync.SandboxFilesystemError as exc:
+            raise WorkspacePathError(f"cannot read {path!r} in the workspace: {exc}") from exc
+        except sync.SandboxError as exc:
+            raise self._sdk_error(exc, f"reading {path!r}") from exc
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await _remote.blocking(_finish, self.sb)
+
+
+def _finish(sandbox: Any) -> None:
+    """Stop the session, then destroy the sandbox for good."""
+    try:
+        sandbox.stop()
+        sandbox.destroy()
+    except Exception as exc:  # noqa: BLE001 - its execution_time_limit still ends it, and gc finds it
+        log.warning("could not destroy vercel sandbox %s: %s (it stops at its time limit; `execbox gc` "
+                    "removes it)", getattr(sandbox, "name", "?"), exc)
+
+
+class VercelSandboxBackend(ExecutionBackend):
+    name = "vercel_sandbox"
+    extra = "vercel"
+    summary = "a Vercel Sandbox (Firecracker microVM) in Vercel's cloud; files live in the remote sandbox"
+    capabilities = Capabilities(
+        sandbox=True,
+        isolation="microvm",
+        network_modes=frozenset({"none", "egress"}),
+        persistent_sessions=True,
+        file_transfer=True,
+        limits=frozenset({"cpu", "wall_time"}),
+        remote=True,
+    )
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self.vercel_settings = VercelSettings.from_env()
+
+    def notes(self) -> list[str]:
+        return [MEMORY_NOTE]
+
+    def credentials_error(self, detail: str = "") -> Exception:
+        return _remote.missing_credentials(
+            "vercel_sandbox",
+            f"Vercel did not accept the credentials: {detail}" if detail else "no Vercel credentials are set",
+            fix="set VERCEL_OIDC_TOKEN (`vercel env pull`), or VERCEL_TOKEN, VERCEL_PROJECT_ID and VERCEL_TEAM_ID",
+            env_var="VERCEL_TOKEN")
+
+    def sdk_error(self, exc: Exception, doing: str) -> Exception:
+        sync = _sync()
+        if isinstance(exc, sync.SandboxCredentialsError) or getattr(exc, "status_code", None) in (401, 403):
+            return self.credentials_error(str(exc))
+        if getattr(exc, "status_code", None) in (404, 410):
+            return SandboxError(f"the vercel sandbox is gone while {doing} ({exc}); it may have reached its time "
+                                "limit", backend=self.name)
+        return SandboxError(f"vercel failed while {doing}: {exc}", backend=self.name)
+
+    async def check(self) -> Capabilities:
+        import os
+
+        _remote.require_sdk("vercel.sandbox.sync", "vercel_sandbox", "vercel")
+        oidc = os.environ.get("VERCEL_OIDC_TOKEN") or os.environ.get("VERCEL_OIDC_TOKEN_FILE")
+        token = all(os.environ.get(v) for v in ("VERCEL_TOKEN", "VERCEL_PROJECT_ID", "VERCEL_TEAM_ID"))
+        if not (oidc or token):
+            raise self.credentials_error()
+        return self.capabilities
+
+    async def open_session(self, spec: SessionSpec) -> VercelSession:
+        if spec.network not in ("none", "egress"):
+            raise UnsupportedPolicyError(f"refused: vercel_sandbox cannot enforce network mode {spec.network!r} (it "
+                                         "enforces none and egress)", backend=self.name)
+        cpus = spec.limits.cpus
+        if cpus is not None and not float(cpus).is_integer():
+            raise UnsupportedPolicyError(
+                f"refused: Vercel allocates whole vCPUs and cannot enforce {cpus} CPUs. Ask for a whole number "
+                "(limits.cpus or CODE_EXEC_CPUS)", backend=self.name, env_var="CODE_EXEC_CPUS")
+        sandbox = await _remote.create_cleanly(lambda made: self._create(spec, made), _finish)
+        return VercelSession(self, sandbox, spec.oneshot)
+
+    def _create(self, spec: SessionSpec, made: list[Any]) -> None:
+        sync = _sync()
+        policy = sync.NetworkPolicy.deny_all() if spec.network == "none" else sync.NetworkPolicy.allow_all()
+        resources = sync.SandboxResources(vcpus=int(spec.limits.cpus)) if spec.limits.cpus else None
+        try:
+            made.append(sync.create_sandbox(
+                image=self.vercel_settings.image or None, execution_time_limit=spec.lifetime_s, resources=resources,
+                persistent=False, network_policy=policy, tags=_remote.labels(spec.lifetime_s)))
+        except sync.SandboxError as exc:
+            raise self.sdk_error(exc, "creating a sandbox") from exc
+
+    async def gc(self) -> list[str]:
+        return await _remote.blocking(self._gc)
+
+    def _gc(self) -> list[str]:
+        sync = _sync()
+        removed = []
+        query = sync.SandboxQueryByCreatedAt(tag=sync.TagFilter(key=_remote.LABEL, value="1"))
+        try:
+            for sandbox in sync.query_sandboxes(query=query):
+                reason = _remote.orphan_reason(dict(sandbox.tags or {}))
+                if reason:
+                    sandbox.destroy()
+                    removed.append(f"vercel sandbox {sandbox.name} ({reason})")
+        except sync.SandboxError as exc:
+            raise self.sdk_error(exc, "listing sandboxes") from exc
+        return removed

@@ -1,0 +1,124 @@
+"""Shared by the modal, daytona and vercel_sandbox backend tests: the fake installed with valid credentials,
+and a check that every call the backend made binds against the REAL SDK's signature."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from execbox.fakes import _box
+from execbox.testing import engine_missing
+
+CREDENTIAL_VARS = {
+    "modal": ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET", "MODAL_PROFILE", "MODAL_CONFIG_PATH",
+              "MODAL_OAUTH_REFRESH_TOKEN"),
+    "daytona": ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN", "DAYTONA_ORGANIZATION_ID", "DAYTONA_SANDBOX_PERSIST"),
+    "vercel": ("VERCEL_TOKEN", "VERCEL_PROJECT_ID", "VERCEL_TEAM_ID", "VERCEL_OIDC_TOKEN", "VERCEL_OIDC_TOKEN_FILE"),
+}
+
+# Recorded call name -> the real member, "module:qualname".
+REAL = {
+    "modal": {
+        "Client.from_env": "modal:Client.from_env",
+        "App.lookup": "modal:App.lookup",
+        "Image.debian_slim": "modal:Image.debian_slim",
+        "Image.from_registry": "modal:Image.from_registry",
+        "Sandbox.create": "modal:Sandbox.create",
+        "Sandbox.from_id": "modal:Sandbox.from_id",
+        "Sandbox.list": "modal:Sandbox.list",
+        "Sandbox.exec": "modal:Sandbox.exec",
+        "Sandbox.terminate": "modal:Sandbox.terminate",
+        "Sandbox.get_tags": "modal:Sandbox.get_tags",
+        "SandboxFilesystem.read_bytes": "modal.sandbox.sandbox:SandboxFilesystem.read_bytes",
+        "SandboxFilesystem.write_bytes": "modal.sandbox.sandbox:SandboxFilesystem.write_bytes",
+        "SandboxFilesystem.make_directory": "modal.sandbox.sandbox:SandboxFilesystem.make_directory",
+    },
+    "daytona": {
+        "Daytona": "daytona:Daytona",
+        "Daytona.create": "daytona:Daytona.create",
+        "Daytona.get": "daytona:Daytona.get",
+        "Daytona.list": "daytona:Daytona.list",
+        "Process.exec": "daytona._sync.process:Process.exec",
+        "FileSystem.upload_file": "daytona._sync.filesystem:FileSystem.upload_file",
+        "FileSystem.upload_files": "daytona._sync.filesystem:FileSystem.upload_files",
+        "FileSystem.download_file": "daytona._sync.filesystem:FileSystem.download_file",
+        "FileSystem.download_files": "daytona._sync.filesystem:FileSystem.download_files",
+        "Sandbox.start": "daytona:Sandbox.start",
+        "Sandbox.stop": "daytona:Sandbox.stop",
+        "Sandbox.delete": "daytona:Sandbox.delete",
+    },
+    "vercel": {
+        "create_sandbox": "vercel.sandbox.sync:create_sandbox",
+        "get_sandbox": "vercel.sandbox.sync:get_sandbox",
+        "query_sandboxes": "vercel.sandbox.sync:query_sandboxes",
+        "run_process": "vercel.sandbox.sync:SyncSandbox.run_process",
+        "fs.read_bytes": "vercel.sandbox.sync:SyncSandboxFilesystem.read_bytes",
+        "fs.write_bytes": "vercel.sandbox.sync:SyncSandboxFilesystem.write_bytes",
+        "stop": "vercel.sandbox.sync:SyncSandbox.stop",
+        "destroy": "vercel.sandbox.sync:SyncSandbox.destroy",
+    },
+}
+
+
+def fake_service(sdk: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The fake of ``sdk`` installed, with the credentials it accepts in the environment (and no others)."""
+    reason = _box.unavailable_reason()
+    if reason:
+        engine_missing(reason)
+    for var in CREDENTIAL_VARS[sdk]:
+        monkeypatch.delenv(var, raising=False)
+    fake = importlib.import_module(f"execbox.fakes.{sdk}")
+    with fake.installed() as service:
+        for key, value in service.credentials.items():
+            monkeypatch.setenv(key, value)
+        yield service
+
+
+def real_member(spec: str) -> Any:
+    mod, _, qual = spec.partition(":")
+    obj: Any = importlib.import_module(mod)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def check_calls_against_real_sdk(sdk: str, service: Any) -> None:
+    """Bind every recorded call against the real SDK (which must be installed: the extras install it)."""
+    import sys
+
+    top = REAL[sdk][next(iter(REAL[sdk]))].split(":")[0].split(".")[0]
+    calls = list(service.calls)
+    # The fake is installed under the SDK's name; look at the real SDK with the fake out of the way.
+    saved = {n: m for n, m in sys.modules.items() if n == top or n.startswith(top + ".")}
+    for name in saved:
+        del sys.modules[name]
+    try:
+        if importlib.util.find_spec(top) is None:
+            engine_missing(f"the real {sdk} SDK is not installed: pip install 'execbox[{sdk}]'")
+        problems = []
+        for call in calls:
+            spec = REAL[sdk].get(call.name)
+            assert spec is not None, f"the backend called {call.name}, which test_fake_surfaces does not cover"
+            sig = inspect.signature(real_member(spec))
+            args = list(call.args)
+            if next(iter(sig.parameters), None) in ("self", "cls"):
+                args.insert(0, None)
+            try:
+                sig.bind(*args, **call.kwargs)
+            except TypeError as exc:
+                problems.append(f"{call.name}{call.args}{dict(call.kwargs)}: {exc}")
+        assert not problems, "calls that the real SDK would refuse:\n" + "\n".join(problems)
+    finally:
+        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+@pytest.fixture
+def recorded() -> Callable[[str, Any], None]:
+    return check_calls_against_real_sdk

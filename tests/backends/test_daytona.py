@@ -1,0 +1,198 @@
+"""The daytona backend, against the daytona fake (execbox.fakes.daytona): the conformance kit, then what is
+specific to Daytona (units, persistence, the exec that has no stderr and no stdin)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from execbox import Runner, Settings
+from execbox.core.errors import BackendUnavailableError, UnsupportedPolicyError
+from execbox.core.models import Limits
+from execbox.testing.conformance import BackendConformance
+from tests.backends.remote_fixtures import fake_service, recorded  # noqa: F401 - fixtures
+
+
+@pytest.fixture
+def daytona_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    yield from fake_service("daytona", monkeypatch)
+
+
+def runner(**kw: object) -> Runner:
+    return Runner(Settings.from_env(backend="daytona", **kw))
+
+
+class TestDaytonaConformance(BackendConformance):
+    backend_name = "daytona"
+
+    @pytest.fixture
+    def runner(self, daytona_fake: object) -> Runner:
+        return Runner(Settings.from_env(backend="daytona"))
+
+
+def params(service: object) -> object:
+    return service.calls_to("Daytona.create")[-1].args[0]  # type: ignore[attr-defined]
+
+
+def test_policy_is_translated_to_daytona_controls(daytona_fake) -> None:
+    result = runner(cpus=4.0).run(["true"], network="none", limits=Limits(cpus=2), timeout=5)
+    assert result.exit_code == 0
+    sent = params(daytona_fake)
+    assert sent.network_block_all is True
+    assert (sent.resources.cpu, sent.resources.memory) == (2, 1)  # whole CPUs; GiB (CODE_EXEC_MEMORY_MB=1024)
+    assert sent.ephemeral is True and sent.ttl_minutes == 2  # lifetime 65 s, rounded up to minutes
+    assert sent.labels["execbox"] == "1" and "execbox-expires" in sent.labels
+    assert sent.image == "python:3.12-slim"
+    runner().run(["true"], network="egress")
+    assert params(daytona_fake).network_block_all is False
+
+
+def test_real_sdk_accepts_the_params(daytona_fake) -> None:
+    """The real pydantic model validates what the backend built (types, the GiB int, the labels)."""
+    runner().run(["true"], network="none")
+    sent = params(daytona_fake)
+    saved = {n: m for n, m in sys.modules.items() if n == "daytona" or n.startswith("daytona.")}
+    for n in saved:
+        del sys.modules[n]
+    try:
+        import daytona
+
+        given = dict(sent._given)
+        given["resources"] = daytona.Resources(**dataclasses.asdict(given["resources"]))
+        real = daytona.CreateSandboxFromImageParams(**given)
+        assert real.network_block_all is True and real.resources.memory == 1
+    finally:
+        for n in [n for n in sys.modules if n == "daytona" or n.startswith("daytona.")]:
+            del sys.modules[n]
+        sys.modules.update(saved)
+
+
+def test_units_daytona_cannot_enforce_are_refused(daytona_fake) -> None:
+    with pytest.raises(UnsupportedPolicyError, match="whole CPUs"):
+        runner().run(["true"], limits=Limits(cpus=0.5))
+    with pytest.raises(UnsupportedPolicyError, match="CODE_EXEC_MEMORY_MB"):
+        runner(memory_mb=1536).run(["true"])
+    with pytest.raises(UnsupportedPolicyError, match="memory"):  # the guard: memory is not claimed
+        runner().run(["true"], limits=Limits(memory_mb=2048))
+    assert not daytona_fake.calls_to("Daytona.create")
+
+
+def test_output_is_cut_in_the_sandbox(daytona_fake) -> None:
+    """Only the head and the tail are downloaded, never the whole output."""
+    result = runner().run_code("import sys; sys.stdout.write('a' * 3_000_000)", max_output_bytes=1000)
+    assert result.truncated and len(result.stdout.encode()) < 1200
+    downloads = daytona_fake.calls_to("FileSystem.download_files")
+    assert downloads and all(p.endswith((".h", ".t")) for p, _ in downloads[-1].args[0])
+
+
+def test_every_path_deletes_the_sandbox(daytona_fake) -> None:
+    r = runner()
+    r.run(["true"])
+    r.run(["sleep", "100"], timeout=1)
+    with r.sandbox("daytona") as sb:
+        sb.exec("true")
+    assert len(daytona_fake.calls_to("Sandbox.delete")) == 3
+    assert not daytona_fake.sandboxes
+
+
+def test_cancellation_deletes_the_sandbox(daytona_fake) -> None:
+    r = runner()
+
+    async def cancelled() -> None:
+        with anyio.move_on_after(1.5):
+            await r.aio.run(["sleep", "100"], timeout=30)
+
+    anyio.run(cancelled)
+    assert daytona_fake.calls_to("Sandbox.delete") and not daytona_fake.sandboxes
+
+
+def test_persist_stops_and_resumes_by_name(daytona_fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DAYTONA_SANDBOX_PERSIST", "true")
+    r = runner()
+    with r.sandbox("daytona", name="keep-me") as sb:
+        sb.write_file("notes.txt", b"remembered")
+        sb.exec("pip --version > /dev/null; echo installed > state.txt")
+    assert not daytona_fake.calls_to("Sandbox.delete") and daytona_fake.calls_to("Sandbox.stop")
+    (kept,) = daytona_fake.sandboxes.values()
+    assert kept.state.value == "stopped" and kept.labels["execbox-persist"] == "true"
+    assert "execbox-expires" not in kept.labels and not params(daytona_fake).ephemeral
+    with r.sandbox("daytona", name="keep-me") as sb:
+        assert sb.read_file("notes.txt") == b"remembered"
+        assert sb.exec(["cat", "state.txt"]).stdout == "installed\n"
+    assert len(daytona_fake.calls_to("Daytona.create")) == 1 and daytona_fake.calls_to("Sandbox.start")
+    assert anyio.run(r.aio.backend("daytona").gc) == []  # gc never removes a persisted sandbox
+    with pytest.raises(UnsupportedPolicyError, match="network_block_all"):
+        with r.sandbox("daytona", name="keep-me", network="egress"):
+            pass
+
+
+def test_persist_never_adopts_a_foreign_sandbox(daytona_fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    import daytona
+
+    daytona.Daytona().create(daytona.CreateSandboxFromImageParams(image="x", name="theirs"))
+    monkeypatch.setenv("DAYTONA_SANDBOX_PERSIST", "true")
+    with pytest.raises(UnsupportedPolicyError, match="did not persist"):
+        with runner().sandbox("daytona", name="theirs"):
+            pass
+
+
+def test_credentials_never_reach_the_sandbox(daytona_fake) -> None:
+    result = runner().run_code("import os, json; print(json.dumps(dict(os.environ)))")
+    key = daytona_fake.credentials["DAYTONA_API_KEY"]
+    assert key not in result.stdout and not daytona_fake.sent(key)
+
+
+def test_missing_credentials_is_not_retryable(daytona_fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DAYTONA_API_KEY")
+    with pytest.raises(BackendUnavailableError) as info:
+        runner().run(["true"])
+    assert info.value.retryable is False and "DAYTONA_API_KEY" in info.value.message
+
+
+def test_invalid_key_is_not_retryable(daytona_fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DAYTONA_API_KEY", "wrong")
+    with pytest.raises(BackendUnavailableError) as info:
+        runner().run(["true"])
+    assert info.value.retryable is False
+
+
+def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "daytona", None)
+    from execbox.backends.daytona import DaytonaBackend
+
+    with pytest.raises(BackendUnavailableError, match=r"pip install 'execbox\[daytona\]'"):
+        anyio.run(DaytonaBackend(Settings.from_env()).check)
+
+
+def test_gc_deletes_orphans_only(daytona_fake) -> None:
+    import daytona
+
+    from execbox.backends import _remote
+
+    client = daytona.Daytona()
+
+    def make(name: str, labels: dict[str, str]) -> object:
+        return client.create(daytona.CreateSandboxFromImageParams(image="x", name=name, labels=labels))
+
+    make("expired", {**_remote.labels(60), "execbox-expires": "1"})
+    make("live", _remote.labels(600))
+    make("foreign", {"team": "other"})
+    make("kept", _remote.labels(60, persist=True))
+    removed = anyio.run(runner().aio.backend("daytona").gc)
+    assert removed == ["daytona sandbox expired (expired)"]
+    assert sorted(s.name for s in daytona_fake.sandboxes.values()) == ["foreign", "kept", "live"]
+
+
+def test_recorded_calls_bind_against_the_real_sdk(daytona_fake, recorded) -> None:
+    r = runner()
+    with r.sandbox("daytona") as sb:
+        sb.write_file("a.txt", b"x")
+        sb.exec(["cat", "a.txt"], stdin=b"in")
+        sb.read_file("a.txt")
+        sb.run_code("import time; time.sleep(10)", timeout=1)
+    anyio.run(r.aio.backend("daytona").gc)
+    recorded("daytona", daytona_fake)
