@@ -28,7 +28,7 @@ is_root=0; [ "$(id -u)" -eq 0 ] && is_root=1
 # --- 1. Debian packages -------------------------------------------------------------------
 # docker.io pulls in containerd, runc, tini (docker-init) and iptables; uidmap is for rootless
 # tools; openssh-server for the ssh backend's tests; bubblewrap and debootstrap speak for themselves.
-packages=(docker.io iptables uidmap openssh-server bubblewrap debootstrap ca-certificates)
+packages=(docker.io iptables uidmap openssh-server bubblewrap libseccomp2 debootstrap ca-certificates)
 missing=()
 for p in "${packages[@]}"; do
     status="$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)"

@@ -122,12 +122,14 @@ async def _probe(backend: ExecutionBackend) -> dict[str, Any]:
     cls = type(backend)
     row: dict[str, Any] = {"name": cls.name, "summary": cls.summary, "available": False, "reason": None,
                            "fix": None, "capabilities": cls.capabilities.model_dump(mode="json"),
-                           "notes": backend.notes()}
+                           "notes": backend.notes(), "details": {}}
     try:
         with anyio.fail_after(CHECK_TIMEOUT_S):
             caps = await backend.check()
         row["available"] = True
         row["capabilities"] = caps.model_dump(mode="json")
+        row["details"] = backend.details()
+        row["notes"] = backend.notes()
     except TimeoutError:
         row["reason"] = f"the availability check did not answer within {CHECK_TIMEOUT_S:g}s"
     except BackendUnavailableError as exc:
@@ -230,7 +232,9 @@ def doctor(as_json: bool) -> None:
                 click.echo(f"      cannot run: {row['reason']}")
                 if row["fix"]:
                     click.echo(f"      fix: {row['fix']}")
-            click.echo(f"      guard: {row['guard_verdict']}")
+            click.echo(f"      guard{'' if row['available'] else ' (once it can run)'}: {row['guard_verdict']}")
+            for key, value in row["details"].items():
+                click.echo(f"      {key}: {value}")
             for note in row["notes"]:
                 click.echo(f"      note: {note}")
         for problem in runner.registry.problems:
@@ -261,6 +265,8 @@ def gc(only: str | None, as_json: bool) -> None:
                 removed[name] = await backend.gc()
             except BackendUnavailableError as exc:
                 skipped[name] = exc.reason
+            except ExecboxError as exc:  # e.g. a backend setting is invalid: that backend only
+                skipped[name] = exc.message
 
     try:
         _blocking(go)

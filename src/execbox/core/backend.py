@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits, NetworkMode
 from execbox.core.settings import Settings
@@ -97,6 +97,10 @@ class ExecutionBackend(ABC):
     def notes(self) -> list[str]:
         """Facts every result of this backend carries (e.g. an attested sandbox)."""
         return []
+
+    def details(self) -> dict[str, Any]:
+        """What ``check`` found on this host (binary versions, cgroups, ...), for `execbox doctor`."""
+        return {}
 
     @abstractmethod
     async def open_session(self, spec: SessionSpec) -> Session:
