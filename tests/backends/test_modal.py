@@ -72,6 +72,31 @@ def test_cancellation_terminates_the_sandbox(modal_fake) -> None:
     assert all(s.poll() is not None for s in modal_fake.sandboxes.values())
 
 
+def test_cancelled_while_creating_terminates_what_was_created(modal_fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from execbox.fakes import modal as fake
+
+    real_create = fake.Sandbox.create
+
+    def slow_create(*args: object, **kwargs: object) -> object:
+        sandbox = real_create(*args, **kwargs)
+        time.sleep(1.0)  # the reply is still on its way when the caller gives up
+        return sandbox
+
+    monkeypatch.setattr(fake.Sandbox, "create", staticmethod(slow_create))
+    runner = Runner(Settings.from_env(backend="modal"))
+
+    async def cancelled() -> None:
+        with anyio.move_on_after(0.3):
+            await runner.aio.run(["true"])
+
+    anyio.run(cancelled)
+    assert len(modal_fake.sandboxes) == 1 and modal_fake.calls_to("Sandbox.terminate")
+    assert all(s.poll() is not None for s in modal_fake.sandboxes.values())
+    assert not modal_fake.calls_to("Sandbox.exec")
+
+
 def test_credentials_never_reach_the_sandbox(modal_fake) -> None:
     runner = Runner(Settings.from_env(backend="modal"))
     result = runner.run_code("import os, json; print(json.dumps(dict(os.environ)))")

@@ -3,7 +3,6 @@ commands that really run, network deny that really holds, timeouts that really e
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Iterator
@@ -217,8 +216,19 @@ def test_vercel(vercel_fake, monkeypatch: pytest.MonkeyPatch, listener: int,
     assert info.value.status_code == 404
 
 
-def test_uninstall_restores_and_cleans(modal_fake) -> None:
+def test_uninstall_restores_the_sdk_and_removes_the_boxes(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    assert sys.modules["modal"].__spec__.origin is None  # the fake, while installed
-    assert not os.environ.get("EXECBOX_BOX_OWNER")
+    from execbox.fakes import modal as fake
+
+    before = sys.modules.get("modal")
+    with fake.installed() as service:
+        for k, v in service.credentials.items():
+            monkeypatch.setenv(k, v)
+        import modal
+
+        assert modal is not before and modal.__spec__.origin is None
+        sb = modal.Sandbox.create(app=modal.App.lookup("t", create_if_missing=True))
+        assert sb.box.dir.exists()
+    assert sys.modules.get("modal") is before
+    assert not sb.box.dir.exists() and not sb.box.running

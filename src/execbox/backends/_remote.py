@@ -171,7 +171,7 @@ def reap_argv(marker: str) -> list[str]:
 CHECK = """
 w=$(realpath -- "$1") || exit 3
 t=$(cd "$w" && realpath -m -- "$2") || exit 3
-case "$t" in "$w"/*) printf %s "$t" ;; *) exit 4 ;; esac
+case "$t" in "${w%/}"/*) printf %s "$t" ;; *) exit 4 ;; esac
 """
 
 

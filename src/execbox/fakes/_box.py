@@ -208,7 +208,7 @@ class Box:
             raise BoxError("the fake sandbox is not running")
         enter = ["nsenter", f"--target={self._init_pid}", "--mount", "--pid"]
         if os.geteuid() != 0:
-            enter.insert(1, "--user")
+            enter[1:1] = ["--user", "--preserve-credentials"]  # we are mapped to root in there already
         if self.network == "none":
             enter.append("--net")
         inner = ["/usr/sbin/chroot", str(self.root)]
