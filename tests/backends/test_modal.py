@@ -174,3 +174,20 @@ def test_recorded_calls_bind_against_the_real_sdk(modal_fake, recorded) -> None:
         sb.read_file("a.txt")
         sb.run_code("import time; time.sleep(10)", timeout=1)
     recorded("modal", modal_fake)
+
+
+def test_execbox_gc_command_removes_orphans(modal_fake) -> None:
+    import json
+
+    import modal
+    from click.testing import CliRunner
+
+    from execbox.backends import _remote
+    from execbox.cli import main
+
+    app = modal.App.lookup("execbox", create_if_missing=True)
+    orphan = modal.Sandbox.create(app=app, tags={**_remote.labels(60), "execbox-expires": "1"})
+    result = CliRunner().invoke(main, ["gc", "--backend", "modal", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["removed"]["modal"] == [f"modal sandbox {orphan.object_id} (expired)"]
+    assert orphan.poll() is not None
