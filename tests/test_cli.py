@@ -59,9 +59,13 @@ class TestRun:
         assert cli("run", "--code", "print(6 * 7)").stdout == "42\n"
         assert cli("run", "--language", "bash", "--code", "echo $((6 * 7))").stdout == "42\n"
 
-    def test_stdin_is_passed_through(self, local_mode: None) -> None:
-        result = cli("run", "--", "cat", input=b"piped \xc3\xa9 data")
+    def test_stdin_is_passed_through_with_the_flag(self, local_mode: None) -> None:
+        result = cli("run", "--stdin", "--", "cat", input=b"piped \xc3\xa9 data")
         assert (result.exit_code, result.stdout) == (0, "piped é data")
+
+    def test_stdin_is_not_read_without_the_flag(self, local_mode: None) -> None:
+        result = cli("run", "--", "sh", "-c", "cat; echo end", input=b"not for the command")
+        assert (result.exit_code, result.stdout) == (0, "end\n")
 
     def test_env_name_value_reaches_the_command_and_secrets_are_dropped(self, local_mode: None) -> None:
         result = cli("run", "--json", "--env", "GREETING=hi=there", "--env", "GITHUB_TOKEN=ghp_s3cr3tvalue",

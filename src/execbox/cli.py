@@ -65,11 +65,12 @@ def main() -> None:
 @click.option("--workdir", help="Working directory, relative to the workspace.")
 @click.option("--code", help="Code to run instead of a command.")
 @click.option("--language", type=click.Choice(["python", "bash"]), default="python", show_default=True)
+@click.option("--stdin", "pass_stdin", is_flag=True, help="Pass this program's standard input to the command.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the result, or {\"error\": ...}.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(backend: str | None, network: str | None, timeout: float | None, max_output_bytes: int | None,
-        env_pairs: tuple[str, ...], workdir: str | None, code: str | None, language: str, as_json: bool,
-        command: tuple[str, ...]) -> None:
+        env_pairs: tuple[str, ...], workdir: str | None, code: str | None, language: str, pass_stdin: bool,
+        as_json: bool, command: tuple[str, ...]) -> None:
     """Run a command (after --) or --code in a fresh sandbox.
 
     \b
@@ -86,7 +87,8 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
         env[name] = value
     settings = _settings(as_json)
     runner = Runner(settings)
-    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
+    # Only on request: an inherited pipe that never closes must not hang a run.
+    stdin = sys.stdin.buffer.read() if pass_stdin and sys.stdin is not None else None
     fields: dict[str, Any] = {"network": network, "timeout": timeout, "max_output_bytes": max_output_bytes,
                               "workdir": workdir, "env": env, "stdin": stdin or None}
     fields = {k: v for k, v in fields.items() if v is not None}
@@ -117,13 +119,15 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
     sys.exit(EXIT_TIMEOUT if result.timed_out else result.exit_code)
 
 
-async def _probe(backend: ExecutionBackend) -> dict[str, Any]:
+async def _probe(runner: AsyncRunner, name: str) -> dict[str, Any]:
     """What `backends` and `doctor` say of one backend: can it run here, and what does it enforce."""
-    cls = type(backend)
+    cls = runner.registry.get(name).cls
     row: dict[str, Any] = {"name": cls.name, "summary": cls.summary, "available": False, "reason": None,
                            "fix": None, "capabilities": cls.capabilities.model_dump(mode="json"),
-                           "notes": backend.notes(), "details": {}}
+                           "notes": [], "details": {}}
     try:
+        backend = runner.backend(name)
+        row["notes"] = backend.notes()
         with anyio.fail_after(CHECK_TIMEOUT_S):
             caps = await backend.check()
         row["available"] = True
@@ -144,7 +148,7 @@ def _probe_all(runner: AsyncRunner) -> list[dict[str, Any]]:
         rows: dict[str, dict[str, Any]] = {}
 
         async def one(name: str) -> None:
-            rows[name] = await _probe(runner.backend(name))
+            rows[name] = await _probe(runner, name)
             rows[name]["distribution"] = runner.registry.get(name).distribution
 
         async with anyio.create_task_group() as tg:
@@ -208,9 +212,13 @@ def doctor(as_json: bool) -> None:
     runner = AsyncRunner(_settings(as_json))
     rows = _probe_all(runner)
     for row in rows:
-        backend = runner.backend(row["name"])
-        row["guard_admits"], row["guard_verdict"] = _guard_verdict(runner, backend, row)
-        row["sandbox_here"] = bool(row["available"] and row["capabilities"]["sandbox"])
+        row["guard_admits"], row["guard_verdict"], row["sandbox_here"] = False, row["reason"], False
+        if row["available"]:
+            backend = runner.backend(row["name"])
+            row["guard_admits"], row["guard_verdict"] = _guard_verdict(runner, backend, row)
+            verdict = backend.verdict(ExecRequest(argv=["true"], network=runner.settings.network))
+            # Counts only a real sandbox here: not one the guard refuses, not one that is only attested.
+            row["sandbox_here"] = row["guard_admits"] and verdict.sandbox and not verdict.attested
     try:
         auto = _blocking(runner.select)[0].name if runner.settings.backend == "auto" else runner.settings.backend
     except ExecboxError:
@@ -232,7 +240,8 @@ def doctor(as_json: bool) -> None:
                 click.echo(f"      cannot run: {row['reason']}")
                 if row["fix"]:
                     click.echo(f"      fix: {row['fix']}")
-            click.echo(f"      guard{'' if row['available'] else ' (once it can run)'}: {row['guard_verdict']}")
+            if row["available"]:
+                click.echo(f"      guard: {row['guard_verdict']}")
             for key, value in row["details"].items():
                 click.echo(f"      {key}: {value}")
             for note in row["notes"]:
@@ -259,8 +268,8 @@ def gc(only: str | None, as_json: bool) -> None:
 
     async def go() -> None:
         for name in names:
-            backend = runner.backend(name)
             try:
+                backend = runner.backend(name)
                 await backend.check()
                 removed[name] = await backend.gc()
             except BackendUnavailableError as exc:

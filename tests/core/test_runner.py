@@ -82,15 +82,9 @@ class TestRuns:
             runner.run(["true"], files={str(tmp_path / "abs.txt"): "x"})
         assert not (tmp_path / "abs.txt").exists()
 
-    def test_a_missing_workdir_is_created_or_a_clear_error(self, runner: Runner) -> None:
-        from execbox import ExecboxError
-
-        try:
-            result = runner.run(["pwd"], workdir="new/dir")
-        except ExecboxError as exc:
-            assert "new/dir" in exc.message
-        else:
-            assert result.exit_code == 0 and result.stdout.strip().endswith("/new/dir")
+    def test_a_missing_workdir_is_created_inside_the_sandbox(self, runner: Runner) -> None:
+        result = runner.run(["pwd"], workdir="new/dir")
+        assert result.exit_code == 0 and result.stdout.strip().endswith("/new/dir")
 
     def test_stdin_and_exit_codes_are_data(self, runner: Runner) -> None:
         result = runner.run("cat; exit 3", stdin="from stdin")
@@ -128,3 +122,53 @@ class TestRuns:
             sb.exec(["ln", "-s", str(target), "link.txt"])
             with pytest.raises(WorkspacePathError, match="symlink"):
                 sb.read_file("link.txt")
+
+
+class TestLimitsAreNeverSilentlyDropped:
+    def test_a_limit_the_operator_set_is_a_demand(self, fake_backends: object) -> None:
+        from execbox import UnsupportedPolicyError
+
+        # fake_namespace enforces no memory limit: with CODE_EXEC_MEMORY_MB set by the operator it must refuse...
+        with pytest.raises(UnsupportedPolicyError) as info:
+            Runner(Settings.from_env(memory_mb=256)).run(["true"], backend="fake_namespace")
+        assert "memory" in info.value.message
+        # ...while the built-in default applies only where a backend can enforce it.
+        assert Runner(Settings.from_env()).run(["true"], backend="fake_namespace").exit_code == 0
+
+    def test_a_session_refuses_per_exec_limits_it_was_not_opened_with(self, fake_backends: object) -> None:
+        from execbox import Limits, UnsupportedPolicyError
+
+        runner = Runner(Settings.from_env())
+        with runner.sandbox("fake_sandbox", limits=Limits(memory_mb=128)) as sb:
+            assert sb.exec(["true"], limits=Limits(memory_mb=128)).exit_code == 0
+            with pytest.raises(UnsupportedPolicyError) as info:
+                sb.exec(["true"], limits=Limits(memory_mb=64))
+            assert "another sandbox" in info.value.message
+
+
+def test_auto_skips_a_backend_that_is_not_a_sandbox_as_configured(fake_backends: object,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from execbox import ExecutionBackend, Verdict
+    from tests.core.fakes_plugin import FakeSandbox
+
+    def verdict(self: ExecutionBackend, request: object) -> Verdict:
+        if self.name == "fake_sandbox":
+            return Verdict(False, "configured to run as root")
+        return ExecutionBackend.verdict(self, request)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FakeSandbox, "verdict", verdict)
+    result = Runner(Settings.from_env()).run(["true"])
+    assert result.backend == "fake_namespace"
+
+
+def test_a_planted_fifo_is_refused_on_write_without_hanging(tmp_path: Path) -> None:
+    import os
+
+    from execbox.core.workspace import safe_write
+
+    os.mkfifo(tmp_path / "out.txt")
+    with pytest.raises(WorkspacePathError):
+        safe_write(str(tmp_path), "out.txt", b"data")
+    safe_write(str(tmp_path), "dir/file.txt", b"long content")
+    safe_write(str(tmp_path), "dir/file.txt", b"short")
+    assert (tmp_path / "dir" / "file.txt").read_bytes() == b"short"

@@ -64,11 +64,16 @@ class AsyncRunner:
             backend = self.backend(name)
             return backend, await backend.check()
         tried: list[str] = []
+        probe = ExecRequest(argv=["true"], network=self.settings.network)
         for candidate in self.auto_candidates():
-            backend = self.backend(candidate)
             try:
+                backend = self.backend(candidate)
+                verdict = backend.verdict(probe)
+                if not (verdict.sandbox or candidate == LOCAL_FALLBACK):
+                    tried.append(f"- {candidate}: configured here, it is not a sandbox ({verdict.reason})")
+                    continue
                 return backend, await backend.check()
-            except BackendUnavailableError as exc:
+            except (BackendUnavailableError, ConfigError) as exc:
                 tried.append(f"- {candidate}: {exc.message}")
         local_hint = "" if self.settings.local else (
             "\n- or, only on your own machine for yourself: CODE_EXEC_LOCAL=true (runs local_subprocess, no sandbox)"
@@ -91,7 +96,9 @@ class AsyncRunner:
 
     def prepare(self, request: ExecRequest) -> tuple[ExecRequest, list[str], set[str]]:
         """The request with the settings applied (defaults, clamps, env policy); the dropped env names; the
-        limits the caller demanded explicitly."""
+        limits demanded: those the request names, and those the operator set explicitly (CODE_EXEC_MEMORY_MB,
+        CODE_EXEC_CPUS, CODE_EXEC_PIDS_LIMIT). A backend that cannot enforce a demanded limit refuses; the
+        built-in defaults apply wherever a backend can enforce them."""
         s = self.settings
         env, dropped = filter_env(request.env)
         asked = request.limits or Limits()
@@ -107,13 +114,16 @@ class AsyncRunner:
             "network": request.network or s.network,
             "limits": limits,
         })
-        return resolved, dropped, asked.names()
+        return resolved, dropped, asked.names() | self._operator_limits()
+
+    def _operator_limits(self) -> set[str]:
+        by_field = {"memory_mb": "memory", "cpus": "cpu", "pids_limit": "pids"}
+        return {limit for field, limit in by_field.items() if field in self.settings.model_fields_set}
 
     async def execute(self, request: ExecRequest, *, backend: str | None = None) -> ExecResult:
         """Run one request in a fresh sandbox that is gone afterwards, also on error or cancellation."""
-        chosen = await self._admitted(backend, request, session=False)
-        impl, caps = chosen
-        resolved, dropped, _ = self.prepare(request)
+        resolved, dropped, asked = self.prepare(request)
+        impl, _ = await self._admitted(backend, resolved, asked, session=False)
         spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60)
         session = await impl.open_session(spec)
         try:
@@ -122,20 +132,18 @@ class AsyncRunner:
             with anyio.CancelScope(shield=True):
                 await session.close()
 
-    async def _admitted(self, backend: str | None, request: ExecRequest, *, session: bool
+    async def _admitted(self, backend: str | None, resolved: ExecRequest, asked: set[str], *, session: bool
                         ) -> tuple[ExecutionBackend, Capabilities]:
-        resolved, _, asked = self.prepare(request)
+        """The backend (auto resolved) and what it enforces here, once the guard has admitted the request."""
         name = backend or (self.settings.session_backend if session else self.settings.backend)
-        if name != "auto":
+        if name == "auto":
+            impl, caps = await self.select("auto")
+        else:
             impl = self.backend(name)
-            self.guard.check_verdict(impl, resolved)
+            self.guard.check_verdict(impl, resolved)  # cheap refusals first, before the backend is probed
             self.guard.check_secrets(impl)
             caps = await impl.check()
-        else:
-            impl, caps = await self.select("auto")
-            self.guard.check_verdict(impl, resolved)
-            self.guard.check_secrets(impl)
-        self.guard.check_policy(impl, caps, resolved, asked)
+        self.guard.judge(impl, caps, resolved, asked)
         if session and not caps.persistent_sessions:
             raise UnsupportedPolicyError(
                 f"refused: backend {impl.name!r} has no persistent sessions; use execbox.run for one-shot runs "
@@ -208,8 +216,8 @@ class AsyncSandbox:
 
     async def __aenter__(self) -> AsyncSandbox:
         probe = ExecRequest(argv=["true"], network=self._network, limits=self._limits)
-        self.backend, self.capabilities = await self.runner._admitted(self._backend_name, probe, session=True)
-        resolved, _, _ = self.runner.prepare(probe)
+        resolved, _, asked = self.runner.prepare(probe)
+        self.backend, self.capabilities = await self.runner._admitted(self._backend_name, resolved, asked, session=True)
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name)
         self._session = await self.backend.open_session(spec)
         return self
@@ -234,6 +242,10 @@ class AsyncSandbox:
             raise UnsupportedPolicyError(
                 f"refused: this sandbox was opened with network {self._network!r}; a session cannot change it. "
                 "Open another sandbox with the network mode you need", backend=backend.name)
+        if request.limits is not None and request.limits != self._limits:
+            raise UnsupportedPolicyError(
+                f"refused: this sandbox was opened with limits {self._limits}; a session cannot change them per exec. "
+                "Open another sandbox with the limits you need", backend=backend.name)
         request = request.model_copy(update={"network": self._network, "limits": self._limits})
         resolved, dropped, asked = self.runner.prepare(request)
         assert self.capabilities is not None

@@ -89,12 +89,20 @@ def safe_write(root: str, rel: str, data: bytes, *, owner: tuple[int, int] | Non
     try:
         dfd = _open_dir(root, parts[:-1], create=True, owner=owner)
         try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            # O_NONBLOCK: a FIFO the sandbox planted must not hang the host (ENXIO without a reader).
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             fd = os.open(parts[-1], flags, mode, dir_fd=dfd)
         finally:
             os.close(dfd)
     except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise WorkspacePathError(f"refused {rel!r}: not a regular file") from None
         raise _refuse(rel, exc) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise WorkspacePathError(f"refused {rel!r}: not a regular file")
+    os.set_blocking(fd, True)
+    os.ftruncate(fd, 0)
     with os.fdopen(fd, "wb") as fh:
         if owner:
             os.fchown(fh.fileno(), *owner)

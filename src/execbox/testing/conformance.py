@@ -40,12 +40,14 @@ DEADLINE_SLACK_S = 20.0
 
 
 class Listener:
-    """A TCP listener on 127.0.0.1 that counts the connections it accepted."""
+    """A TCP listener that counts the connections it accepted: on loopback, or on an address of a network
+    the test itself created (e.g. a bridge gateway)."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((host, 0))
         self.sock.listen(16)
         self.sock.settimeout(0.2)
         self.port = self.sock.getsockname()[1]
@@ -91,8 +93,35 @@ ESCAPING_GRANDCHILD = textwrap.dedent("""
                     fh.write("x")
                 time.sleep(0.1)
         os._exit(0)
+    while not os.path.exists("tick"):  # the grandchild is running before the deadline can come
+        time.sleep(0.05)
     time.sleep(1000)
 """)
+
+# A one-shot run whose setsid, double-forked grandchild carries a marker in its command line.
+ESCAPING_MARKED_GRANDCHILD = textwrap.dedent("""
+    import os, subprocess, sys, time
+    if os.fork() == 0:
+        os.setsid()
+        subprocess.Popen(["python3", "-c", "import time; time.sleep(1000)", sys.argv[1]])
+        os._exit(0)
+    time.sleep(1000)
+""")
+
+
+def _alive_with(marker: str, settle_s: float = 1.0) -> list[int]:
+    """Host processes whose command line holds ``marker``, after giving a kill in flight time to land."""
+    try:
+        import psutil
+    except ImportError:
+        engine_missing("psutil is needed to look for leftover processes: pip install 'execbox[dev]'")
+    deadline = time.monotonic() + settle_s
+    while True:
+        alive = [p.pid for p in psutil.process_iter(["cmdline", "status"])
+                 if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
 
 
 class BackendConformance:
@@ -205,24 +234,30 @@ class BackendConformance:
     def test_timeout_kills_setsid_grandchild(self, runner: Runner, net: str, caps: Capabilities) -> None:
         self.require(caps, sessions=True, files=True)
         with runner.sandbox(self.backend_name, network=net) as sb:
-            result = sb.run_code(ESCAPING_GRANDCHILD, timeout=2)
+            result = sb.run_code(ESCAPING_GRANDCHILD, timeout=5)
             assert result.timed_out
             time.sleep(1.0)
             first = len(sb.read_file("tick"))
             time.sleep(1.5)
             assert len(sb.read_file("tick")) == first, "a setsid grandchild is still writing after the deadline"
 
+    def test_timeout_kills_setsid_grandchild_of_a_one_shot_run(self, runner: Runner, net: str,
+                                                               caps: Capabilities) -> None:
+        if caps.remote:
+            pytest.skip("the sandbox's processes run on another host")
+        marker = f"execbox-escape-{uuid.uuid4().hex}"
+        result = self.run(runner, net, ["python3", "-c", ESCAPING_MARKED_GRANDCHILD, marker], timeout=3)
+        assert result.timed_out
+        assert _alive_with(marker) == [], "a setsid grandchild outlived the deadline of a one-shot run"
+
     def test_nothing_left_running_after_a_run(self, runner: Runner, net: str, caps: Capabilities) -> None:
         if caps.remote:
             pytest.skip("the sandbox's processes run on another host")
-        psutil = pytest.importorskip("psutil")
         marker = f"execbox-leak-{uuid.uuid4().hex}"
         code = (f"import os, subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 1000; : {marker}'], "
                 "start_new_session=True)\nprint('started')")
         assert self.code(runner, net, code).stdout == "started\n"
-        time.sleep(0.5)
-        alive = [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
-        assert not alive, f"processes outlived the run: {alive}"
+        assert _alive_with(marker) == [], "processes outlived the run"
 
     # --- env policy --------------------------------------------------------------------------------
 
