@@ -4,17 +4,32 @@ endpoint resolution, owners, and the image builder's recipe and mirror lookup.""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import struct
 import subprocess
+import tempfile
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
+from execbox import Limits, Settings
 from execbox.backends import docker as d
 from execbox.backends import docker_image as di
+from execbox.core.backend import SessionSpec
 from execbox.core.errors import ConfigError
 from execbox.core.output import BoundedCapture
+from execbox.testing import engine_missing
+
+
+def docker_py() -> Any:
+    try:
+        import docker
+    except ImportError:
+        engine_missing("docker-py is not installed: pip install 'execbox[docker]'")
+    return docker
 
 
 def good_kwargs(tmp_path: Path) -> dict:
@@ -66,6 +81,66 @@ def test_hardened_refuses_a_second_writable_mount(tmp_path: Path) -> None:
     kw["mounts"].append({"Target": "/data", "Source": str(tmp_path), "Type": "bind", "ReadOnly": False})
     with pytest.raises(ConfigError, match="one writable mount"):
         d._hardened(kw, socket_path=None)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o703], ids=oct)
+def test_hardened_refuses_a_workspace_other_users_can_write(tmp_path: Path, mode: int) -> None:
+    tmp_path.chmod(mode)
+    with pytest.raises(ConfigError, match="writable by other local users"):
+        d._hardened(good_kwargs(tmp_path), socket_path=None)
+
+
+def workspaces() -> set[str]:
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(d.WORKSPACE_PREFIX)}
+
+
+def test_another_sandbox_uid_without_root_is_refused_before_any_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """S8: a non-root caller used to open the workspace 0777 in /tmp for a different sandbox uid."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "2000:2000")
+    # No engine is contacted: the refusal comes first, and names what to change.
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/execbox-test.sock")
+    backend = d.DockerBackend(Settings.from_env())
+    before = workspaces()
+    with pytest.raises(ConfigError, match="CODE_EXEC_DOCKER_USER=2000:2000 is not you") as info:
+        anyio.run(backend.open_session, SessionSpec("none", Limits(memory_mb=64, cpus=1, pids=64), True, 60))
+    assert info.value.env_var == "CODE_EXEC_DOCKER_USER" and "run execbox as root" in str(info.value)
+    with pytest.raises(ConfigError, match="is not you"):
+        anyio.run(backend.check)
+    assert workspaces() == before
+
+
+@pytest.mark.parametrize("euid, user", [(1000, "1000"), (1000, "1000:2000"), (0, "2000:2000")])
+def test_sandbox_uid_accepted_when_the_workspace_can_stay_private(monkeypatch: pytest.MonkeyPatch, euid: int,
+                                                                  user: str) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: euid)
+    monkeypatch.setenv("CODE_EXEC_DOCKER_USER", user)
+    d.DockerBackend(Settings.from_env()).workspace_access()
+
+
+def test_a_session_without_every_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """D6: no silent refill from settings: the runner passes effective limits, and one missing is refused."""
+    docker_py()
+    monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "1000:1000")
+    backend = d.DockerBackend(Settings.from_env())
+    for limits, missing in ((Limits(cpus=1, pids=64), "mem_limit unset"), (Limits(memory_mb=64, pids=64),
+                            "nano_cpus unset"), (Limits(memory_mb=64, cpus=1), "pids_limit unset")):
+        spec = SessionSpec("none", limits, True, 60)
+        session = d.DockerSession(backend, spec, backend.plan(spec))
+        try:
+            with pytest.raises(ConfigError, match=missing):
+                session._create_kwargs(["true"], user="1000:1000", env={}, workdir="/workspace", expires_in=60,
+                                       stdin=False)
+        finally:
+            shutil.rmtree(session.host_workspace)
+    spec = SessionSpec("none", Limits(memory_mb=64, cpus=0.5, pids=64), True, 60)
+    session = d.DockerSession(backend, spec, backend.plan(spec))
+    try:
+        kw = session._create_kwargs(["true"], user="1000:1000", env={}, workdir="/workspace", expires_in=60,
+                                    stdin=False)
+    finally:
+        shutil.rmtree(session.host_workspace)
+    assert (kw["mem_limit"], kw["memswap_limit"], kw["nano_cpus"], kw["pids_limit"]) == ("64m", "64m", 5 * 10**8, 64)
 
 
 def frame(stream: int, data: bytes) -> bytes:
@@ -122,13 +197,13 @@ def test_local_engines_only(endpoint: str, local: bool) -> None:
 
 
 def test_endpoint_follows_docker_host() -> None:
-    pytest.importorskip("docker")
+    docker_py()
     endpoint, params, origin = d._resolve_endpoint({"DOCKER_HOST": "unix:///tmp/x.sock"})
     assert (endpoint, origin) == ("unix:///tmp/x.sock", "DOCKER_HOST")
 
 
 def test_endpoint_follows_a_docker_context(tmp_path: Path) -> None:
-    docker = pytest.importorskip("docker")
+    docker_py()
     from docker.context import ContextAPI
 
     env = {"DOCKER_CONFIG": str(tmp_path)}
@@ -148,7 +223,6 @@ def test_endpoint_follows_a_docker_context(tmp_path: Path) -> None:
             os.environ.pop("DOCKER_CONFIG")
         else:
             os.environ["DOCKER_CONFIG"] = old
-    assert docker  # imported for the skip only
 
 
 def test_owner_alive() -> None:

@@ -8,7 +8,8 @@ The boundary, on every container, with no knob that turns a part of it off:
     filesystem     read-only root; /tmp a size-limited tmpfs; exactly one writable host path, the
                    session workspace, at /workspace; never the Docker socket, $HOME or execbox itself
     limits         pids 256, memory 1024 MiB with no swap headroom, 1.0 CPU (CODE_EXEC_* settings)
-    user           the caller's uid:gid, or 65534:65534 when execbox runs as root
+    user           the caller's uid:gid, or 65534:65534 when execbox runs as root; another uid
+                   (CODE_EXEC_DOCKER_USER) only as root, so the workspace is never open to other local users
     init           docker-init as PID 1: signals are delivered and zombies reaped
 
 ``_hardened`` checks the final create arguments against that table and refuses anything else, so a
@@ -83,7 +84,8 @@ class DockerSettings(EnvSettings):
     image: str = _env("CODE_EXEC_DOCKER_IMAGE", DEFAULT_TAG,
                       "Sandbox image; build the default with `execbox image build`; pin registry images by digest")
     user: str | None = _env("CODE_EXEC_DOCKER_USER", None,
-                            "uid[:gid] inside the container; default: yours, or 65534:65534 when execbox runs as root")
+                            "uid[:gid] inside the container; default: yours, or 65534:65534 when execbox runs as "
+                            "root; a uid other than yours needs execbox to run as root")
     runtime: str | None = _env("CODE_EXEC_DOCKER_RUNTIME", None,
                                "OCI runtime registered in the engine, e.g. runsc (gVisor); default: the engine's")
     tmpfs_mb: int = _env("CODE_EXEC_DOCKER_TMPFS_MB", 512, "Size of the /tmp tmpfs (counts against memory), MiB", gt=0)
@@ -203,7 +205,7 @@ def parse_user(user: str) -> tuple[int, int]:
 
 
 def default_user() -> str:
-    return NOBODY if os.geteuid() == 0 else f"{os.getuid()}:{os.getgid()}"
+    return NOBODY if os.geteuid() == 0 else f"{os.geteuid()}:{os.getegid()}"  # who owns what mkdtemp makes
 
 
 def _install_dir() -> Path:
@@ -246,6 +248,10 @@ def _hardened(kw: dict[str, Any], *, socket_path: str | None) -> dict[str, Any]:
     writable = [m for m in mounts if not m.get("ReadOnly")]
     if len(writable) != 1 or writable[0].get("Target") != WORKSPACE or writable[0].get("Type") != "bind":
         problems.append("the one writable mount must be the workspace bind at /workspace")
+    for m in writable:
+        with contextlib.suppress(OSError):  # a missing source is the engine's error to report
+            if os.stat(m.get("Source") or "/").st_mode & 0o022:
+                problems.append(f"workspace {m.get('Source')} is writable by other local users")
     forbidden = [Path(os.path.expanduser("~")).resolve(), _install_dir()]
     if socket_path:
         forbidden.append(Path(socket_path).resolve())
@@ -397,10 +403,10 @@ class DockerSession(Session):
         self.id = uuid.uuid4().hex[:12]
         self.host_workspace = tempfile.mkdtemp(prefix=WORKSPACE_PREFIX)
         self._owner = parse_user(plan.user)
+        # As root: hand the workspace to the sandbox user. Otherwise the sandbox user is the caller
+        # (DockerBackend.workspace_access refuses any other), and mkdtemp's 0700 is already right.
         if os.geteuid() == 0:
             os.chown(self.host_workspace, *self._owner)
-        elif self._owner[0] != os.getuid():
-            os.chmod(self.host_workspace, 0o777)  # a different sandbox uid must still write its workspace
         self._lock = threading.Lock()
         self._closed = False
         self._containers: set[str] = set()
@@ -419,7 +425,8 @@ class DockerSession(Session):
         from docker.types import LogConfig, Mount, Ulimit
 
         p = self.plan
-        memory = f"{p.limits.memory_mb}m"
+        # The runner passes the effective limits; one missing is left unset, and _hardened refuses it.
+        memory = f"{p.limits.memory_mb}m" if p.limits.memory_mb else None
         kw: dict[str, Any] = dict(
             image=p.image, command=command, user=user, environment=env, working_dir=workdir,
             hostname="sandbox", labels=self._labels(expires_in), name=f"execbox-{self.id}-{uuid.uuid4().hex[:6]}",
@@ -427,7 +434,7 @@ class DockerSession(Session):
             tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={p.tmpfs_mb}m,mode=1777"},
             mounts=[Mount(WORKSPACE, self.host_workspace, type="bind", read_only=False)],
             pids_limit=p.limits.pids, mem_limit=memory, memswap_limit=memory,
-            nano_cpus=int((p.limits.cpus or 1.0) * 1e9),
+            nano_cpus=int(p.limits.cpus * 1e9) if p.limits.cpus else None,
             ulimits=[Ulimit(name="core", soft=0, hard=0)],
             log_config=LogConfig(type=LogConfig.types.NONE), stdin_open=stdin,
         )
@@ -705,6 +712,7 @@ class DockerBackend(ExecutionBackend):
         return caps
 
     def _check_blocking(self) -> Capabilities:
+        self.workspace_access()
         info = self.call(lambda c: c.info())
         isolation = self.capabilities.isolation
         runtime = self.docker.runtime
@@ -737,6 +745,19 @@ class DockerBackend(ExecutionBackend):
         with contextlib.suppress(Exception):  # a start-up sweep must never stop a run
             self._gc_blocking()
 
+    def workspace_access(self) -> None:
+        """Refuse a sandbox user this process cannot give a private workspace to. A non-root caller can only
+        let another uid write a directory in /tmp by opening it to every local user, and any of them could
+        then swap the code file between our write and the run."""
+        me = os.geteuid()
+        uid, _ = parse_user(self.user)
+        if me != 0 and uid != me:
+            raise ConfigError(
+                f"CODE_EXEC_DOCKER_USER={self.user} is not you (uid {me}): without root, execbox cannot hand "
+                "another uid a workspace that other local users cannot also write. Unset CODE_EXEC_DOCKER_USER "
+                f"(the code then runs as {me}:{os.getegid()}), set it to your own uid, or run execbox as root "
+                "(the workspace is then given to that uid)", backend="docker", env_var="CODE_EXEC_DOCKER_USER")
+
     def verdict(self, request: ExecRequest) -> Verdict:
         if request.network == "host":
             return Verdict(False, "network mode 'host' shares the host's network with the container")
@@ -758,12 +779,7 @@ class DockerBackend(ExecutionBackend):
         if spec.network not in self.capabilities.network_modes:
             raise ConfigError(f"the docker backend cannot enforce network mode {spec.network!r}",
                               backend="docker", env_var="CODE_EXEC_NETWORK")
-        limits = spec.limits
-        if not (limits.memory_mb and limits.pids and limits.cpus):
-            s = self.settings
-            limits = Limits(memory_mb=limits.memory_mb or s.memory_mb, cpus=limits.cpus or s.cpus,
-                            pids=limits.pids or s.pids_limit)
-            spec = SessionSpec(spec.network, limits, spec.oneshot, spec.lifetime_s, spec.name)
+        self.workspace_access()
         session = DockerSession(self, spec, self.plan(spec))
         try:
             if spec.network == "egress":
