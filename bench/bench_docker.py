@@ -5,6 +5,8 @@
 - one-shot `true`: execbox docker (create, attach, start, wait, remove, with the whole hardening table)
   against a bare `docker run --rm` of the same image, and against docker-py's containers.run;
 - an exec in a persistent session (`execbox.sandbox(backend="docker")`);
+- a timed-out run: how long past its deadline the caller waits (kill, drain, remove);
+- a cancelled caller: from the cancel until the container is gone from the engine;
 - output streaming: throughput and the caller's RSS growth while N GB pass through the byte cap;
 - the image: `build_image()` when it is up to date (the idempotent path the test command takes).
 """
@@ -18,6 +20,7 @@ import subprocess
 import threading
 import time
 
+import anyio
 import psutil
 
 from execbox import Runner, Settings
@@ -31,6 +34,29 @@ def median_ms(fn, runs: int) -> float:
         fn()
         samples.append((time.perf_counter() - started) * 1000)
     return statistics.median(samples)
+
+
+def cancel_ms(client) -> float:
+    """Cancel a running `sleep` once its container runs; the time until the engine no longer lists it."""
+    from execbox import AsyncRunner
+    from execbox.backends.docker import L_OWNER, owner_id
+
+    def ours(**filters) -> list:
+        return client.containers.list(all=True, filters={"label": f"{L_OWNER}={owner_id()}", **filters})
+
+    async def go() -> float:
+        runner = AsyncRunner(Settings.from_env(backend="docker"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: runner.run(["sleep", "100"], backend="docker", timeout=90))
+            while not await anyio.to_thread.run_sync(lambda: ours(status="running")):
+                await anyio.sleep(0.05)
+            started = time.perf_counter()
+            tg.cancel_scope.cancel()
+        while ours():
+            await anyio.sleep(0.01)
+        return (time.perf_counter() - started) * 1000
+
+    return anyio.run(go)
 
 
 def main() -> None:
@@ -64,6 +90,12 @@ def main() -> None:
         opened = time.perf_counter()
     print(f"session open + close: {(time.perf_counter() - started) * 1000:.0f} ms "
           f"(open {(opened - started) * 1000:.0f} ms)")
+
+    started = time.perf_counter()
+    result = runner.run(["sleep", "60"], timeout=2)
+    assert result.timed_out, result
+    print(f"timed-out run: returned {(time.perf_counter() - started - 2) * 1000:.0f} ms after its 2 s deadline")
+    print(f"cancelled run: container gone {cancel_ms(client):.0f} ms after the cancel")
 
     me = psutil.Process()
     baseline = me.memory_info().rss

@@ -35,7 +35,7 @@ from execbox.backends import docker as d
 from execbox.backends import docker_image
 from execbox.core.runner import _blocking
 from execbox.testing import engine_missing
-from execbox.testing.conformance import BackendConformance
+from execbox.testing.conformance import BackendConformance, Listener
 
 pytestmark = pytest.mark.engine
 
@@ -139,43 +139,14 @@ def test_raw_sockets_refused(runner: Runner) -> None:
     assert result.stdout == "REFUSED\nREFUSED\n", result
 
 
-class HostListener:
-    """A listener on every host address, so it also answers on the bridges' gateways."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("0.0.0.0", 0))
-        self.sock.listen(8)
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self.sock.close()
-
-
 PROBE = """
 import socket, sys
-for host in sys.argv[2:]:
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
     s = socket.socket()
     s.settimeout(3)
     try:
-        s.connect((host, int(sys.argv[1])))
+        s.connect((host, int(port)))
         print("CONNECTED", host)
     except OSError as exc:
         print("BLOCKED", host, exc.errno)
@@ -183,26 +154,33 @@ for host in sys.argv[2:]:
 
 
 def egress_gateway(engine: Any) -> str:
+    """The host's address on the egress bridge: a network the docker backend created (labelled execbox)."""
     name = d.DockerSettings.from_env().egress_network
     network = engine.networks.get(name)
+    assert (network.attrs["Labels"] or {}).get(d.LABEL) == "1", f"{name} was not created by execbox"
     return network.attrs["IPAM"]["Config"][0]["Gateway"]
 
 
 def test_network_none_cannot_reach_a_host_listener_but_egress_can(runner: Runner, engine: Any) -> None:
-    listener = HostListener()
+    # Listeners only on loopback and on the gateway of the bridge execbox created, never on every address.
+    listeners: list[Listener] = []
     try:
-        # Positive control first: on the egress bridge the same probe reaches the listener via the gateway.
-        with runner.sandbox("docker", network="egress") as sb:
-            gateway = egress_gateway(engine)
-            seen = sb.exec(["python3", "-c", PROBE, str(listener.port), gateway])
-        assert f"CONNECTED {gateway}" in seen.stdout, seen
-        assert listener.accepted == 1
-        result = run(runner, ["python3", "-c", PROBE, str(listener.port), gateway, "127.0.0.1", "172.17.0.1"],
-                     network="none")
-        assert result.stdout.count("BLOCKED") == 3 and "CONNECTED" not in result.stdout, result
-        assert listener.accepted == 1
+        with runner.sandbox("docker", network="egress") as sb:  # creates the egress bridge when missing
+            # Positive control first: on the egress bridge the probe reaches a listener on its gateway.
+            gateway = Listener(egress_gateway(engine))
+            listeners.append(gateway)
+            seen = sb.exec(["python3", "-c", PROBE, f"{gateway.host}:{gateway.port}"])
+        assert f"CONNECTED {gateway.host}" in seen.stdout, seen
+        assert gateway.accepted == 1
+        loopback = Listener("127.0.0.1")
+        listeners.append(loopback)
+        result = run(runner, ["python3", "-c", PROBE, f"{gateway.host}:{gateway.port}",
+                              f"127.0.0.1:{loopback.port}"], network="none")
+        assert result.stdout.count("BLOCKED") == 2 and "CONNECTED" not in result.stdout, result
+        assert (gateway.accepted, loopback.accepted) == (1, 0)
     finally:
-        listener.close()
+        for listener in listeners:
+            listener.close()
 
 
 def test_no_docker_socket_inside(runner: Runner) -> None:
@@ -279,6 +257,20 @@ def test_host_secret_variable_is_absent(runner: Runner, monkeypatch: pytest.Monk
     assert set(env) <= {"PATH", "HOME", "LANG", "TMPDIR", "PYTHONUNBUFFERED", "HOSTNAME", "ASKED_FOR"}, env
 
 
+def pids_in(container: Any) -> int | None:
+    """How many tasks the container's pids cgroup holds, from the engine (cgroup v1 and v2 alike)."""
+    import docker
+
+    try:
+        try:
+            stats = container.stats(stream=False, one_shot=True)
+        except docker.errors.InvalidVersion:  # an engine older than API 1.41 samples twice, a second
+            stats = container.stats(stream=False)
+    except (docker.errors.APIError, ValueError):  # gone meanwhile (a removed container's stats are empty)
+        return None
+    return (stats.get("pids_stats") or {}).get("current")
+
+
 def test_fork_bomb_is_held_and_the_host_stays_responsive(runner: Runner, engine: Any) -> None:
     stop = threading.Event()
     host_latencies: list[float] = []
@@ -290,10 +282,9 @@ def test_fork_bomb_is_held_and_the_host_stays_responsive(runner: Runner, engine:
             subprocess.run(["true"], check=True)
             host_latencies.append(time.monotonic() - started)
             for container in ours(engine):
-                path = f"/sys/fs/cgroup/pids/docker/{container.id}/pids.current"
-                if os.path.exists(path):
-                    with open(path) as fh:
-                        peak_pids.append(int(fh.read()))
+                count = pids_in(container)
+                if count is not None:
+                    peak_pids.append(count)
             time.sleep(0.2)
 
     watcher = threading.Thread(target=watch)
@@ -306,8 +297,10 @@ def test_fork_bomb_is_held_and_the_host_stays_responsive(runner: Runner, engine:
     assert result.timed_out
     # Generous: the machine may be busy with other work; an unlimited bomb makes fork fail outright.
     assert host_latencies and max(host_latencies) < 5.0, host_latencies
-    if peak_pids:  # cgroup v1 with the cgroupfs driver: the count the limit held
-        assert max(peak_pids) <= 256, max(peak_pids)
+    # The bomb ran into the limit, and the limit held.
+    limit = Settings.from_env().pids_limit
+    assert peak_pids, "the engine reported no pid count for the container"
+    assert limit // 2 < max(peak_pids) <= limit, (max(peak_pids), limit)
 
 
 def test_memory_bomb_is_reported_as_oom_killed(runner: Runner) -> None:
@@ -322,7 +315,10 @@ def test_memory_bomb_is_reported_as_oom_killed(runner: Runner) -> None:
 
 
 def test_one_gigabyte_of_output_is_capped_with_flat_memory(runner: Runner) -> None:
-    psutil = pytest.importorskip("psutil")
+    try:
+        import psutil
+    except ImportError:
+        engine_missing("psutil is not installed (the dev extra): pip install -e '.[dev]'")
     me = psutil.Process()
     baseline = me.memory_info().rss
     peak = [baseline]
@@ -351,20 +347,36 @@ def test_infinite_loop_ends_at_the_deadline_with_no_container_left(runner: Runne
     started = time.monotonic()
     result = code(runner, "while True:\n    pass\n", timeout=2)
     assert result.timed_out and not result.oom_killed
-    assert time.monotonic() - started < 2 + 15
+    assert time.monotonic() - started < 60  # ends rather than hangs; the latency is bench/bench_docker.py's
     assert ours(engine) == []
 
 
+def wait_for_running(engine: Any, deadline_s: float = 60) -> list[Any]:
+    """Our containers once one of them runs (polled from the engine), or [] at the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        running = [c for c in ours(engine) if c.status == "running"]
+        if running:
+            return running
+        time.sleep(0.1)
+    return []
+
+
 def test_cancelled_caller_leaves_no_container(engine: Any) -> None:
-    async def cancel_mid_run() -> bool:
+    seen: list[Any] = []
+
+    async def cancel_mid_run() -> None:
         runner = AsyncRunner(Settings.from_env(backend="docker"))
-        with anyio.move_on_after(3) as scope:
-            await runner.run(["sleep", "100"], backend="docker", timeout=30)
-        return scope.cancelled_caught
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: runner.run(["sleep", "100"], backend="docker", timeout=90))
+            # Cancel only once the container runs, so the cancel lands mid-stream, not before the create.
+            seen.extend(await anyio.to_thread.run_sync(wait_for_running, engine))
+            tg.cancel_scope.cancel()
 
     started = time.monotonic()
-    assert anyio.run(cancel_mid_run)
-    assert time.monotonic() - started < 15
+    anyio.run(cancel_mid_run)
+    assert seen, "the run's container never showed up as running"
+    assert time.monotonic() - started < 60  # ends rather than waits out the 90 s timeout
     assert ours(engine) == []
 
 
@@ -442,7 +454,7 @@ def test_session_whose_container_was_removed_raises_a_sandbox_error(runner: Runn
 
 def test_image_build_is_idempotent_and_well_formed(engine: Any) -> None:
     result = docker_image.build_image()
-    assert not result.built and result.seconds < 10
+    assert not result.built and result.seconds < 60  # generous; the up-to-date latency is in bench_docker.py
     config = engine.images.get(docker_image.DEFAULT_TAG).attrs["Config"]
     assert config["User"] == "65534:65534" and config["WorkingDir"] == "/workspace"
     assert config["Labels"][docker_image.RECIPE_LABEL] == result.recipe
@@ -520,7 +532,10 @@ def test_gc_removes_orphans_and_expired_but_never_foreign_containers(engine: Any
 
 def test_engine_stopped_says_not_to_retry(monkeypatch: pytest.MonkeyPatch) -> None:
     """No daemon is stopped: DOCKER_HOST points at a socket that does not exist, as after a dockerd stop."""
-    pytest.importorskip("docker")
+    try:
+        import docker  # noqa: F401
+    except ImportError:
+        engine_missing("docker-py is not installed: pip install 'execbox[docker]'")
     endpoint = f"unix:///tmp/execbox-no-engine-{uuid.uuid4().hex[:8]}.sock"
     monkeypatch.setenv("DOCKER_HOST", endpoint)
     with pytest.raises(BackendUnavailableError) as info:
