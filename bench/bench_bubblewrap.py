@@ -5,7 +5,9 @@
 - bare `bwrap ... true` with the backend's own arguments, no launcher (what bwrap itself costs);
 - one-shot `true` and `python3 -c pass` through execbox (launcher, cgroup per exec, seccomp, capture);
 - `true` in an open session (no workspace set-up per exec);
-- the same commands on the host without any sandbox, for reference.
+- the same commands on the host without any sandbox, for reference;
+- host responsiveness during a fork bomb held by the pids cgroup: how long a host `true` takes while the
+  bomb runs (the test only checks that the host stays responsive at all; the number lives here).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import os
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 
-from execbox import Runner, Settings
+from execbox import Limits, Runner, Settings
 from execbox.backends import bubblewrap as bw
 from execbox.core.models import ExecRequest
 from execbox.core.runner import _blocking
@@ -42,6 +45,33 @@ def bare_bwrap_argv(report: bw.HostReport, workspace: str) -> list[str]:
         open(os.path.join(workspace, name), "w").close()
     request = ExecRequest(argv=["true"], timeout=10, max_output_bytes=1000, network="none")
     return [report.bwrap, *session._bwrap_args(request), "--", "true"]
+
+
+def fork_bomb_latency(runner: Runner) -> tuple[float, float, float, int]:
+    """(median idle, median and worst during the bomb) of a host `true` in ms, and how many were sampled."""
+    def latency() -> float:
+        started = time.perf_counter()
+        subprocess.run(["true"], check=True)
+        return (time.perf_counter() - started) * 1000
+
+    idle = statistics.median(latency() for _ in range(20))
+    during: list[float] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            during.append(latency())
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = runner.run("b() { b | b & }; b; sleep 3", limits=Limits(pids=64), timeout=6)
+    finally:
+        stop.set()
+        watcher.join()
+    assert "Cannot fork" in result.stderr, f"the bomb was not held: {result}"
+    return idle, statistics.median(during), max(during), len(during)
 
 
 def main() -> None:
@@ -81,6 +111,12 @@ def main() -> None:
     print(f"  execbox one-shot `python3 -c pass`   {one_py:7.1f}")
     print(f"  execbox session exec `true`          {sess_true:7.1f}")
     print(f"  execbox session `python3 -c pass`    {sess_py:7.1f}")
+    if "pids" in caps.limits:
+        idle, median, worst, samples = fork_bomb_latency(runner)
+        print(f"host `true` during a fork bomb (pids=64, {samples} samples), ms: idle median {idle:.1f}, "
+              f"bomb median {median:.1f}, worst {worst:.1f}")
+    else:
+        print("fork bomb: skipped, no pids cgroup here")
 
 
 if __name__ == "__main__":

@@ -216,6 +216,21 @@ def test_planted_symlink_to_a_host_secret_is_refused(runner: Runner, caps: Capab
         assert Path(host_secret.name).read_text() == "do not read"
 
 
+def test_tls_gets_the_ca_certificates_but_no_private_keys(runner: Runner, caps: Capabilities) -> None:
+    """/etc/ssl/private (root:ssl-cert 0710) must not be bound: a non-root caller in ssl-cert keeps that
+    group inside an unprivileged bwrap. The CA bundle must be there, or TLS clients fail."""
+    for piece in bw.ETC_PIECES:
+        for private in ("ssl/private", "pki/tls/private", "pki/tls/misc"):
+            assert not private.startswith(piece + "/") and private != piece, f"/etc/{piece} exposes /etc/{private}"
+    probe = ("import os, ssl\n"
+             "print('PRIVATE' if os.path.lexists('/etc/ssl/private') else 'no-private')\n"
+             "print(ssl.create_default_context().cert_store_stats()['x509_ca'])")
+    host = subprocess.run(["/usr/bin/python3", "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    inside = runner.run_code(probe, backend="bubblewrap")
+    assert inside.exit_code == 0, inside
+    assert inside.stdout.split() == ["no-private", host[1]], (inside.stdout, host)
+
+
 # --- seccomp -------------------------------------------------------------------------------------
 
 
@@ -268,6 +283,14 @@ def test_filter_denies_the_listed_syscalls() -> None:
 # --- limits and time -----------------------------------------------------------------------------
 
 
+def require_limit(runner: Runner, caps: Capabilities, limit: str) -> None:
+    """The limit tests need the cgroup limit; a host (or a probe that fell back to rlimits) without it is a
+    missing engine: a skip on a laptop, a failure in CI, so a green CI never hides the fork and OOM tests."""
+    if limit not in caps.limits:
+        report = runner.aio.backend("bubblewrap").report
+        engine_missing(f"the {limit} limit is not enforced here: {report.cgroup_reason if report else 'no report'}")
+
+
 def host_latency() -> float:
     started = time.monotonic()
     subprocess.run(["true"], check=True)
@@ -275,8 +298,7 @@ def host_latency() -> float:
 
 
 def test_fork_bomb_is_held_and_the_host_stays_responsive(runner: Runner, caps: Capabilities) -> None:
-    if "pids" not in caps.limits:
-        pytest.skip("no pids cgroup on this host (the capabilities say so)")
+    require_limit(runner, caps, "pids")
     marker = f"bomb-{uuid.uuid4().hex[:8]}"
     worst: list[float] = []
     stop = threading.Event()
@@ -296,14 +318,14 @@ def test_fork_bomb_is_held_and_the_host_stays_responsive(runner: Runner, caps: C
         watcher.join()
     # held: forks fail inside, and the script itself carries on to its end
     assert "Cannot fork" in result.stderr and not result.timed_out, result
-    assert max(worst) < 2.0, f"the host stalled for {max(worst):.1f}s during the fork bomb"
+    # "Responsive", not fast: an unheld bomb stalls `true` for good; bench/bench_bubblewrap.py measures the latency.
+    assert max(worst) < 15.0, f"the host stalled for {max(worst):.1f}s during the fork bomb"
     time.sleep(0.3)
     assert not sandbox_processes(marker)
 
 
 def test_memory_bomb_is_reported_as_oom_killed(runner: Runner, caps: Capabilities) -> None:
-    if "memory" not in caps.limits:
-        pytest.skip("no memory cgroup on this host (the capabilities say so)")
+    require_limit(runner, caps, "memory")
     result = runner.run_code("b = []\nwhile True:\n    b.append(bytearray(16 << 20))", backend="bubblewrap",
                              limits=Limits(memory_mb=96), timeout=20)
     assert result.oom_killed and not result.timed_out, result
@@ -311,8 +333,7 @@ def test_memory_bomb_is_reported_as_oom_killed(runner: Runner, caps: Capabilitie
 
 
 def test_cpu_limit_throttles(runner: Runner, caps: Capabilities) -> None:
-    if "cpu" not in caps.limits:
-        pytest.skip("no cpu cgroup on this host (the capabilities say so)")
+    require_limit(runner, caps, "cpu")
     spin = textwrap.dedent("""
         import os, resource, time
         for _ in range(2):
@@ -343,7 +364,7 @@ def test_requests_for_limits_the_host_cannot_enforce_are_refused(monkeypatch: py
 
 
 def test_one_gigabyte_of_output_is_capped_with_flat_memory(runner: Runner, caps: Capabilities) -> None:
-    psutil = pytest.importorskip("psutil")
+    import psutil  # a dev dependency: missing it is a broken setup, not a reason to skip
     me = psutil.Process()
     before = me.memory_info().rss
     result = runner.run("head -c 1000000000 /dev/zero | tr '\\0' x; echo; echo END", backend="bubblewrap",
@@ -410,7 +431,7 @@ def test_cgroups_are_removed_after_each_run(runner: Runner, caps: Capabilities) 
     backend = runner.aio.backend("bubblewrap")
     plan = backend.report.cgroup if backend.report else None
     if plan is None:
-        pytest.skip("no cgroups on this host")
+        engine_missing(f"no cgroups for execbox on this host: {backend.report.cgroup_reason if backend.report else ''}")
     runner.run(["true"], backend="bubblewrap")
     mine = [name for parent in set(plan.parents.values()) for name in os.listdir(parent)
             if name.startswith(f"execbox-{os.getpid()}-")]
@@ -434,6 +455,146 @@ def test_gc_removes_what_a_dead_process_left_and_nothing_else(caps: Capabilities
     finally:
         for path in (stale, live, other):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def scratch_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A stand-in for a shared /tmp (mode 1777) that gc and new sessions use as TMPDIR."""
+    scratch = Path(tempfile.mkdtemp(prefix="execbox-test-tmp-"))
+    scratch.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    yield scratch
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_gc_takes_only_real_directories_of_its_own_user(scratch_tmp: Path) -> None:
+    """Any local user can plant execbox-bwrap-<dead pid>-* in /tmp; gc (maybe run as root) must neither follow
+    a symlink, nor chmod /tmp, nor remove someone else's directory."""
+    pid = dead_pid()
+    victim = scratch_tmp / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("keep")
+    victim.chmod(0o755)
+    link = scratch_tmp / f"execbox-bwrap-{pid}-link"
+    link.symlink_to(victim)
+    stale = scratch_tmp / f"execbox-bwrap-{pid}-stale"
+    (stale / "workspace" / "deep").mkdir(parents=True)
+    (stale / "workspace").chmod(0)
+    alien = scratch_tmp / f"execbox-bwrap-{pid}-alien"
+    alien.mkdir()
+    if ROOT:
+        os.chown(alien, 65534, 65534)
+    removed = bw._gc(None)
+    assert removed == [str(stale)] and not stale.exists()
+    assert stat_mode(scratch_tmp) == 0o1777, "gc changed the mode of the temp directory"
+    assert stat_mode(victim) == 0o755 and (victim / "keep.txt").read_text() == "keep"
+    assert link.is_symlink()
+    assert alien.exists() == ROOT  # as root it belongs to uid 65534: not gc's to remove
+
+
+def stat_mode(path: Path) -> int:
+    return path.lstat().st_mode & 0o7777
+
+
+def test_rmtree_of_a_symlink_removes_the_link_only(scratch_tmp: Path) -> None:
+    victim = scratch_tmp / "victim"
+    victim.mkdir(mode=0o755)
+    (victim / "keep.txt").write_text("keep")
+    link = scratch_tmp / "tree"
+    link.symlink_to(victim)
+    bw._rmtree(str(link))
+    assert not link.is_symlink() and (victim / "keep.txt").exists()
+    assert stat_mode(scratch_tmp) == 0o1777 and stat_mode(victim) == 0o755
+
+
+def as_unprivileged(fn: object) -> None:
+    """Run ``fn`` as a non-root user (65534 when the tests run as root: root's chmod needs no unlocking)."""
+    if not ROOT:
+        fn()  # type: ignore[operator]
+        return
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            fn()  # type: ignore[operator]
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the unprivileged part failed (see its traceback above)"
+
+
+def test_rmtree_unlocks_directories_inside_the_tree_and_nothing_outside(scratch_tmp: Path) -> None:
+    """What a sandbox leaves for a non-root owner: chmod 000 and read-only directories, and symlinks to
+    outside directories. All removed; nothing outside changes mode."""
+    base = scratch_tmp / "home"
+    base.mkdir()
+    if ROOT:
+        os.chown(base, 65534, 65534)
+    base.chmod(0o755)
+    tree, outside = base / "tree", base / "outside"
+
+    def make_and_remove() -> None:
+        outside.mkdir(mode=0o755)
+        (tree / "workspace" / "locked" / "deep").mkdir(parents=True)
+        (tree / "workspace" / "locked" / "deep" / "f").write_text("x")
+        (tree / "workspace" / "locked" / "up").symlink_to(outside)
+        (tree / "workspace" / "ro").mkdir()
+        (tree / "workspace" / "ro" / "f").write_text("x")
+        (tree / "workspace" / "out").symlink_to(outside)
+        outside.chmod(0o555)
+        (tree / "workspace" / "ro").chmod(0o500)
+        (tree / "workspace" / "locked").chmod(0)
+        (tree / "workspace").chmod(0)
+        bw._rmtree(str(tree))
+
+    as_unprivileged(make_and_remove)
+    assert not tree.exists()
+    assert stat_mode(outside) == 0o555 and stat_mode(base) == 0o755 and stat_mode(scratch_tmp) == 0o1777
+
+
+def test_cancelled_open_session_leaves_no_directory(runner: Runner, caps: Capabilities, scratch_tmp: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session directory is made in a worker thread; a caller cancelled meanwhile (asyncio's task.cancel,
+    as asyncio.timeout does: it does not wait for the thread) must not leak it."""
+    import asyncio
+
+    from execbox.core.backend import SessionSpec
+
+    backend = runner.aio.backend("bubblewrap")
+    started, release = threading.Event(), threading.Event()
+    real = bw.bubblewrap_seccomp.compiled_filter
+
+    def slow() -> bytes:  # holds the thread once the directory exists
+        started.set()
+        release.wait(30)
+        return real()
+
+    monkeypatch.setattr(bw.bubblewrap_seccomp, "compiled_filter", slow)
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(backend.open_session(SessionSpec("none", Limits(), False, 60.0)))
+        await asyncio.to_thread(started.wait, 30)
+        assert [p.name for p in scratch_tmp.iterdir() if p.name.startswith("execbox-bwrap-")]
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+
+    asyncio.run(scenario())
+    deadline = time.monotonic() + 30  # the worker thread finishes on its own, after the caller has gone
+    while list(scratch_tmp.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not list(scratch_tmp.iterdir())
 
 
 # --- availability and settings --------------------------------------------------------------------

@@ -36,8 +36,10 @@ import signal
 import stat
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -60,9 +62,14 @@ SANDBOX_UID = SANDBOX_GID = 1000
 FILE_SIZE_LIMIT = 1 << 30
 SHM_MB = 64
 # What a program needs from /etc (plus /etc/python3*); everything else of the host's /etc stays out.
+# TLS gets the CA certificates and the OpenSSL config only, never all of /etc/ssl or /etc/pki: their
+# private/ directories hold keys readable by a group (ssl-cert) that a non-root caller may be in, and an
+# unprivileged bwrap keeps the caller's supplementary groups.
 ETC_PIECES = (
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone", "ssl",
-    "ca-certificates", "ca-certificates.conf", "pki", "crypto-policies", "nsswitch.conf", "host.conf",
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone",
+    "ssl/certs", "ssl/cert.pem", "ssl/openssl.cnf",  # Debian, Ubuntu, Arch, Alpine, SUSE
+    "pki/tls/certs", "pki/tls/cert.pem", "pki/tls/openssl.cnf", "pki/ca-trust",  # Fedora, RHEL
+    "ca-certificates", "ca-certificates.conf", "crypto-policies", "nsswitch.conf", "host.conf",
     "gai.conf", "protocols", "services", "mime.types", "os-release", "debian_version", "locale.alias",
     "locale.conf",
 )
@@ -430,7 +437,8 @@ async def _probe(report: HostReport, settings: BubblewrapSettings, limits: Limit
     except SandboxError as exc:
         return ExecResult(exit_code=125, stderr=str(exc))
     finally:
-        await probe.close()
+        with anyio.CancelScope(shield=True):  # a cancelled check must not leave the probe's directory
+            await probe.close()
 
 
 def _capabilities(plan: CgroupPlan | None) -> Capabilities:
@@ -602,21 +610,51 @@ def _sandbox_started(status_file: str) -> bool:
 
 def _rmtree(path: str) -> None:
     """Remove a tree in which the sandbox may have made directories unreadable (chmod 000): a non-root
-    owner must give itself access back first. Only real directories are chmod-ed (lstat), never the
-    target of a planted symlink; the sandbox's processes are all dead by the time this runs."""
+    owner must give itself access back first. Only directories inside the tree are ever chmod-ed (never
+    its parent: the tree may sit in /tmp), each through a descriptor opened without following a symlink
+    and checked to still lie inside the tree, so a planted or swapped-in symlink is never followed."""
+    try:
+        top = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(top.st_mode):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a symlink or file in place of the tree: remove the entry, never its target
+        return
+    root = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))  # the tree's own name
+    retried: set[str] = set()
+
     def unlock(_func: Any, target: str, _exc: Any) -> None:
+        if target in retried:
+            return  # chmod did not help (not ours, busy): leave it rather than loop
+        retried.add(target)
         for candidate in (os.path.dirname(target), target):
-            with contextlib.suppress(OSError):
-                if stat.S_ISDIR(os.lstat(candidate).st_mode):
-                    os.chmod(candidate, 0o700)
+            _open_up(candidate, root)
         with contextlib.suppress(OSError):
             if stat.S_ISDIR(os.lstat(target).st_mode):
                 shutil.rmtree(target, onerror=unlock)
             else:
                 os.unlink(target)
 
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=unlock)
+    shutil.rmtree(path, onerror=unlock)
+
+
+def _open_up(candidate: str, root: str) -> None:
+    """chmod 0700 the directory ``candidate`` if it is a real directory inside ``root`` (or root itself)."""
+    try:
+        fd = os.open(candidate, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)  # ENOTDIR on a symlink
+    except OSError:
+        return
+    try:
+        where = os.readlink(f"/proc/self/fd/{fd}")  # where the opened directory really is, now
+        if where == root or where.startswith(root.rstrip("/") + "/"):
+            # an O_PATH descriptor cannot be fchmod-ed; its /proc link reaches exactly this inode
+            with contextlib.suppress(OSError):
+                os.chmod(f"/proc/self/fd/{fd}", 0o700)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class BubblewrapBackend(ExecutionBackend):
@@ -657,11 +695,40 @@ class BubblewrapBackend(ExecutionBackend):
     async def open_session(self, spec: SessionSpec) -> BubblewrapSession:
         if self.report is None:
             await self.check()
-        assert self.report is not None
-        return await anyio.to_thread.run_sync(BubblewrapSession, self.report, self.bwrap_settings, spec)
+        report, settings = self.report, self.bwrap_settings
+        assert report is not None
+        return await _open_cleanly(lambda: BubblewrapSession(report, settings, spec))
 
     async def gc(self) -> list[str]:
         return await anyio.to_thread.run_sync(_gc, self.report.cgroup if self.report else None)
+
+
+async def _open_cleanly(build: Callable[[], BubblewrapSession]) -> BubblewrapSession:
+    """``build`` the session in a worker thread without leaking its directory when the caller is cancelled.
+    An anyio cancel scope waits for the thread and hands the caller the session (which it then closes);
+    asyncio's task.cancel (asyncio.timeout, wait_for) does not wait: then whichever of the thread and the
+    caller comes second removes the directory."""
+    lock = threading.Lock()
+    done: list[BubblewrapSession] = []
+    abandoned = False
+
+    def work() -> BubblewrapSession:
+        session = build()
+        with lock:
+            if abandoned:
+                _rmtree(session.root)
+            else:
+                done.append(session)
+        return session
+
+    try:
+        return await anyio.to_thread.run_sync(work)
+    except BaseException:
+        with lock:
+            abandoned = True
+        for session in done:
+            _rmtree(session.root)  # a few small files: quick, and no await while being cancelled
+        raise
 
 
 def _pid_alive(pid: int) -> bool:
@@ -680,21 +747,33 @@ def _owner_pid(name: str, prefix: str) -> int | None:
     return int(pid) if name.startswith(prefix) and pid.isdigit() else None
 
 
+def _ours(path: str) -> bool:
+    """A real directory (not a symlink) owned by this process's user."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
 def _gc(plan: CgroupPlan | None) -> list[str]:
     """Workspaces and cgroups left by execbox processes that are gone (a crash, a SIGKILL)."""
     removed = []
     tmp = tempfile.gettempdir()
     for name in os.listdir(tmp):
         pid = _owner_pid(name, "execbox-bwrap-")
-        if pid is not None and pid != os.getpid() and not _pid_alive(pid):
-            _rmtree(os.path.join(tmp, name))
-            removed.append(os.path.join(tmp, name))
+        path = os.path.join(tmp, name)
+        # Only a real directory of ours: anyone can plant an execbox-bwrap-* name (a symlink, a directory)
+        # in a shared /tmp, and gc may run as root.
+        if pid is not None and pid != os.getpid() and _ours(path) and not _pid_alive(pid):
+            _rmtree(path)
+            removed.append(path)
     for parent in sorted(set(plan.parents.values())) if plan else []:
         with contextlib.suppress(OSError):
             for name in os.listdir(parent):
                 pid = _owner_pid(name, "execbox-")
                 path = os.path.join(parent, name)
-                if pid is not None and os.path.isdir(path) and pid != os.getpid() and not _pid_alive(pid):
+                if pid is not None and _ours(path) and pid != os.getpid() and not _pid_alive(pid):
                     if _remove_cgroup(path):
                         removed.append(path)
     return removed
