@@ -119,6 +119,24 @@ def check_calls_against_real_sdk(sdk: str, service: Any) -> None:
         sys.modules.update(saved)
 
 
+def assert_settings_read_on_use(backend_cls: type, settings_cls: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An invalid backend setting must not break constructing the backend (`execbox backends` builds them all):
+    it is a ConfigError, naming the variable, from check()."""
+    import anyio
+
+    from execbox import Settings
+    from execbox.core.errors import ConfigError
+
+    def invalid(cls: type, **overrides: Any) -> Any:
+        raise ConfigError("CODE_EXEC_TEST_KNOB='x' is invalid", env_var="CODE_EXEC_TEST_KNOB")
+
+    monkeypatch.setattr(settings_cls, "from_env", classmethod(invalid))
+    backend = backend_cls(Settings.from_env())
+    with pytest.raises(ConfigError) as info:
+        anyio.run(backend.check)
+    assert info.value.env_var == "CODE_EXEC_TEST_KNOB"
+
+
 @pytest.fixture
 def recorded() -> Callable[[str, Any], None]:
     return check_calls_against_real_sdk

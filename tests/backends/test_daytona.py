@@ -11,7 +11,8 @@ import anyio
 import pytest
 
 from execbox import Runner, Settings
-from execbox.core.errors import BackendUnavailableError, UnsupportedPolicyError
+from execbox.core.backend import SessionSpec
+from execbox.core.errors import BackendUnavailableError, ConfigError, UnsupportedPolicyError
 from execbox.core.models import Limits
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import fake_service, recorded  # noqa: F401 - fixtures
@@ -74,11 +75,62 @@ def test_real_sdk_accepts_the_params(daytona_fake) -> None:
 def test_units_daytona_cannot_enforce_are_refused(daytona_fake) -> None:
     with pytest.raises(UnsupportedPolicyError, match="whole CPUs"):
         runner().run(["true"], limits=Limits(cpus=0.5))
-    with pytest.raises(UnsupportedPolicyError, match="CODE_EXEC_MEMORY_MB"):
+    with pytest.raises(UnsupportedPolicyError, match="memory"):  # the backend (whole GiB) or the guard refuses
         runner(memory_mb=1536).run(["true"])
     with pytest.raises(UnsupportedPolicyError, match="memory"):  # the guard: memory is not claimed
         runner().run(["true"], limits=Limits(memory_mb=2048))
     assert not daytona_fake.calls_to("Daytona.create")
+
+
+def test_resources_are_whole_cpus_and_whole_gib() -> None:
+    from execbox.backends.daytona import resources
+
+    def spec(**limits: object) -> SessionSpec:
+        return SessionSpec("none", Limits(**limits), oneshot=True, lifetime_s=60)
+
+    assert resources(spec(cpus=2, memory_mb=3072)) == (2, 3)
+    assert resources(spec()) == (None, None)
+    with pytest.raises(UnsupportedPolicyError, match="CODE_EXEC_MEMORY_MB"):
+        resources(spec(memory_mb=1536))
+    with pytest.raises(UnsupportedPolicyError, match="CODE_EXEC_CPUS"):
+        resources(spec(cpus=1.5))
+
+
+def test_an_invalid_persist_value_is_a_config_error_of_daytona_only(daytona_fake,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings are read on use: DAYTONA_SANDBOX_PERSIST=maybe breaks daytona (naming the variable), not the
+    construction of every backend."""
+    from execbox.backends.daytona import DaytonaBackend
+
+    monkeypatch.setenv("DAYTONA_SANDBOX_PERSIST", "maybe")
+    backend = DaytonaBackend(Settings.from_env())
+    with pytest.raises(ConfigError) as info:
+        anyio.run(backend.check)
+    assert info.value.env_var == "DAYTONA_SANDBOX_PERSIST" and "'maybe'" in info.value.message
+    with pytest.raises(ConfigError, match="DAYTONA_SANDBOX_PERSIST"):
+        runner().run(["true"], backend="daytona")
+    assert not daytona_fake.calls_to("Daytona.create")
+    monkeypatch.setenv("DAYTONA_SANDBOX_PERSIST", "false")  # fixed: the same backend works, nothing was cached
+    assert anyio.run(backend.check).remote
+
+
+def test_execbox_backends_lists_daytona_unavailable_when_its_setting_is_invalid(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from execbox.cli import main
+
+    monkeypatch.setenv("DAYTONA_SANDBOX_PERSIST", "maybe")
+    for command in (["backends", "--json"], ["doctor", "--json"]):
+        result = CliRunner().invoke(main, command)
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+        data = json.loads(result.stdout)
+        rows = {row["name"]: row for row in (data["backends"] if command[0] == "doctor" else data)}
+        assert rows["daytona"]["available"] is False
+        assert "DAYTONA_SANDBOX_PERSIST='maybe' is invalid" in rows["daytona"]["reason"]
+        assert "local_subprocess" in rows  # every other backend is still listed
 
 
 def test_output_is_cut_in_the_sandbox(daytona_fake) -> None:

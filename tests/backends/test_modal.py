@@ -14,7 +14,11 @@ from execbox import Runner, Settings
 from execbox.core.errors import BackendUnavailableError, SandboxError
 from execbox.core.models import Limits
 from execbox.testing.conformance import BackendConformance
-from tests.backends.remote_fixtures import fake_service, recorded  # noqa: F401 - fixtures
+from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
+    assert_settings_read_on_use,
+    fake_service,
+    recorded,
+)
 
 
 @pytest.fixture
@@ -122,6 +126,12 @@ def test_invalid_token_is_not_retryable(modal_fake, monkeypatch: pytest.MonkeyPa
     with pytest.raises(BackendUnavailableError) as info:
         Runner(Settings.from_env(backend="modal")).run(["true"])
     assert info.value.retryable is False and "MODAL_TOKEN_ID" in info.value.message
+
+
+def test_an_invalid_setting_is_a_config_error_from_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    from execbox.backends.modal import ModalBackend, ModalSettings
+
+    assert_settings_read_on_use(ModalBackend, ModalSettings, monkeypatch)
 
 
 def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

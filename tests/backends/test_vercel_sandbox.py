@@ -13,7 +13,11 @@ from execbox import Runner, Settings
 from execbox.core.errors import BackendUnavailableError, UnsupportedPolicyError
 from execbox.core.models import Limits
 from execbox.testing.conformance import BackendConformance
-from tests.backends.remote_fixtures import fake_service, recorded  # noqa: F401 - fixtures
+from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
+    assert_settings_read_on_use,
+    fake_service,
+    recorded,
+)
 
 
 @pytest.fixture
@@ -100,6 +104,12 @@ def test_invalid_token_is_not_retryable(vercel_fake, monkeypatch: pytest.MonkeyP
     with pytest.raises(BackendUnavailableError) as info:
         runner().run(["true"])
     assert info.value.retryable is False
+
+
+def test_an_invalid_setting_is_a_config_error_from_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    from execbox.backends.vercel_sandbox import VercelSandboxBackend, VercelSettings
+
+    assert_settings_read_on_use(VercelSandboxBackend, VercelSettings, monkeypatch)
 
 
 def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,6 +33,7 @@ import math
 import posixpath
 import shlex
 import time
+from functools import cached_property
 from typing import Any
 
 from execbox.backends import _remote
@@ -243,9 +244,11 @@ class DaytonaBackend(ExecutionBackend):
         remote=True,
     )
 
-    def __init__(self, settings: Any) -> None:
-        super().__init__(settings)
-        self.daytona_settings = DaytonaSettings.from_env()
+    @cached_property
+    def daytona_settings(self) -> DaytonaSettings:
+        """Read on first use, so DAYTONA_SANDBOX_PERSIST=maybe is this backend's ConfigError, not a crash of
+        `execbox backends` (an error is not cached: every use raises it again)."""
+        return DaytonaSettings.from_env()
 
     def credentials_error(self, detail: str = "", *, missing: bool = False) -> Exception:
         what = "no Daytona credentials are set" if missing or not detail else "Daytona did not accept the credentials"
@@ -254,6 +257,7 @@ class DaytonaBackend(ExecutionBackend):
             fix="set DAYTONA_API_KEY (or DAYTONA_JWT_TOKEN and DAYTONA_ORGANIZATION_ID)", env_var="DAYTONA_API_KEY")
 
     async def check(self) -> Capabilities:
+        self.daytona_settings  # noqa: B018 - an invalid setting is a ConfigError here
         _remote.require_sdk("daytona", "daytona", "daytona")
         await _remote.blocking(self._client)  # reads the credentials; makes no request
         return self.capabilities

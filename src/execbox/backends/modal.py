@@ -28,6 +28,7 @@ import posixpath
 import threading
 import time
 from pathlib import Path
+from functools import cached_property
 from typing import Any
 
 from execbox.backends import _remote
@@ -201,9 +202,11 @@ class ModalBackend(ExecutionBackend):
         remote=True,
     )
 
-    def __init__(self, settings: Any) -> None:
-        super().__init__(settings)
-        self.modal_settings = ModalSettings.from_env()
+    @cached_property
+    def modal_settings(self) -> ModalSettings:
+        """Read on first use, so an invalid value is this backend's ConfigError, not a crash of `execbox backends`
+        (an error is not cached: every use raises it again)."""
+        return ModalSettings.from_env()
 
     def credentials_error(self, detail: str = "") -> Exception:
         return _remote.missing_credentials(
@@ -212,6 +215,7 @@ class ModalBackend(ExecutionBackend):
             env_var="MODAL_TOKEN_ID")
 
     async def check(self) -> Capabilities:
+        self.modal_settings  # noqa: B018 - an invalid setting is a ConfigError here
         _remote.require_sdk("modal", "modal", "modal")
         token = os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")
         oauth = os.environ.get("MODAL_OAUTH_REFRESH_TOKEN")

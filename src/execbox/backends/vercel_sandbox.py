@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import cached_property
 from typing import Any
 
 from execbox.backends import _remote
@@ -166,9 +167,11 @@ class VercelSandboxBackend(ExecutionBackend):
         remote=True,
     )
 
-    def __init__(self, settings: Any) -> None:
-        super().__init__(settings)
-        self.vercel_settings = VercelSettings.from_env()
+    @cached_property
+    def vercel_settings(self) -> VercelSettings:
+        """Read on first use, so an invalid value is this backend's ConfigError, not a crash of `execbox backends`
+        (an error is not cached: every use raises it again)."""
+        return VercelSettings.from_env()
 
     def notes(self) -> list[str]:
         return [MEMORY_NOTE]
@@ -192,6 +195,7 @@ class VercelSandboxBackend(ExecutionBackend):
     async def check(self) -> Capabilities:
         import os
 
+        self.vercel_settings  # noqa: B018 - an invalid setting is a ConfigError here
         _remote.require_sdk("vercel.sandbox.sync", "vercel_sandbox", "vercel")
         oidc = os.environ.get("VERCEL_OIDC_TOKEN") or os.environ.get("VERCEL_OIDC_TOKEN_FILE")
         token = all(os.environ.get(v) for v in ("VERCEL_TOKEN", "VERCEL_PROJECT_ID", "VERCEL_TEAM_ID"))
