@@ -137,6 +137,51 @@ def assert_settings_read_on_use(backend_cls: type, settings_cls: type, monkeypat
     assert info.value.env_var == "CODE_EXEC_TEST_KNOB"
 
 
+# The call each fake records for a command run in the sandbox, and what the sandbox is ended with.
+EXEC_CALL = {"modal": "Sandbox.exec", "daytona": "Process.exec", "vercel": "run_process"}
+END_CALL = {"modal": "Sandbox.terminate", "daytona": "Sandbox.delete", "vercel": "destroy"}
+
+
+def check_session_file_calls(sdk: str, backend: str, service: Any) -> None:
+    """What every remote session shares (_remote.RemoteSession): no path check while only execbox has written
+    to the workspace, one in the sandbox before every file call once code has run, a missing file is a
+    WorkspacePathError naming the path, and a second close ends nothing twice."""
+    import anyio
+
+    from execbox import Settings
+    from execbox.core.backend import SessionSpec
+    from execbox.core.errors import WorkspacePathError
+    from execbox.core.models import ExecRequest, Limits
+    from execbox.core.runner import AsyncRunner
+
+    def path_checks() -> int:
+        return len([c for c in service.calls_to(EXEC_CALL[sdk]) if "realpath -m" in repr(c.args)])
+
+    async def go() -> None:
+        impl = AsyncRunner(Settings.from_env()).backend(backend)
+        session = await impl.open_session(SessionSpec("none", Limits(), oneshot=False, lifetime_s=120))
+        try:
+            await session.write_file("a.txt", b"one")
+            assert await session.read_file("a.txt") == b"one"
+            with pytest.raises(WorkspacePathError, match="no such file in the workspace: 'nope.txt'"):
+                await session.read_file("nope.txt")
+            assert path_checks() == 0
+            request = ExecRequest(argv=["cat", "a.txt"], timeout=30, max_output_bytes=1000, network="none",
+                                  limits=Limits())
+            assert (await session.exec(request)).stdout == "one"
+            await session.write_file("a.txt", b"two")
+            assert await session.read_file("a.txt") == b"two"
+            with pytest.raises(WorkspacePathError, match="no such file in the workspace: 'nope.txt'"):
+                await session.read_file("nope.txt")
+            assert path_checks() == 3
+        finally:
+            await session.close()
+        await session.close()
+
+    anyio.run(go)
+    assert len(service.calls_to(END_CALL[sdk])) == 1
+
+
 @pytest.fixture
 def recorded() -> Callable[[str, Any], None]:
     return check_calls_against_real_sdk

@@ -15,7 +15,11 @@ from execbox.core.backend import SessionSpec
 from execbox.core.errors import BackendUnavailableError, ConfigError, UnsupportedPolicyError
 from execbox.core.models import Limits
 from execbox.testing.conformance import BackendConformance
-from tests.backends.remote_fixtures import fake_service, recorded  # noqa: F401 - fixtures
+from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
+    check_session_file_calls,
+    fake_service,
+    recorded,
+)
 
 
 @pytest.fixture
@@ -190,6 +194,10 @@ def test_persist_never_adopts_a_foreign_sandbox(daytona_fake, monkeypatch: pytes
     with pytest.raises(UnsupportedPolicyError, match="did not persist"):
         with runner().sandbox("daytona", name="theirs"):
             pass
+
+
+def test_file_calls_check_paths_once_code_has_run(daytona_fake) -> None:
+    check_session_file_calls("daytona", "daytona", daytona_fake)
 
 
 def test_credentials_never_reach_the_sandbox(daytona_fake) -> None:

@@ -16,6 +16,7 @@ from execbox.core.models import Limits
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
     assert_settings_read_on_use,
+    check_session_file_calls,
     fake_service,
     recorded,
 )
@@ -99,6 +100,10 @@ def test_cancelled_while_creating_terminates_what_was_created(modal_fake, monkey
     assert len(modal_fake.sandboxes) == 1 and modal_fake.calls_to("Sandbox.terminate")
     assert all(s.poll() is not None for s in modal_fake.sandboxes.values())
     assert not modal_fake.calls_to("Sandbox.exec")
+
+
+def test_file_calls_check_paths_once_code_has_run(modal_fake) -> None:
+    check_session_file_calls("modal", "modal", modal_fake)
 
 
 def test_credentials_never_reach_the_sandbox(modal_fake) -> None:

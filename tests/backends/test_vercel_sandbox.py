@@ -15,6 +15,7 @@ from execbox.core.models import Limits
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
     assert_settings_read_on_use,
+    check_session_file_calls,
     fake_service,
     recorded,
 )
@@ -83,6 +84,10 @@ def test_cancellation_destroys_the_sandbox(vercel_fake) -> None:
 
     anyio.run(cancelled)
     assert vercel_fake.calls_to("destroy") and not vercel_fake.sandboxes
+
+
+def test_file_calls_check_paths_once_code_has_run(vercel_fake) -> None:
+    check_session_file_calls("vercel", "vercel_sandbox", vercel_fake)
 
 
 def test_credentials_never_reach_the_sandbox(vercel_fake) -> None:

@@ -5,6 +5,9 @@
   ends whatever the abandoned thread was waiting for.
 - Labels: every remote sandbox carries ``execbox=1``, its owner (host, pid, process start time), when it
   was created and when it expires, so ``gc`` removes only our own, and only expired or orphaned ones.
+- ``RemoteSession``: what their sessions share: the file calls, the path check once code has run, a
+  close that ends the sandbox once. Each provider supplies its exec, its small command, its file calls and
+  how its SDK's errors translate.
 - Shell snippets that run inside the remote sandbox: the argv wrapper (a signal death becomes
   128+signal whatever the provider reports, and every process the run starts carries a marker variable),
   the reaper that kills the marked processes after a timeout (a setsid grandchild included), and the path
@@ -15,15 +18,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import posixpath
 import socket
 import time
 import uuid
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
-from execbox.core.errors import BackendUnavailableError, WorkspacePathError
+from execbox.core.backend import Session
+from execbox.core.errors import BackendUnavailableError, ExecboxError, WorkspacePathError
+from execbox.core.models import ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 
 T = TypeVar("T")
@@ -187,6 +194,78 @@ def checked_path(rel: str, code: int, resolved: str) -> str:
     if code != 0 or not resolved.startswith("/"):
         raise WorkspacePathError(f"cannot resolve {rel!r} in the workspace (status {code})")
     return resolved
+
+
+# --- the session ---------------------------------------------------------------------------------------
+
+
+class RemoteSession(Session):
+    """One remote sandbox (``sb``) as a session. Subclasses supply the provider's calls (all blocking, run in
+    a worker thread here) and ``sdk_error``."""
+
+    def __init__(self, sandbox: Any, workspace: str, *, oneshot: bool, dirty: bool = False) -> None:
+        self.sb = sandbox
+        self.workspace = workspace
+        self.oneshot = oneshot
+        # Once code has run, a path may be a planted symlink: then it is resolved inside the sandbox first.
+        self.dirty = dirty
+        self.closed = False
+
+    @abstractmethod
+    def run_exec(self, request: ExecRequest) -> ExecResult: ...
+
+    @abstractmethod
+    def run_small(self, argv: list[str]) -> tuple[int, str]:
+        """Run a short helper command (no stdin, little output): its exit code and its stdout."""
+
+    @abstractmethod
+    def read_bytes(self, target: str) -> bytes: ...
+
+    @abstractmethod
+    def write_bytes(self, target: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    def dispose(self) -> None:
+        """End the sandbox (terminate, delete or stop); log rather than raise, as a lifetime still ends it."""
+
+    @abstractmethod
+    def sdk_error(self, exc: Exception, doing: str, path: str | None = None) -> ExecboxError | None:
+        """The execbox error an SDK exception means (``path`` is set for a file call), or None if it is not
+        the SDK's."""
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        self.dirty = True
+        return await blocking(self._translated, "running a command", None, self.run_exec, request)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await blocking(self._translated, f"writing {path!r}", path,
+                       lambda: self.write_bytes(self._target(path), bytes(data)))
+
+    async def read_file(self, path: str) -> bytes:
+        return await blocking(self._translated, f"reading {path!r}", path, lambda: self.read_bytes(self._target(path)))
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await blocking(self.dispose)
+
+    def _target(self, path: str) -> str:
+        if not self.dirty:
+            return posixpath.join(self.workspace, path)
+        code, resolved = self.run_small(check_argv(self.workspace, path))
+        return checked_path(path, code, resolved)
+
+    def _translated(self, doing: str, path: str | None, fn: Callable[..., T], *args: object) -> T:
+        try:
+            return fn(*args)
+        except ExecboxError:
+            raise
+        except Exception as exc:
+            error = self.sdk_error(exc, doing, path)
+            if error is None:
+                raise
+            raise error from exc
 
 
 class TextCapture:

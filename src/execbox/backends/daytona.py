@@ -30,16 +30,21 @@ from __future__ import annotations
 
 import logging
 import math
-import posixpath
 import shlex
 import time
 from functools import cached_property
 from typing import Any
 
 from execbox.backends import _remote
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+from execbox.core.backend import ExecutionBackend, SessionSpec
 from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import SandboxError, UnsupportedPolicyError, WorkspacePathError
+from execbox.core.errors import (
+    BackendUnavailableError,
+    ExecboxError,
+    SandboxError,
+    UnsupportedPolicyError,
+    WorkspacePathError,
+)
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 from execbox.core.settings import EnvSettings, _env
@@ -95,29 +100,26 @@ def resources(spec: SessionSpec) -> tuple[int | None, int | None]:
     return (int(cpus) if cpus else None), (memory_mb // 1024 if memory_mb else None)
 
 
-class DaytonaSession(Session):
+class DaytonaSession(_remote.RemoteSession):
     def __init__(self, backend: DaytonaBackend, sandbox: Any, workspace: str, *, oneshot: bool, persist: bool) -> None:
+        # a resumed sandbox may hold anything: check paths from the start
+        super().__init__(sandbox, workspace, oneshot=oneshot, dirty=persist)
         self.backend = backend
-        self.sb = sandbox
-        self.oneshot = oneshot
         self.persist = persist
-        self.workspace = workspace
-        self.dirty = persist  # a resumed sandbox may hold anything: check paths from the start
-        self.closed = False
 
-    def _sdk_error(self, exc: Exception, doing: str) -> Exception:
+    def sdk_error(self, exc: Exception, doing: str, path: str | None = None) -> ExecboxError | None:
         daytona = _errors()
+        if path is not None and isinstance(exc, daytona.DaytonaNotFoundError):
+            return WorkspacePathError(f"no such file in the workspace: {path!r}")
         if isinstance(exc, daytona.DaytonaAuthenticationError):
             return self.backend.credentials_error(str(exc))
-        return SandboxError(f"daytona failed while {doing}: {exc}", backend="daytona")
+        if isinstance(exc, daytona.DaytonaError):
+            return SandboxError(f"daytona failed while {doing}: {exc}", backend="daytona")
+        return None
 
     # --- exec ---
 
-    async def exec(self, request: ExecRequest) -> ExecResult:
-        self.dirty = True
-        return await _remote.blocking(self._exec, request)
-
-    def _exec(self, request: ExecRequest) -> ExecResult:
+    def run_exec(self, request: ExecRequest) -> ExecResult:
         assert request.argv and request.timeout and request.max_output_bytes
         daytona = _errors()
         marker = _remote.new_marker()
@@ -126,24 +128,21 @@ class DaytonaSession(Session):
         env = {**sandbox_env(request.env, home=self.workspace), _remote.MARKER: marker}
         started = time.monotonic()
         timed_out = False
+        self.sb.fs.upload_files([
+            daytona.FileUpload(source=run.encode(), destination=f"{ctl}/run.sh"),
+            daytona.FileUpload(source=_COLLECT.encode(), destination=f"{ctl}/collect.sh"),
+            daytona.FileUpload(source=request.stdin or b"", destination=f"{ctl}/stdin"),
+        ])
         try:
-            self.sb.fs.upload_files([
-                daytona.FileUpload(source=run.encode(), destination=f"{ctl}/run.sh"),
-                daytona.FileUpload(source=_COLLECT.encode(), destination=f"{ctl}/collect.sh"),
-                daytona.FileUpload(source=request.stdin or b"", destination=f"{ctl}/stdin"),
-            ])
-            try:
-                response = self.sb.process.exec(f"sh {ctl}/run.sh", cwd=request.workdir or self.workspace, env=env,
-                                                timeout=max(1, math.ceil(request.timeout)))
-                code = response.exit_code
-            except daytona.DaytonaTimeoutError:
-                timed_out, code = True, _remote.TIMEOUT_EXIT
-            duration = time.monotonic() - started
-            if timed_out and not self.oneshot:
-                self._reap(marker)
-            out, err = self._collect(ctl, request.max_output_bytes)
-        except daytona.DaytonaError as exc:
-            raise self._sdk_error(exc, "running a command") from exc
+            response = self.sb.process.exec(f"sh {ctl}/run.sh", cwd=request.workdir or self.workspace, env=env,
+                                            timeout=max(1, math.ceil(request.timeout)))
+            code = response.exit_code
+        except daytona.DaytonaTimeoutError:
+            timed_out, code = True, _remote.TIMEOUT_EXIT
+        duration = time.monotonic() - started
+        if timed_out and not self.oneshot:
+            self._reap(marker)
+        out, err = self._collect(ctl, request.max_output_bytes)
         return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out,
                           truncated=out.truncated or err.truncated, duration_s=round(duration, 4))
 
@@ -178,40 +177,18 @@ class DaytonaSession(Session):
 
     # --- files ---
 
-    def _target(self, path: str) -> str:
-        if not self.dirty:
-            return posixpath.join(self.workspace, path)
-        out = self.sb.process.exec(shlex.join(_remote.check_argv(self.workspace, path)), timeout=30)
-        return _remote.checked_path(path, out.exit_code, out.result)
+    def run_small(self, argv: list[str]) -> tuple[int, str]:
+        out = self.sb.process.exec(shlex.join(argv), timeout=30)
+        return out.exit_code, out.result
 
-    async def write_file(self, path: str, data: bytes) -> None:
-        await _remote.blocking(self._write, path, data)
+    def read_bytes(self, target: str) -> bytes:
+        return bytes(self.sb.fs.download_file(target) or b"")
 
-    def _write(self, path: str, data: bytes) -> None:
-        try:
-            # bytes: the content. (A str would be read as a LOCAL file path by the SDK.)
-            self.sb.fs.upload_file(bytes(data), self._target(path))
-        except _errors().DaytonaError as exc:
-            raise self._sdk_error(exc, f"writing {path!r}") from exc
+    def write_bytes(self, target: str, data: bytes) -> None:
+        self.sb.fs.upload_file(data, target)  # bytes: the content (a str would be read as a LOCAL file path)
 
-    async def read_file(self, path: str) -> bytes:
-        return await _remote.blocking(self._read, path)
-
-    def _read(self, path: str) -> bytes:
-        daytona = _errors()
-        try:
-            data = self.sb.fs.download_file(self._target(path))
-        except daytona.DaytonaNotFoundError:
-            raise WorkspacePathError(f"no such file in the workspace: {path!r}") from None
-        except daytona.DaytonaError as exc:
-            raise self._sdk_error(exc, f"reading {path!r}") from exc
-        return bytes(data or b"")
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        await _remote.blocking(_stop if self.persist else _delete, self.sb)
+    def dispose(self) -> None:
+        (_stop if self.persist else _delete)(self.sb)
 
 
 def _delete(sandbox: Any) -> None:
@@ -250,7 +227,7 @@ class DaytonaBackend(ExecutionBackend):
         `execbox backends` (an error is not cached: every use raises it again)."""
         return DaytonaSettings.from_env()
 
-    def credentials_error(self, detail: str = "", *, missing: bool = False) -> Exception:
+    def credentials_error(self, detail: str = "", *, missing: bool = False) -> BackendUnavailableError:
         what = "no Daytona credentials are set" if missing or not detail else "Daytona did not accept the credentials"
         return _remote.missing_credentials(
             "daytona", what + (f": {detail}" if detail else ""),

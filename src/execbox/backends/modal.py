@@ -24,17 +24,22 @@ from __future__ import annotations
 import logging
 import math
 import os
-import posixpath
 import threading
 import time
-from pathlib import Path
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from execbox.backends import _remote
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+from execbox.core.backend import ExecutionBackend, SessionSpec
 from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import SandboxError, UnsupportedPolicyError, WorkspacePathError
+from execbox.core.errors import (
+    BackendUnavailableError,
+    ExecboxError,
+    SandboxError,
+    UnsupportedPolicyError,
+    WorkspacePathError,
+)
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 from execbox.core.settings import EnvSettings, _env
@@ -56,19 +61,19 @@ def _modal_errors() -> Any:
     return modal.exception
 
 
-class ModalSession(Session):
-    workspace = WORKSPACE
-
+class ModalSession(_remote.RemoteSession):
     def __init__(self, backend: ModalBackend, sandbox: Any, oneshot: bool) -> None:
+        super().__init__(sandbox, WORKSPACE, oneshot=oneshot)
         self.backend = backend
-        self.sb = sandbox
-        self.oneshot = oneshot
-        # Once code has run, a path may be a planted symlink: check it inside the sandbox first.
-        self.dirty = False
-        self.closed = False
 
-    def _sdk_error(self, exc: Exception, doing: str) -> Exception:
+    def sdk_error(self, exc: Exception, doing: str, path: str | None = None) -> ExecboxError | None:
         errors = _modal_errors()
+        if not isinstance(exc, errors.Error):
+            return None
+        if path is not None and isinstance(exc, errors.SandboxFilesystemNotFoundError):
+            return WorkspacePathError(f"no such file in the workspace: {path!r}")
+        if path is not None and isinstance(exc, errors.SandboxFilesystemError):
+            return WorkspacePathError(f"{doing} in the workspace failed: {exc}")
         if isinstance(exc, errors.AuthError):
             return self.backend.credentials_error(str(exc))
         if isinstance(exc, (errors.ConflictError, errors.NotFoundError, errors.SandboxTerminatedError,
@@ -77,31 +82,21 @@ class ModalSession(Session):
                                 backend="modal")
         return SandboxError(f"modal failed while {doing}: {exc}", backend="modal")
 
-    # --- exec ---
-
-    async def exec(self, request: ExecRequest) -> ExecResult:
-        self.dirty = True
-        return await _remote.blocking(self._exec, request)
-
-    def _exec(self, request: ExecRequest) -> ExecResult:
+    def run_exec(self, request: ExecRequest) -> ExecResult:
         assert request.argv and request.timeout and request.max_output_bytes
-        errors = _modal_errors()
         marker = _remote.new_marker()
         env = {**sandbox_env(request.env, home=WORKSPACE), _remote.MARKER: marker}
         out, err = BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes)
         started = time.monotonic()
-        try:
-            proc = self.sb.exec(*_remote.wrapped(request.argv), timeout=max(1, math.ceil(request.timeout)),
-                                workdir=request.workdir or WORKSPACE, env=env, text=False)
-            feeder = threading.Thread(target=_feed, args=(proc.stdin, request.stdin), daemon=True)
-            feeder.start()
-            drain_err = threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True)
-            drain_err.start()
-            _drain(proc.stdout, out)
-            drain_err.join()
-            code = proc.wait()
-        except errors.Error as exc:
-            raise self._sdk_error(exc, "running a command") from exc
+        proc = self.sb.exec(*_remote.wrapped(request.argv), timeout=max(1, math.ceil(request.timeout)),
+                            workdir=request.workdir or WORKSPACE, env=env, text=False)
+        feeder = threading.Thread(target=_feed, args=(proc.stdin, request.stdin), daemon=True)
+        feeder.start()
+        drain_err = threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True)
+        drain_err.start()
+        _drain(proc.stdout, out)
+        drain_err.join()
+        code = proc.wait()
         timed_out = code == -1  # Modal's way of saying the exec outlived its timeout
         if timed_out and not self.oneshot:
             self._reap(marker)
@@ -118,50 +113,19 @@ class ModalSession(Session):
         except _modal_errors().Error as exc:
             log.warning("could not reap the processes of a timed-out run: %s", exc)
 
-    # --- files ---
-
-    def _run_small(self, argv: list[str]) -> tuple[int, str]:
+    def run_small(self, argv: list[str]) -> tuple[int, str]:
         proc = self.sb.exec(*argv, timeout=30, text=False)
         data = proc.stdout.read()
         return proc.wait(), data.decode(errors="replace")
 
-    def _target(self, path: str) -> str:
-        if not self.dirty:
-            return posixpath.join(WORKSPACE, path)
-        code, resolved = self._run_small(_remote.check_argv(WORKSPACE, path))
-        return _remote.checked_path(path, code, resolved)
+    def read_bytes(self, target: str) -> bytes:
+        return self.sb.filesystem.read_bytes(target)
 
-    async def write_file(self, path: str, data: bytes) -> None:
-        await _remote.blocking(self._write, path, data)
+    def write_bytes(self, target: str, data: bytes) -> None:
+        self.sb.filesystem.write_bytes(data, target)  # data first, then the path (unlike vercel)
 
-    def _write(self, path: str, data: bytes) -> None:
-        errors = _modal_errors()
-        try:
-            self.sb.filesystem.write_bytes(data, self._target(path))
-        except (errors.SandboxFilesystemIsADirectoryError, errors.SandboxFilesystemNotADirectoryError) as exc:
-            raise WorkspacePathError(f"cannot write {path!r} in the workspace: {exc}") from exc
-        except errors.Error as exc:
-            raise self._sdk_error(exc, f"writing {path!r}") from exc
-
-    async def read_file(self, path: str) -> bytes:
-        return await _remote.blocking(self._read, path)
-
-    def _read(self, path: str) -> bytes:
-        errors = _modal_errors()
-        try:
-            return self.sb.filesystem.read_bytes(self._target(path))
-        except errors.SandboxFilesystemNotFoundError:
-            raise WorkspacePathError(f"no such file in the workspace: {path!r}") from None
-        except errors.SandboxFilesystemError as exc:
-            raise WorkspacePathError(f"cannot read {path!r} in the workspace: {exc}") from exc
-        except errors.Error as exc:
-            raise self._sdk_error(exc, f"reading {path!r}") from exc
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        await _remote.blocking(_terminate, self.sb)
+    def dispose(self) -> None:
+        _terminate(self.sb)
 
 
 def _terminate(sandbox: Any) -> None:
@@ -208,7 +172,7 @@ class ModalBackend(ExecutionBackend):
         (an error is not cached: every use raises it again)."""
         return ModalSettings.from_env()
 
-    def credentials_error(self, detail: str = "") -> Exception:
+    def credentials_error(self, detail: str = "") -> BackendUnavailableError:
         return _remote.missing_credentials(
             "modal", (f"Modal did not accept the credentials: {detail}" if detail else "no Modal credentials are set"),
             fix="set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET (from `modal token new`), or a profile in ~/.modal.toml",

@@ -29,9 +29,15 @@ from functools import cached_property
 from typing import Any
 
 from execbox.backends import _remote
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+from execbox.core.backend import ExecutionBackend, SessionSpec
 from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import SandboxError, UnsupportedPolicyError, WorkspacePathError
+from execbox.core.errors import (
+    BackendUnavailableError,
+    ExecboxError,
+    SandboxError,
+    UnsupportedPolicyError,
+    WorkspacePathError,
+)
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.settings import EnvSettings, _env
 
@@ -51,38 +57,30 @@ def _sync() -> Any:
     return sync
 
 
-class VercelSession(Session):
-    workspace = WORKSPACE
-
+class VercelSession(_remote.RemoteSession):
     def __init__(self, backend: VercelSandboxBackend, sandbox: Any, oneshot: bool) -> None:
+        super().__init__(sandbox, WORKSPACE, oneshot=oneshot)
         self.backend = backend
-        self.sb = sandbox
-        self.oneshot = oneshot
-        self.dirty = False
-        self.closed = False
 
-    def _sdk_error(self, exc: Exception, doing: str) -> Exception:
-        return self.backend.sdk_error(exc, doing)
-
-    # --- exec ---
-
-    async def exec(self, request: ExecRequest) -> ExecResult:
-        self.dirty = True
-        return await _remote.blocking(self._exec, request)
-
-    def _exec(self, request: ExecRequest) -> ExecResult:
-        assert request.argv and request.timeout and request.max_output_bytes
+    def sdk_error(self, exc: Exception, doing: str, path: str | None = None) -> ExecboxError | None:
         sync = _sync()
+        if path is not None and isinstance(exc, sync.SandboxPathNotFoundError):
+            return WorkspacePathError(f"no such file in the workspace: {path!r}")
+        if path is not None and isinstance(exc, sync.SandboxFilesystemError):
+            return WorkspacePathError(f"{doing} in the workspace failed: {exc}")
+        if isinstance(exc, sync.SandboxError):
+            return self.backend.sdk_error(exc, doing)
+        return None
+
+    def run_exec(self, request: ExecRequest) -> ExecResult:
+        assert request.argv and request.timeout and request.max_output_bytes
         marker = _remote.new_marker()
         env = {**sandbox_env(request.env, home=WORKSPACE), _remote.MARKER: marker}
         out, err = _remote.TextCapture(request.max_output_bytes), _remote.TextCapture(request.max_output_bytes)
         argv = _remote.wrapped(request.argv)
         started = time.monotonic()
-        try:
-            done = self.sb.run_process(argv[0], argv[1:], cwd=request.workdir or WORKSPACE, env=env,
-                                       kill_after=request.timeout, stdout=out, stderr=err, input=request.stdin)
-        except sync.SandboxError as exc:
-            raise self._sdk_error(exc, "running a command") from exc
+        done = self.sb.run_process(argv[0], argv[1:], cwd=request.workdir or WORKSPACE, env=env,
+                                   kill_after=request.timeout, stdout=out, stderr=err, input=request.stdin)
         duration = time.monotonic() - started
         # kill_after is the service's: a run that ended unsuccessfully at its deadline was killed by it.
         timed_out = done.returncode != 0 and duration >= request.timeout
@@ -101,46 +99,18 @@ class VercelSession(Session):
         except _sync().SandboxError as exc:
             log.warning("could not reap the processes of a timed-out run: %s", exc)
 
-    # --- files ---
-
-    def _target(self, path: str) -> str:
-        if not self.dirty:
-            return f"{WORKSPACE}/{path}"
-        argv = _remote.check_argv(WORKSPACE, path)
+    def run_small(self, argv: list[str]) -> tuple[int, str]:
         done = self.sb.run_process(argv[0], argv[1:], capture_output=True, kill_after=30)
-        return _remote.checked_path(path, done.returncode, done.stdout or "")
+        return done.returncode, done.stdout or ""
 
-    async def write_file(self, path: str, data: bytes) -> None:
-        await _remote.blocking(self._write, path, data)
+    def read_bytes(self, target: str) -> bytes:
+        return self.sb.fs.read_bytes(target)
 
-    def _write(self, path: str, data: bytes) -> None:
-        sync = _sync()
-        try:
-            self.sb.fs.write_bytes(self._target(path), bytes(data))  # path first, then data (unlike modal)
-        except sync.SandboxFilesystemError as exc:
-            raise WorkspacePathError(f"cannot write {path!r} in the workspace: {exc}") from exc
-        except sync.SandboxError as exc:
-            raise self._sdk_error(exc, f"writing {path!r}") from exc
+    def write_bytes(self, target: str, data: bytes) -> None:
+        self.sb.fs.write_bytes(target, data)  # the path first, then the data (unlike modal)
 
-    async def read_file(self, path: str) -> bytes:
-        return await _remote.blocking(self._read, path)
-
-    def _read(self, path: str) -> bytes:
-        sync = _sync()
-        try:
-            return self.sb.fs.read_bytes(self._target(path))
-        except sync.SandboxPathNotFoundError:
-            raise WorkspacePathError(f"no such file in the workspace: {path!r}") from None
-        except sync.SandboxFilesystemError as exc:
-            raise WorkspacePathError(f"cannot read {path!r} in the workspace: {exc}") from exc
-        except sync.SandboxError as exc:
-            raise self._sdk_error(exc, f"reading {path!r}") from exc
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        await _remote.blocking(_finish, self.sb)
+    def dispose(self) -> None:
+        _finish(self.sb)
 
 
 def _finish(sandbox: Any) -> None:
@@ -176,14 +146,14 @@ class VercelSandboxBackend(ExecutionBackend):
     def notes(self) -> list[str]:
         return [MEMORY_NOTE]
 
-    def credentials_error(self, detail: str = "") -> Exception:
+    def credentials_error(self, detail: str = "") -> BackendUnavailableError:
         return _remote.missing_credentials(
             "vercel_sandbox",
             f"Vercel did not accept the credentials: {detail}" if detail else "no Vercel credentials are set",
             fix="set VERCEL_OIDC_TOKEN (`vercel env pull`), or VERCEL_TOKEN, VERCEL_PROJECT_ID and VERCEL_TEAM_ID",
             env_var="VERCEL_TOKEN")
 
-    def sdk_error(self, exc: Exception, doing: str) -> Exception:
+    def sdk_error(self, exc: Exception, doing: str) -> ExecboxError:
         sync = _sync()
         if isinstance(exc, sync.SandboxCredentialsError) or getattr(exc, "status_code", None) in (401, 403):
             return self.credentials_error(str(exc))
