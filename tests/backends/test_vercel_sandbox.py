@@ -86,6 +86,45 @@ def test_cancellation_destroys_the_sandbox(vercel_fake) -> None:
     assert vercel_fake.calls_to("destroy") and not vercel_fake.sandboxes
 
 
+def slow_replies(monkeypatch: pytest.MonkeyPatch, *, delay: float, returncode: dict[int, int] | None = None) -> None:
+    """The reply to a command run with kill_after=1 arrives ``delay`` seconds after the command ended (a slow
+    network), with its return code mapped through ``returncode``."""
+    import time
+
+    from execbox.fakes import vercel as fake
+
+    real = fake.SyncSandbox.run_process
+
+    def slow(self: object, command: str, args: object = None, **kw: object) -> object:
+        done = real(self, command, args, **kw)  # type: ignore[arg-type]
+        if kw.get("kill_after") == 1:
+            time.sleep(delay)
+            done.returncode = (returncode or {}).get(done.returncode, done.returncode)
+        return done
+
+    monkeypatch.setattr(fake.SyncSandbox, "run_process", slow)
+
+
+def test_a_command_that_fails_just_before_its_deadline_is_not_a_timeout(vercel_fake,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reply arrives after the deadline, but the service did not kill the command: its own exit code stands."""
+    slow_replies(monkeypatch, delay=1.5)
+    r = runner()
+    result = r.run("exit 3", timeout=1)
+    assert (result.exit_code, result.timed_out) == (3, False)
+    with r.sandbox("vercel_sandbox") as sb:
+        in_session = sb.exec("exit 3", timeout=1)
+        assert (in_session.exit_code, in_session.timed_out) == (3, False)
+    assert not [c for c in vercel_fake.calls_to("run_process") if "EXECBOX_RUN=$1" in str(c.args)]  # no reaping
+
+
+def test_a_command_killed_at_its_deadline_is_a_timeout_however_the_kill_is_reported(
+        vercel_fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    slow_replies(monkeypatch, delay=0, returncode={137: -9})  # the service reports the signal, not 128+9
+    result = runner().run(["sleep", "100"], timeout=1)
+    assert (result.exit_code, result.timed_out) == (137, True)
+
+
 def test_file_calls_check_paths_once_code_has_run(vercel_fake) -> None:
     check_session_file_calls("vercel", "vercel_sandbox", vercel_fake)
 

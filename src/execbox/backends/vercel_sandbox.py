@@ -16,7 +16,7 @@ VERCEL_PROJECT_ID + VERCEL_TEAM_ID); nothing of them goes into the sandbox.
 Runs. One non-persistent sandbox per session; files through ``sb.fs``; stdout and stderr arrive as decoded
 text chunks and go straight into the bounded capture (run_process is given text streams, so the SDK keeps
 nothing). The exit code of a command killed by a signal is 128+signal (a shell wrapper makes it so); a run
-is timed out when it ends unsuccessfully at or after its kill_after. After a timeout in a session every
+is timed out when it was killed (SIGKILL) and its kill_after had passed. After a timeout in a session every
 process the run started is killed (found by a marker variable). Sandboxes carry execbox tags, so ``gc``
 destroys orphans.
 """
@@ -24,6 +24,7 @@ destroys orphans.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from functools import cached_property
 from typing import Any
@@ -82,12 +83,16 @@ class VercelSession(_remote.RemoteSession):
         done = self.sb.run_process(argv[0], argv[1:], cwd=request.workdir or WORKSPACE, env=env,
                                    kill_after=request.timeout, stdout=out, stderr=err, input=request.stdin)
         duration = time.monotonic() - started
-        # kill_after is the service's: a run that ended unsuccessfully at its deadline was killed by it.
-        timed_out = done.returncode != 0 and duration >= request.timeout
+        code = done.returncode
+        # The SDK does not say why a process ended. kill_after is the service's SIGKILL: a run timed out when
+        # it was killed (137 through the wrapper, -9 if the service reports the signal) after its deadline.
+        # Elapsed time alone is not enough: a command that fails on its own in the last round trip before the
+        # deadline keeps its exit code.
+        timed_out = code in (_remote.TIMEOUT_EXIT, -signal.SIGKILL) and duration >= request.timeout
         if timed_out and not self.oneshot:
             self._reap(marker)
         return ExecResult(
-            exit_code=_remote.TIMEOUT_EXIT if timed_out else done.returncode,
+            exit_code=128 - code if code < 0 else code,  # a signal death is 128+signal, as everywhere else
             stdout=out.capture.text(), stderr=err.capture.text(), timed_out=timed_out,
             truncated=out.capture.truncated or err.capture.truncated, duration_s=round(duration, 4),
         )
