@@ -1,6 +1,7 @@
 """The modal backend, against the modal fake (execbox.fakes.modal): the conformance kit, then what is
 specific to Modal. The fake runs commands for real in a local box; tests/fakes/test_fake_surfaces.py keeps
-it honest against the real SDK, and test_remote_calls.py binds every call recorded here against it."""
+it honest against the real SDK, and test_recorded_calls_bind_against_the_real_sdk binds the calls recorded
+here against it (remote_fixtures.check_calls_against_real_sdk)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ in the real SDK with a compatible signature, and every exception has the same na
 When Modal, Daytona or Vercel change their API, this is the test that fails. Compatible means: each
 parameter the fake declares exists in the real member with the same kind and the same default, and each
 parameter the real member requires is declared by the fake, so a call that works against the fake binds
-against the real SDK too (tests/backends/test_remote_calls.py binds the calls our backends really made).
+against the real SDK too (each backend's test_recorded_calls_bind_against_the_real_sdk, in
+tests/backends/test_{modal,daytona,vercel_sandbox}.py, binds the calls our backends really made).
 """
 
 from __future__ import annotations
