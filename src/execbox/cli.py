@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import anyio

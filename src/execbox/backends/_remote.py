@@ -30,6 +30,7 @@ import anyio
 
 from execbox.core.backend import Session
 from execbox.core.errors import BackendUnavailableError, ExecboxError, WorkspacePathError
+from execbox.core.lifecycle import create_cleanly  # noqa: F401  (the remote backends call it from here)
 from execbox.core.models import ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 
@@ -49,21 +50,6 @@ TIMEOUT_EXIT = 137
 async def blocking(fn: Callable[..., T], *args: object) -> T:
     """Run a blocking SDK call in a worker thread; cancellation does not wait for it (see module doc)."""
     return await anyio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
-
-
-async def create_cleanly(create: Callable[[list[T]], None], cleanup: Callable[[T], None]) -> T:
-    """Run ``create`` (which appends what it made to the list it is given) in a worker thread to the end, even
-    when the caller is cancelled meanwhile; if anything fails or the caller was cancelled, ``cleanup`` what
-    was made, so a cancelled open leaves no remote sandbox behind."""
-    made: list[T] = []
-    try:
-        await anyio.to_thread.run_sync(lambda: create(made))
-    except BaseException:
-        if made:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(lambda: cleanup(made[0]))
-        raise
-    return made[0]
 
 
 def require_sdk(module: str, backend: str, extra: str) -> None:

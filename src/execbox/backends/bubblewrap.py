@@ -36,10 +36,8 @@ import signal
 import stat
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -48,6 +46,7 @@ from pydantic import field_validator
 from pydantic_settings import NoDecode
 
 from execbox.backends import bubblewrap_seccomp
+from execbox.core.lifecycle import create_cleanly
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import BackendUnavailableError, SandboxError
@@ -697,38 +696,11 @@ class BubblewrapBackend(ExecutionBackend):
             await self.check()
         report, settings = self.report, self.bwrap_settings
         assert report is not None
-        return await _open_cleanly(lambda: BubblewrapSession(report, settings, spec))
+        return await create_cleanly(lambda made: made.append(BubblewrapSession(report, settings, spec)),
+                                    lambda session: _rmtree(session.root))
 
     async def gc(self) -> list[str]:
         return await anyio.to_thread.run_sync(_gc, self.report.cgroup if self.report else None)
-
-
-async def _open_cleanly(build: Callable[[], BubblewrapSession]) -> BubblewrapSession:
-    """``build`` the session in a worker thread without leaking its directory when the caller is cancelled.
-    An anyio cancel scope waits for the thread and hands the caller the session (which it then closes);
-    asyncio's task.cancel (asyncio.timeout, wait_for) does not wait: then whichever of the thread and the
-    caller comes second removes the directory."""
-    lock = threading.Lock()
-    done: list[BubblewrapSession] = []
-    abandoned = False
-
-    def work() -> BubblewrapSession:
-        session = build()
-        with lock:
-            if abandoned:
-                _rmtree(session.root)
-            else:
-                done.append(session)
-        return session
-
-    try:
-        return await anyio.to_thread.run_sync(work)
-    except BaseException:
-        with lock:
-            abandoned = True
-        for session in done:
-            _rmtree(session.root)  # a few small files: quick, and no await while being cancelled
-        raise
 
 
 def _pid_alive(pid: int) -> bool:
