@@ -7,7 +7,6 @@ import os
 import shutil
 import socket
 import struct
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -223,16 +222,6 @@ def test_endpoint_follows_a_docker_context(tmp_path: Path) -> None:
             os.environ.pop("DOCKER_CONFIG")
         else:
             os.environ["DOCKER_CONFIG"] = old
-
-
-def test_owner_alive() -> None:
-    assert d.owner_alive(d.owner_id()) is True
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    assert d.owner_alive(f"{socket.gethostname()}:{proc.pid}:1") is False
-    # Same pid, different start time: the pid was reused by another process.
-    assert d.owner_alive(f"{socket.gethostname()}:{os.getpid()}:1") is False
-    assert d.owner_alive("some-other-host:1:1") is None
 
 
 def test_recipe_hash_tracks_content_not_mirror() -> None:

@@ -164,7 +164,7 @@ def test_gc_terminates_orphans_only(modal_fake) -> None:
     runner = Runner(Settings.from_env(backend="modal"))
     app = modal.App.lookup("execbox", create_if_missing=True)
     expired = modal.Sandbox.create(app=app, tags={**_remote.labels(60), "execbox-expires": "1"})
-    orphan = modal.Sandbox.create(app=app, tags={**_remote.labels(60), "execbox-owner": "1-1@" + _hostname()})
+    orphan = modal.Sandbox.create(app=app, tags={**_remote.labels(60), "execbox-owner": _hostname() + ":1:1"})
     live = modal.Sandbox.create(app=app, tags=_remote.labels(600))
     foreign = modal.Sandbox.create(app=app, tags={"owner": "someone-else"})
     removed = anyio.run(runner.aio.backend("modal").gc)

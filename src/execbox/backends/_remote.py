@@ -17,9 +17,7 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import posixpath
-import socket
 import time
 import uuid
 from abc import abstractmethod
@@ -28,6 +26,7 @@ from typing import Any, TypeVar
 
 import anyio
 
+from execbox.core.owner import owner_alive, owner_id
 from execbox.core.backend import Session
 from execbox.core.errors import BackendUnavailableError, ExecboxError, WorkspacePathError
 from execbox.core.lifecycle import create_cleanly  # noqa: F401  (the remote backends call it from here)
@@ -70,34 +69,6 @@ def missing_credentials(backend: str, what: str, fix: str, env_var: str) -> Back
 
 
 # --- labels and gc ------------------------------------------------------------------------------------------
-
-
-def _start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
-def owner_id() -> str:
-    pid = os.getpid()
-    return f"{pid}-{_start_time(pid)}@{socket.gethostname()}"
-
-
-def owner_alive(owner: str) -> bool | None:
-    """True/False for an owner process on this host; None when it lives elsewhere (then only expiry applies)."""
-    ident, _, host = owner.rpartition("@")
-    pid_s, _, started = ident.partition("-")
-    if host != socket.gethostname() or not pid_s.isdigit():
-        return None
-    try:
-        os.kill(int(pid_s), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return not started or _start_time(int(pid_s)) in ("", started)
 
 
 def labels(lifetime_s: float, *, persist: bool = False) -> dict[str, str]:

@@ -46,6 +46,7 @@ from pydantic import field_validator
 from pydantic_settings import NoDecode
 
 from execbox.backends import bubblewrap_seccomp
+from execbox.core.owner import pid_alive
 from execbox.core.lifecycle import create_cleanly
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import sandbox_env
@@ -703,16 +704,6 @@ class BubblewrapBackend(ExecutionBackend):
         return await anyio.to_thread.run_sync(_gc, self.report.cgroup if self.report else None)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _owner_pid(name: str, prefix: str) -> int | None:
     rest = name[len(prefix):]
     pid = rest.split("-", 1)[0]
@@ -737,7 +728,7 @@ def _gc(plan: CgroupPlan | None) -> list[str]:
         path = os.path.join(tmp, name)
         # Only a real directory of ours: anyone can plant an execbox-bwrap-* name (a symlink, a directory)
         # in a shared /tmp, and gc may run as root.
-        if pid is not None and pid != os.getpid() and _ours(path) and not _pid_alive(pid):
+        if pid is not None and pid != os.getpid() and _ours(path) and not pid_alive(pid):
             _rmtree(path)
             removed.append(path)
     for parent in sorted(set(plan.parents.values())) if plan else []:
@@ -745,7 +736,7 @@ def _gc(plan: CgroupPlan | None) -> list[str]:
             for name in os.listdir(parent):
                 pid = _owner_pid(name, "execbox-")
                 path = os.path.join(parent, name)
-                if pid is not None and _ours(path) and pid != os.getpid() and not _pid_alive(pid):
+                if pid is not None and _ours(path) and pid != os.getpid() and not pid_alive(pid):
                     if _remove_cgroup(path):
                         removed.append(path)
     return removed

@@ -51,6 +51,7 @@ import anyio
 from pydantic import field_validator
 
 from execbox.backends.docker_image import DEFAULT_TAG
+from execbox.core.owner import owner_alive, owner_id
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError
@@ -162,38 +163,6 @@ def connect(environ: dict[str, str] | None = None) -> tuple[Any, str, str]:
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
         raise _unreachable(endpoint, origin, exc) from None
     return client, endpoint, origin
-
-
-# --- owners: who made a container, and whether that process is still there ----------------------------
-
-
-def _start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return ""
-
-
-def owner_id(pid: int | None = None) -> str:
-    pid = pid or os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
-
-
-def owner_alive(owner: str) -> bool | None:
-    """True/False for an owner on this host; None when it lives elsewhere (only expiry applies then)."""
-    host, _, rest = owner.partition(":")
-    pid_s, _, started = rest.partition(":")
-    if host != socket.gethostname() or not pid_s.isdigit():
-        return None
-    pid = int(pid_s)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return not started or _start_time(pid) in ("", started)
 
 
 # --- the hardening table, checked on the final arguments ---------------------------------------------
