@@ -139,6 +139,8 @@ async def _probe(runner: AsyncRunner, name: str) -> dict[str, Any]:
         row["reason"], row["fix"] = exc.reason, exc.fix
     except ExecboxError as exc:
         row["reason"] = exc.message
+        if exc.env_var:
+            row["fix"] = f"change or unset {exc.env_var}"
     return row
 
 

@@ -5,8 +5,8 @@ Policy, translated to Vercel's own controls (and refused when Vercel cannot enfo
 
     network none   network_policy=NetworkPolicy.deny_all()      egress   NetworkPolicy.allow_all()
     cpu            SandboxResources(vcpus=) whole vCPUs; a fraction is refused
-    memory         not settable on its own: Vercel gives 2048 MB per vCPU. Not claimed, so a per-request
-                   memory limit is refused; CODE_EXEC_MEMORY_MB does not apply (every result says so)
+    memory         not settable on its own: Vercel gives 2048 MB per vCPU. Not claimed, so a memory
+                   limit you set (in a request or CODE_EXEC_MEMORY_MB) is refused (every result says so)
     lifetime       execution_time_limit= seconds; the session is stopped at it
     exec timeout   run_process(kill_after=) seconds: the service SIGKILLs the command
 
@@ -44,7 +44,8 @@ from execbox.core.settings import EnvSettings, _env
 
 log = logging.getLogger("execbox.backends.vercel_sandbox")
 WORKSPACE = "/vercel/sandbox"  # the sandbox's default working directory
-MEMORY_NOTE = "vercel_sandbox: memory is Vercel's 2048 MB per vCPU; CODE_EXEC_MEMORY_MB does not apply"
+MEMORY_NOTE = ("vercel_sandbox: memory is Vercel's 2048 MB per vCPU; the default CODE_EXEC_MEMORY_MB does not apply "
+               "and a memory limit you set is refused")
 
 
 class VercelSettings(EnvSettings):
