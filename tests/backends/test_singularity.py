@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
+import time
+import uuid
 from pathlib import Path
 
 import anyio
 import pytest
 
-from execbox import BackendUnavailableError, NotASandboxError, Runner, Settings
+from execbox import BackendUnavailableError, Limits, NotASandboxError, Runner, SandboxError, Settings
 from execbox.backends.singularity import SingularityBackend
+from execbox.core.backend import SessionSpec
 from execbox.fakes import apptainer as fake
 from execbox.testing import engine_missing
 
@@ -48,8 +52,10 @@ class Fake:
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fake:
-    return Fake(tmp_path, monkeypatch)
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    fake_env = Fake(tmp_path, monkeypatch)
+    yield fake_env
+    fake.stop_all(fake_env.state)  # the fake's instances are real processes; a failed test must not leak them
 
 
 @pytest.fixture
@@ -92,8 +98,43 @@ def test_env_goes_through_the_prefix_and_nothing_else(apptainer: Fake, monkeypat
                                     env={"VISIBLE": "yes", "OPENAI_API_KEY": "sk"})
     assert result.stdout == "yes///\n"
     (record,) = [r for r in apptainer.records() if r["argv"][1] == "exec" and r["argv"][-1] != "true"]
-    assert set(record["env"]) == {"APPTAINERENV_VISIBLE", "APPTAINERENV_EXECBOX_RUN_ID", "APPTAINERENV_LANG",
+    assert set(record["env"]) == {"APPTAINERENV_VISIBLE", "APPTAINERENV_EXECBOX_RUN", "APPTAINERENV_LANG",
                                   "APPTAINERENV_TMPDIR", "APPTAINERENV_PYTHONUNBUFFERED"}
+
+
+def test_only_the_binarys_dir_settings_reach_it(apptainer: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """S4: an HPC module's APPTAINER_BIND / SINGULARITY_BINDPATH would bind host paths into every container."""
+    secret = apptainer.tmp / "home-of-the-user"
+    secret.mkdir()
+    (secret / "id_rsa").write_text("PRIVATE KEY")
+    cache = apptainer.tmp / "cache"
+    monkeypatch.setenv("APPTAINER_BIND", f"{secret}:/mnt/home")
+    monkeypatch.setenv("SINGULARITY_BINDPATH", f"{secret}:/mnt/home2")
+    monkeypatch.setenv("APPTAINER_CONTAINALL", "false")
+    monkeypatch.setenv("APPTAINER_CACHEDIR", str(cache))
+    monkeypatch.setenv("SINGULARITY_TMPDIR", str(apptainer.tmp))
+    monkeypatch.setenv("APPTAINER_CONFIGDIR", str(apptainer.tmp / "conf"))
+    runner = apptainer.runner()
+    result = runner.run(["sh", "-c", "cat /mnt/home/id_rsa /mnt/home2/id_rsa; ls /mnt"])
+    assert "PRIVATE KEY" not in result.stdout and result.exit_code != 0
+    with runner.sandbox("singularity", network="none") as sb:
+        assert "PRIVATE KEY" not in sb.exec("cat /mnt/home/id_rsa /mnt/home2/id_rsa").stdout
+    calls = [r for r in apptainer.records() if r["argv"][1] != "--version"]
+    assert {r["argv"][1] for r in calls} >= {"exec", "instance"}
+    for record in calls:
+        assert record["host_env"] == {"APPTAINER_CACHEDIR": str(cache), "SINGULARITY_TMPDIR": str(apptainer.tmp),
+                                      "APPTAINER_CONFIGDIR": str(apptainer.tmp / "conf")}, record["argv"]
+
+
+def test_the_fake_honours_apptainer_bind(apptainer: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test above can fail: given APPTAINER_BIND, the fake binds it, as Apptainer does."""
+    shared = apptainer.tmp / "shared"
+    shared.mkdir()
+    (shared / "f").write_text("seen")
+    monkeypatch.setenv("APPTAINER_BIND", f"{shared}:/mnt/shared")
+    done = subprocess.run([str(apptainer.bin / "apptainer"), "exec", "--containall", str(apptainer.image),
+                           "cat", "/mnt/shared/f"], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "seen", done.stderr
 
 
 def test_singularity_binary_and_its_prefix(env: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,13 +169,86 @@ def test_session_is_an_instance(apptainer: Fake) -> None:
                                      capture_output=True, text=True).stdout) == {"instances": []}
 
 
-def test_timeout_in_a_session_kills_the_runs_marker_inside_the_instance(apptainer: Fake) -> None:
-    with apptainer.runner().sandbox("singularity", network="none") as sb:
-        result = sb.exec(["sleep", "100"], timeout=1)
-        assert result.timed_out
-        kill = apptainer.argvs()[-1]
-        assert kill[1:3] == ["exec", kill[2]] and kill[2].startswith("instance://execbox-")
-        assert kill[3:5] == ["/bin/sh", "-c"] and "EXECBOX_RUN_ID" in kill[5] and len(kill[-1]) == 16
+# A run whose grandchild leaves the session, clears its environment (no marker left) and is orphaned: inside
+# an instance it is re-parented to the instance's init, out of reach of the tree kill.
+ESCAPE_IN_INSTANCE = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("env", ["env", "-i", "sh", "-c", "while :; do echo x >> tick; sleep 0.1; done; : " + sys.argv[1]])
+    os._exit(0)
+while not os.path.exists("tick"):
+    time.sleep(0.05)
+print("started", flush=True)
+time.sleep(1000)
+"""
+
+
+def alive_with(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line]
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+@pytest.mark.parametrize("pidns", [True, False], ids=["instance-pid-namespace", "allow-pid-ns-no"])
+def test_timeout_in_a_session_kills_an_env_clearing_setsid_grandchild(env: Fake, pidns: bool) -> None:
+    """L4: the grandchild carries no marker and is not in the caller's tree; it must still die, and the
+    session must still work after."""
+    env.monkeypatch.setenv("CODE_EXEC_SINGULARITY_BINARY", str(env.install("apptainer", deny_pidns=not pidns)))
+    marker = f"escapee-{uuid.uuid4().hex}"
+    with env.runner().sandbox("singularity", network="none") as sb:
+        # a background process an earlier exec left: it lives on in the instance's PID namespace (without one,
+        # execbox's subreaper took it at the end of that exec), and a timeout kills it with everything else
+        background = f"sleep 1000; : {marker}-bg"
+        assert sb.exec(f"sh -c '{background}' >/dev/null 2>&1 &").exit_code == 0
+        assert bool(alive_with(f"{marker}-bg")) is pidns
+        result = sb.exec(["python3", "-c", ESCAPE_IN_INSTANCE, marker], timeout=3)
+        assert result.timed_out and result.stdout == "started\n"
+        assert result.notes == [] or all("attested" not in n and "failed" not in n for n in result.notes)
+        assert wait_until(lambda: not alive_with(marker), 5), alive_with(marker)  # the background one too
+        first = len(sb.read_file("tick"))
+        time.sleep(0.5)
+        assert len(sb.read_file("tick")) == first, "the grandchild is still writing"
+        assert sb.exec(["echo", "still here"]).stdout == "still here\n"
+        kill = [a for a in env.argvs() if "-c" in a and "kill -9 -1" in a[a.index("-c") + 1]]
+        (name,) = {a[3] for a in kill}
+        assert kill[0][:6] == ["apptainer", "exec", "--cleanenv", name, "/bin/sh", "-c"] and len(kill[0][-2]) == 16
+
+
+def instances(env: Fake) -> list[str]:
+    listed = subprocess.run([str(env.bin / "apptainer"), "instance", "list", "--json"], capture_output=True, text=True)
+    return [i["instance"] for i in json.loads(listed.stdout)["instances"]]
+
+
+def test_cancelled_open_leaves_no_instance_and_no_workspace(env: Fake) -> None:
+    """L2: the caller gives up while `instance start` runs (asyncio's own cancellation returns at once while
+    the worker thread goes on); what that start makes is stopped and removed when it ends."""
+    env.monkeypatch.setenv("CODE_EXEC_SINGULARITY_BINARY", str(env.install("apptainer", start_delay=2)))
+    backend = SingularityBackend(Settings.from_env())
+    with pytest.raises(TimeoutError):
+        asyncio.run(asyncio.wait_for(backend.open_session(SessionSpec("none", Limits(), False, 600)), 0.5))
+    assert wait_until(lambda: [a[1:3] for a in env.argvs()] == [["instance", "start"], ["instance", "stop"]], 20)
+    assert instances(env) == [] and list(env.workspaces.iterdir()) == []
+
+
+def test_timed_out_start_leaves_no_instance_and_no_workspace(env: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """L2: `instance start` hits its timeout after the instance came up (exit 124 from execbox's side)."""
+    from execbox.backends import singularity
+
+    monkeypatch.setattr(singularity, "_START_TIMEOUT_S", 1.0)
+    env.monkeypatch.setenv("CODE_EXEC_SINGULARITY_BINARY", str(env.install("apptainer", start_delay=30)))
+    with pytest.raises(SandboxError, match="could not start the instance .*timed out after 1s"):
+        anyio.run(SingularityBackend(Settings.from_env()).open_session, SessionSpec("none", Limits(), False, 600))
+    assert instances(env) == [] and list(env.workspaces.iterdir()) == []
 
 
 def test_host_without_network_namespaces_offers_only_host_network(env: Fake) -> None:
@@ -172,8 +286,11 @@ def test_gc_removes_what_dead_processes_left(apptainer: Fake) -> None:
     live = apptainer.workspaces / f"execbox-sing-{os.getpid()}-x2"
     stale.mkdir()
     live.mkdir()
-    removed = anyio.run(SingularityBackend(Settings.from_env()).gc)
-    assert sorted(removed) == sorted([f"instance execbox-{dead.pid}-abc123", str(stale)])
-    left = json.loads(subprocess.run([app, "instance", "list", "--json"], capture_output=True, text=True).stdout)
-    assert sorted(i["instance"] for i in left["instances"]) == [f"execbox-{os.getpid()}-def456", "someone-elses"]
-    assert live.exists() and not stale.exists()
+    try:
+        removed = anyio.run(SingularityBackend(Settings.from_env()).gc)
+        assert sorted(removed) == sorted([f"instance execbox-{dead.pid}-abc123", str(stale)])
+        left = json.loads(subprocess.run([app, "instance", "list", "--json"], capture_output=True, text=True).stdout)
+        assert sorted(i["instance"] for i in left["instances"]) == [f"execbox-{os.getpid()}-def456", "someone-elses"]
+        assert live.exists() and not stale.exists()
+    finally:
+        fake.stop_all(apptainer.state)

@@ -16,7 +16,7 @@ class TestSingularityConformance(BackendConformance):
     backend_name = "singularity"
 
     @pytest.fixture
-    def runner(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Runner:
+    def runner(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         if not fake.bwrap_usable():
             engine_missing("the fake apptainer runs containers through bubblewrap, which cannot make namespaces here")
         binary = fake.install(tmp_path / "bin", "apptainer", log_file=tmp_path / "apptainer.log", state=tmp_path / "state")
@@ -24,4 +24,5 @@ class TestSingularityConformance(BackendConformance):
         image.write_bytes(b"fake image: the fake runs the host's own /usr")
         monkeypatch.setenv("CODE_EXEC_SINGULARITY_BINARY", str(binary))
         monkeypatch.setenv("CODE_EXEC_SINGULARITY_IMAGE", str(image))
-        return Runner(Settings.from_env(backend="singularity"))
+        yield Runner(Settings.from_env(backend="singularity"))
+        fake.stop_all(tmp_path / "state")  # the fake's instances are real processes: none may outlive a test

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from execbox.fakes import apptainer as fake
+from execbox.testing import engine_missing
 
 
 @pytest.fixture
-def fake_bin(tmp_path: Path) -> dict[str, Path]:
+def fake_bin(tmp_path: Path):
     """A fake `apptainer` and `singularity` in a bin dir, each with its own log, sharing one state dir."""
     bin_dir, state = tmp_path / "bin", tmp_path / "state"
     paths = {"bin": bin_dir, "state": state, "image": tmp_path / "img.sif", "ws": tmp_path / "ws"}
@@ -22,7 +23,8 @@ def fake_bin(tmp_path: Path) -> dict[str, Path]:
         paths[f"{name}_log"] = tmp_path / f"{name}.log"
     paths["image"].write_bytes(b"fake image")
     paths["ws"].mkdir()
-    return paths
+    yield paths
+    fake.stop_all(state)  # instances are real processes
 
 
 def run(binary: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -36,7 +38,6 @@ def logged(log: Path) -> list[list[str]]:
 
 def needs_bwrap() -> None:
     if not fake.bwrap_usable():
-        from execbox.testing import engine_missing
         engine_missing("bubblewrap cannot create namespaces here; the fake runs commands through it")
 
 
@@ -91,10 +92,43 @@ def test_instances_start_list_exec_stop(fake_bin) -> None:
     assert run(app, "exec", "instance://box1", "true").returncode == 255
 
 
+def test_an_instance_is_a_living_pid_namespace(fake_bin) -> None:
+    """What one exec leaves behind is there for the next; orphans belong to the instance's init; stop ends all."""
+    needs_bwrap()
+    app = fake_bin["apptainer"]
+    assert run(app, "instance", "start", "--containall", "--bind", f"{fake_bin['ws']}:/workspace",
+               str(fake_bin["image"]), "box2").returncode == 0
+    (listed,) = json.loads(run(app, "instance", "list", "--json").stdout)["instances"]
+    left = run(app, "exec", "--pwd", "/workspace", "instance://box2", "sh", "-c",
+               "(setsid sh -c 'exec sleep 300' >/dev/null 2>&1 &); echo started")
+    assert left.stdout == "started\n", left.stderr
+    ps = run(app, "exec", "instance://box2", "ps", "-eo", "pid=,ppid=,args=").stdout.split("\n")
+    rows = [line.split(None, 2) for line in ps if line.strip()]
+    assert ["1", "0"] == rows[0][:2] and "python3" in rows[0][2]  # the init, as PID 1
+    assert any(r[1:] == ["1", "sleep 300"] for r in rows), rows  # the orphan, re-parented to the init
+    host_sleepers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _ppid(pid) == listed["pid"]]
+    assert host_sleepers, "the instance's init has no children on the host"
+    assert run(app, "instance", "stop", "box2").returncode == 0
+    assert fake.start_time(listed["pid"]) is None
+    assert all(fake.start_time(int(pid)) is None for pid in host_sleepers)
+    assert run(app, "exec", "instance://box2", "true").returncode == 255
+
+
+def _ppid(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rpartition(b")")[2].split()[1])
+    except OSError:
+        return None
+
+
 def test_spython_drives_the_fake(fake_bin, monkeypatch) -> None:
     """The fake answers spython's own calls (spython runs `singularity` from PATH)."""
     needs_bwrap()
-    pytest.importorskip("spython")
+    try:
+        import spython  # noqa: F401
+    except ImportError:
+        engine_missing("spython is not installed (pip install 'execbox[singularity]')")
     monkeypatch.setenv("PATH", f"{fake_bin['bin']}{os.pathsep}{os.environ['PATH']}")
     from spython.main import Client
 

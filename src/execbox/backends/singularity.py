@@ -12,9 +12,22 @@ the wall-clock timeout. Network none is claimed only when a probe at ``check()``
 ``--net --network none`` for this user; otherwise only the host network is offered (and refused by the
 guard as not a sandbox).
 
+The binary gets a few host variables and, of its own ``APPTAINER_*``/``SINGULARITY_*`` settings, only the
+cache, tmp and config dirs: HPC modules also set ``APPTAINER_BIND``/``SINGULARITY_BINDPATH``, which would
+quietly bind host paths (``$HOME``, project dirs) into every container.
+
+A timeout kills the run's process tree (execbox's subreaper). In a session that is not enough: an orphan
+inside the instance's PID namespace is re-parented to the instance's init, out of the subreaper's reach, so
+after a timeout every process of the instance except its init is SIGKILLed from inside (``kill -9 -1``,
+as docker's sessions do): background processes and concurrent execs of that session die too. Where the
+site gives instances no PID namespace (apptainer.conf ``allow pid ns = no``), orphans stay in execbox's
+own PID namespace and reach the subreaper; what still carries the run's marker is killed too.
+
 spython is not used at run time: its ``execute`` has no timeout and reads all output into memory, its
 instance start swallows failures, and it only ever runs a binary called ``singularity``. The binary is
-driven directly with execbox's bounded, tree-killing process runner instead.
+driven directly with execbox's bounded, tree-killing process runner instead. The ``singularity`` extra
+still installs spython, for callers who script Apptainer themselves; the tests use it to check that the
+fake answers spython's own calls.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from pathlib import Path
 
 import anyio
 
+from execbox.backends import _remote
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError
@@ -43,11 +57,21 @@ WORKSPACE = "/workspace"
 CONTAIN = ["--containall", "--cleanenv", "--no-home"]
 NET_NONE = ["--net", "--network", "none"]
 _PROBE_TIMEOUT_S = 600.0  # the first probe may pull and convert the image
+_START_TIMEOUT_S = 600.0  # instance start, which may pull too
 _INSTANCE_PREFIX = "execbox"
-# Host variables the binary itself may need (its cache, tmp and config dirs); never the *ENV_* ones, which
-# would be injected into the container.
+# Host variables the binary itself needs. Of its own settings only these dirs: never the *ENV_* ones (they
+# would be injected into the container), never *_BIND/*_BINDPATH (host paths bound in) or anything else.
 _HOST_VARS = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TMPDIR", "XDG_RUNTIME_DIR")
-_KILL_RUN = 'kill -9 $(grep -l -a -F -e "EXECBOX_RUN_ID=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3) 2>/dev/null; true'
+_BINARY_VARS = tuple(f"{p}_{d}" for p in ("APPTAINER", "SINGULARITY") for d in ("CACHEDIR", "TMPDIR", "CONFIGDIR"))
+# sh -c KILL execbox MARKER HOST_PIDNS, run in the instance after a timeout. With a PID namespace of its own,
+# kill(-1) hits every process in it except its init and this shell (the kernel skips processes outside the
+# namespace, so nothing of the host can be hit). The readlink must succeed and differ from execbox's own
+# namespace: without that check `kill -9 -1` would kill everything this user runs on the host. Without a
+# namespace, orphans went to execbox's subreaper; REAP kills what still carries the run's marker.
+_KILL_AFTER_TIMEOUT = (
+    'ns=$(readlink /proc/self/ns/pid 2>/dev/null)\n'
+    'if [ -n "$ns" ] && [ "$ns" != "$2" ]; then kill -9 -1; echo killed-all; exit 0; fi\n'
+    'echo no-pid-namespace\n' + _remote.REAP)
 
 
 class SingularitySettings(EnvSettings):
@@ -91,12 +115,21 @@ class SingularitySession(Session):
             timeout=request.timeout,
             max_output_bytes=request.max_output_bytes,
         )
+        result = outcome.to_result()
         if outcome.timed_out and self.instance:
-            # An orphan inside the instance is re-parented to the instance's init, out of the reaper's reach;
-            # kill what carries this run's marker from inside.
-            await self.backend.run_binary(["exec", f"instance://{self.instance}", "/bin/sh", "-c", _KILL_RUN,
-                                           "sh", run_id], timeout=30)
-        return outcome.to_result()
+            result.notes.extend(await self._kill_leftovers(run_id))
+        return result
+
+    async def _kill_leftovers(self, run_id: str) -> list[str]:
+        """After a timeout: kill what the run left in the instance (see the module docstring); notes if unsure."""
+        done = await self.backend.run_binary(
+            ["exec", "--cleanenv", f"instance://{self.instance}", "/bin/sh", "-c", _KILL_AFTER_TIMEOUT, "execbox",
+             run_id, os.readlink("/proc/self/ns/pid")], timeout=30)
+        if "killed-all" in done.stdout or (done.returncode == 0 and "no-pid-namespace" in done.stdout):
+            return []
+        return [f"singularity: after the timeout, killing what the run left in the instance {self.instance} "
+                f"failed (exit {done.returncode}: {_tail(done.stderr)}); processes may still run there until "
+                "the session is closed"]
 
     async def write_file(self, path: str, data: bytes) -> None:
         await anyio.to_thread.run_sync(safe_write, self.host_dir, path, data)
@@ -105,14 +138,17 @@ class SingularitySession(Session):
         return await anyio.to_thread.run_sync(safe_read, self.host_dir, path)
 
     async def close(self) -> None:
+        await anyio.to_thread.run_sync(self.close_blocking)
+
+    def close_blocking(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
             if self.instance:
-                await self.backend.run_binary(["instance", "stop", "-t", "5", self.instance], timeout=60)
+                self.backend.call_binary(["instance", "stop", "-t", "5", self.instance], timeout=60)
         finally:
-            await anyio.to_thread.run_sync(lambda: shutil.rmtree(self.host_dir, ignore_errors=True))
+            shutil.rmtree(self.host_dir, ignore_errors=True)
 
 
 class SingularityBackend(ExecutionBackend):
@@ -173,35 +209,32 @@ class SingularityBackend(ExecutionBackend):
 
     def host_env(self, request_env: dict[str, str], run_id: str | None = None) -> dict[str, str]:
         """The binary's own environment: a few host variables, plus the container's env under the prefix."""
-        env = {k: os.environ[k] for k in _HOST_VARS if k in os.environ}
-        env.update({k: v for k, v in os.environ.items()
-                    if k.startswith(("APPTAINER_", "SINGULARITY_")) and "ENV_" not in k})
+        env = {k: os.environ[k] for k in (*_HOST_VARS, *_BINARY_VARS) if k in os.environ}
         inner = sandbox_env(request_env, home=WORKSPACE)
         # the image's PATH and the HOME apptainer makes stay, unless the caller set them
         inner.pop("HOME", None)
         if "PATH" not in request_env:
             inner.pop("PATH", None)
         if run_id:
-            inner["EXECBOX_RUN_ID"] = run_id
+            inner[_remote.MARKER] = run_id
         prefix = self.env_prefix
         env.update({prefix + k: v for k, v in inner.items()})
         return env
 
     async def run_binary(self, args: list[str], *, timeout: float) -> subprocess.CompletedProcess:
         """A short control command (probe, instance start/stop): output is small, timeout enforced."""
+        return await anyio.to_thread.run_sync(lambda: self.call_binary(args, timeout=timeout))
+
+    def call_binary(self, args: list[str], *, timeout: float) -> subprocess.CompletedProcess:
+        """``run_binary``, blocking."""
         argv = [self.binary, *args]
-        env = self.host_env({})
-
-        def call() -> subprocess.CompletedProcess:
-            try:
-                return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
-                                      stdin=subprocess.DEVNULL)
-            except subprocess.TimeoutExpired:
-                return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout:g}s")
-            except OSError as exc:
-                return subprocess.CompletedProcess(argv, 127, "", str(exc))
-
-        return await anyio.to_thread.run_sync(call)
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.host_env({}),
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout:g}s")
+        except OSError as exc:
+            return subprocess.CompletedProcess(argv, 127, "", str(exc))
 
     # --- contract -----------------------------------------------------------------------------------
 
@@ -249,17 +282,23 @@ class SingularityBackend(ExecutionBackend):
         return list(self._notes)
 
     async def open_session(self, spec: SessionSpec) -> SingularitySession:
+        # a bad setting or a missing binary is raised here, before anything is made
+        image, _ = self.settings_s.image, self.binary
         host_dir = tempfile.mkdtemp(prefix=f"execbox-sing-{os.getpid()}-", dir=self.settings_s.tmpdir)
         if spec.oneshot:
             return SingularitySession(self, spec, host_dir, None)
         instance = f"{_INSTANCE_PREFIX}-{os.getpid()}-{secrets.token_hex(6)}"
-        started = await self.run_binary(
-            ["instance", "start", *self.container_flags(spec, host_dir), self.settings_s.image, instance],
-            timeout=_PROBE_TIMEOUT_S)
-        if started.returncode != 0:
-            shutil.rmtree(host_dir, ignore_errors=True)
-            raise SandboxError(f"could not start the instance {instance}: {_tail(started.stderr)}", backend=NAME)
-        return SingularitySession(self, spec, host_dir, instance)
+
+        def start(made: list[SingularitySession]) -> None:
+            # recorded first: a failed, timed-out or cancelled start may still have left the instance running
+            made.append(SingularitySession(self, spec, host_dir, instance))
+            started = self.call_binary(["instance", "start", *self.container_flags(spec, host_dir), image, instance],
+                                       timeout=_START_TIMEOUT_S)
+            if started.returncode != 0:
+                raise SandboxError(f"could not start the instance {instance}: {_tail(started.stderr)}", backend=NAME)
+
+        # runs `instance start` to its end even if the caller is cancelled meanwhile, then stops what it made
+        return await _remote.create_cleanly(start, SingularitySession.close_blocking)
 
     async def gc(self) -> list[str]:
         """Stop instances and remove workspaces whose execbox process is gone."""

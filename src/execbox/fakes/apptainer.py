@@ -21,22 +21,32 @@ fresh network namespace with only loopback. Without bubblewrap it falls back to
 running on the host with /workspace paths translated, and refuses
 ``--network none`` (it cannot enforce it, so it fails closed).
 
-Not emulated: images, overlays, ``--writable``, GPU flags, apptainer.conf,
-setuid/user-namespace details, instance processes (an instance is a record
-whose execs each start a fresh container with the instance's flags, so a
-background process does not survive from one exec to the next), and
-``instance stop`` signalling processes.
+Instances are real: ``instance start`` leaves a detached container whose PID 1 is a small reaping
+init (in its own PID namespace for ``--containall``/``--pid``, as with Apptainer's own init), and
+``exec instance://NAME`` enters that container's namespaces with ``nsenter``, so a process one exec leaves
+behind survives into the next, and an orphan is re-parented to the instance's init, out of the calling
+process tree's reach. ``instance stop`` SIGKILLs the init (and with it the whole PID namespace).
+``instance list`` reports the init's host pid.
+
+Not emulated: images, overlays, ``--writable``, GPU flags, apptainer.conf (beyond the two switches
+below), setuid/user-namespace details, start scripts, and ``instance stop``'s graceful SIGTERM.
 
 Install it with :func:`install`, which writes a tiny wrapper script with the log, state dir and options
-baked in (``deny_net=True`` acts like a host whose apptainer.conf forbids ``--network none``).
+baked in (``deny_net=True`` acts like a host whose apptainer.conf forbids ``--network none``;
+``deny_pidns=True`` like one with ``allow pid ns = no``, where ``--containall`` silently makes no PID
+namespace). Every command line is logged with the binary's own ``APPTAINER_*``/``SINGULARITY_*``
+settings (``host_env``), and ``APPTAINER_BIND``/``SINGULARITY_BIND``/``*_BINDPATH`` add binds, as they do
+in Apptainer.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -49,7 +59,27 @@ STATE_ENV = "EXECBOX_FAKE_APPTAINER_STATE"
 NAME_ENV = "EXECBOX_FAKE_APPTAINER_NAME"
 # set to 1 to act like a host whose apptainer.conf does not let this user make a network namespace
 DENY_NET_ENV = "EXECBOX_FAKE_APPTAINER_DENY_NET"
+# set to 1 to act like a host whose apptainer.conf says `allow pid ns = no`
+DENY_PIDNS_ENV = "EXECBOX_FAKE_APPTAINER_DENY_PIDNS"
+# seconds `instance start` waits after the instance is up, before it returns (tests of a slow start)
+START_DELAY_ENV = "EXECBOX_FAKE_APPTAINER_START_DELAY"
+# Host variables Apptainer reads as extra binds (SINGULARITY_* are still honoured by Apptainer).
+BIND_VARS = ("APPTAINER_BIND", "APPTAINER_BINDPATH", "SINGULARITY_BIND", "SINGULARITY_BINDPATH")
+# PID 1 of an instance with a PID namespace: reaps the orphans re-parented to it, ignores every signal a
+# process inside may send (the kernel only lets SIGKILL from outside through). Runs the host's python3.
+INSTANCE_INIT = """
+import os, signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+os.write(1, b"ready\\n")
+os.close(1)
+while True:
+    try:
+        os.waitpid(-1, 0)
+    except ChildProcessError:
+        time.sleep(0.2)
+"""
 VERSIONS = {"apptainer": "apptainer version 1.3.6-fake", "singularity": "singularity-ce version 4.2.1-fake"}
+NS_GET_USERNS = 0xB701  # _IO(0xb7, 0x1), linux/nsfs.h
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # flags that take a value, and boolean flags (long and short spellings)
@@ -93,6 +123,9 @@ def log_invocation(argv: list[str]) -> None:
     record = {
         "argv": [program_name(), *argv],
         "env": {k: v for k, v in os.environ.items() if k.startswith(prefixes)},
+        # the binary's own settings (cache dirs, binds, ...), which change what every container gets
+        "host_env": {k: v for k, v in os.environ.items()
+                     if k.startswith(("APPTAINER_", "SINGULARITY_")) and not k.startswith(prefixes)},
         "time": time.time(),
     }
     with open(path, "a") as f:
@@ -137,7 +170,8 @@ def parse_flags(args: list[str]) -> tuple[dict, list[str]]:
 
 def parse_binds(specs: list[str]) -> list[tuple[str, str, bool]]:
     binds = []
-    for spec in specs:
+    from_env = [v for var in BIND_VARS for v in os.environ.get(var, "").split(",") if v]
+    for spec in [*from_env, *specs]:
         parts = spec.split(":")
         src = parts[0]
         dst = parts[1] if len(parts) > 1 and parts[1] else src
@@ -183,8 +217,13 @@ def bwrap_usable() -> bool:
     return probe.returncode == 0
 
 
-def bwrap_argv(opts: dict, binds, cmd: list[str], env: dict[str, str]) -> list[str]:
-    argv = ["bwrap", "--die-with-parent", "--new-session"]
+def wants_pidns(opts: dict) -> bool:
+    return bool(opts.get("containall") or opts.get("pid")) and os.environ.get(DENY_PIDNS_ENV) != "1"
+
+
+def bwrap_argv(opts: dict, binds, cmd: list[str], env: dict[str, str], *, instance: bool = False) -> list[str]:
+    # an instance outlives the command that started it; a plain exec dies with its caller
+    argv = ["bwrap", "--new-session"] if instance else ["bwrap", "--die-with-parent", "--new-session"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc"):
         host = Path("/") / name
         if host.is_symlink():
@@ -193,8 +232,10 @@ def bwrap_argv(opts: dict, binds, cmd: list[str], env: dict[str, str]) -> list[s
             argv += ["--ro-bind", str(host), str(host)]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
     contained = opts.get("containall") or opts.get("contain")
-    if opts.get("containall") or opts.get("pid"):
+    if wants_pidns(opts):
         argv.append("--unshare-pid")
+        if instance:
+            argv.append("--as-pid-1")  # INSTANCE_INIT is PID 1, like Apptainer's own instance init
     if opts.get("containall") or opts.get("ipc"):
         argv.append("--unshare-ipc")
     if opts.get("net") and opts.get("network", "bridge") == "none":
@@ -216,16 +257,23 @@ def translate(path: str, binds) -> str:
     return path
 
 
+def network_refused(opts: dict) -> str | None:
+    if opts.get("net") and opts.get("network", "bridge") != "none":
+        return "the fake supports only --net --network none"
+    if opts.get("net") and os.environ.get(DENY_NET_ENV) == "1":
+        return "container creation failed: network none is not permitted for this user by apptainer.conf"
+    return None
+
+
 def run_in_container(opts: dict, image: str, cmd: list[str]) -> int:
     if not cmd:
         return fail("no command given to exec", 255)
     binds = parse_binds(opts["bind"])
     env = container_env(opts)
     wants_no_net = bool(opts.get("net")) and opts.get("network", "bridge") == "none"
-    if opts.get("net") and opts.get("network", "bridge") != "none":
-        return fail("the fake supports only --net --network none", 255)
-    if wants_no_net and os.environ.get(DENY_NET_ENV) == "1":
-        return fail("container creation failed: network none is not permitted for this user by apptainer.conf", 255)
+    refused = network_refused(opts)
+    if refused:
+        return fail(refused, 255)
     if bwrap_usable():
         argv = bwrap_argv(opts, binds, cmd, env)
         sys.stdout.flush()
@@ -261,6 +309,103 @@ def load_instance(name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def start_time(pid: int) -> str | None:
+    """A live process's start time (clock ticks since boot), which with the pid names one process for good;
+    None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return None if len(fields) < 20 or fields[0] == b"Z" else fields[19].decode()
+
+
+def instance_running(data: dict) -> bool:
+    return bool(data.get("init_start")) and start_time(data["pid"]) == data["init_start"]
+
+
+def launch_instance(opts: dict, data: dict) -> None:
+    """Start the instance's container, detached, with INSTANCE_INIT as its command; record its init."""
+    binds = parse_binds(opts["bind"])
+    init_opts = {**opts, "pwd": opts.get("pwd") or "/"}  # the init's own cwd: execs choose theirs
+    argv = bwrap_argv(init_opts, binds, ["python3", "-I", "-S", "-c", INSTANCE_INIT], container_env(opts),
+                      instance=True)
+    info_r, info_w = os.pipe()
+    argv[1:1] = ["--info-fd", str(info_w)]
+    with open(data["log_err"], "ab") as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                                pass_fds=(info_w,), start_new_session=True)
+    os.close(info_w)
+    assert proc.stdout is not None
+    ready = proc.stdout.readline()
+    proc.stdout.close()
+    info = b""
+    while ready and b"}" not in info and (chunk := os.read(info_r, 4096)):
+        info += chunk
+    os.close(info_r)
+    if ready != b"ready\n":
+        proc.kill()
+        proc.wait()
+        raise FakeError(f"instance start failed: {Path(data['log_err']).read_text().strip()[-400:]}")
+    data["pid"] = json.loads(info)["child-pid"]  # the host pid of the container's first process: its init
+    data["init_start"] = start_time(data["pid"])
+
+
+def owner_userns(ns_path: str) -> int:
+    """An fd of the user namespace that owns the namespace at ``ns_path`` (ioctl NS_GET_USERNS)."""
+    fd = os.open(ns_path, os.O_RDONLY)
+    try:
+        return fcntl.ioctl(fd, NS_GET_USERNS)
+    finally:
+        os.close(fd)
+
+
+def enter_instance(data: dict, opts: dict, cmd: list[str]) -> int:
+    """exec in a running instance: join each namespace its init does not share with us, run ``cmd`` there."""
+    if not instance_running(data):
+        return fail(f"instance {data['name']} is not running", 255)
+    if not cmd:
+        return fail("no command given to exec", 255)
+    pid = data["pid"]
+    argv = ["nsenter", f"--target={pid}"]
+    # Without root, bwrap's namespaces belong to a user namespace it made (the init sits in a nested one):
+    # join that owner, which lets us join the rest, keeping our own uid.
+    owner = owner_userns(f"/proc/{pid}/ns/mnt")
+    if os.fstat(owner).st_ino != os.stat("/proc/self/ns/user").st_ino:
+        os.set_inheritable(owner, True)
+        argv += [f"--user=/proc/self/fd/{owner}", "--preserve-credentials"]
+    for ns, flag in (("mnt", "--mount"), ("uts", "--uts"), ("ipc", "--ipc"), ("net", "--net"), ("pid", "--pid")):
+        if os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"):
+            argv.append(flag)
+    env = container_env(opts)
+    pwd = opts.get("pwd") or "/"
+    argv += ["--root", "--", "/usr/bin/env", "-i", f"--chdir={pwd}", *(f"{k}={v}" for k, v in env.items()), *cmd]
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)
+    return 255  # not reached
+
+
+def stop_instance(data: dict) -> None:
+    """SIGKILL the instance's init (in a PID namespace, the kernel then kills everything in it) and wait."""
+    if not instance_running(data):
+        return
+    os.kill(data["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while instance_running(data) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def stop_all(state: str | os.PathLike) -> list[str]:
+    """Stop every instance recorded in ``state`` (a test's clean-up: the fake's instances outlive tests)."""
+    stopped = []
+    for path in sorted(Path(state).glob("*.json")):
+        data = json.loads(path.read_text())
+        stop_instance(data)
+        path.unlink(missing_ok=True)
+        stopped.append(data["name"])
+    return stopped
+
+
 def instance_record(data: dict) -> dict:
     return {"instance": data["name"], "pid": data["pid"], "img": data["image"], "ip": "",
             "logErrPath": data["log_err"], "logOutPath": data["log_out"]}
@@ -282,12 +427,19 @@ def cmd_instance(args: list[str]) -> int:
             return fail(f"instance {name} already exists")
         logs = state_dir() / "logs"
         logs.mkdir(exist_ok=True)
+        refused = network_refused(opts)
+        if refused:
+            return fail(refused)
         data = {"name": name, "image": os.path.abspath(image) if "://" not in image else image,
                 "opts": opts, "args": pos[2:], "pid": os.getpid(),
                 "log_err": str(logs / f"{name}.err"), "log_out": str(logs / f"{name}.out")}
         Path(data["log_err"]).touch()
         Path(data["log_out"]).touch()
+        if bwrap_usable():
+            launch_instance(opts, data)
+        # without bubblewrap the instance is only a record, and its execs run as one-shot containers
         path.write_text(json.dumps(data))
+        time.sleep(float(os.environ.get(START_DELAY_ENV) or 0))  # a slow start (a test's knob)
         print("INFO:    instance started successfully", file=sys.stderr)
         return 0
     if sub == "stop":
@@ -311,9 +463,11 @@ def cmd_instance(args: list[str]) -> int:
         code = 0
         for name in names:
             try:
+                data = load_instance(name)
+                stop_instance(data)
                 instance_file(name).unlink()
-                print(f"INFO:    Stopping {name} instance of fake (PID=0)", file=sys.stderr)
-            except FileNotFoundError:
+                print(f"INFO:    Stopping {name} instance of fake (PID={data['pid']})", file=sys.stderr)
+            except (FileNotFoundError, FakeError):
                 code = fail(f"no instance found with name {name}")
         return code
     if sub == "list":
@@ -347,6 +501,8 @@ def cmd_exec(args: list[str]) -> int:
                 merged[key] = list(merged.get(key, [])) + value
             else:
                 merged[key] = value
+        if data.get("init_start"):
+            return enter_instance(data, merged, cmd)
         opts = merged
     else:
         check_image(image)
@@ -375,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def install(bin_dir: str | os.PathLike, name: str = "apptainer", log_file: str | os.PathLike | None = None,
-            state: str | os.PathLike | None = None, python: str | None = None, deny_net: bool = False) -> Path:
+            state: str | os.PathLike | None = None, python: str | None = None, deny_net: bool = False,
+            deny_pidns: bool = False, start_delay: float = 0) -> Path:
     """Write an executable ``name`` into ``bin_dir`` that runs this fake; returns its path.
 
     The settings are baked into the script, because the backend runs the binary with a minimal environment.
@@ -389,6 +546,10 @@ def install(bin_dir: str | os.PathLike, name: str = "apptainer", log_file: str |
         exports.append(f"export {STATE_ENV}={shlex.quote(os.fspath(state))}")
     if deny_net:
         exports.append(f"export {DENY_NET_ENV}=1")
+    if deny_pidns:
+        exports.append(f"export {DENY_PIDNS_ENV}=1")
+    if start_delay:
+        exports.append(f"export {START_DELAY_ENV}={start_delay:g}")
     run = f"exec {shlex.quote(python or sys.executable)} -I {shlex.quote(str(Path(__file__).resolve()))} \"$@\""
     script = bin_dir / name
     script.write_text("#!/bin/sh\n" + "\n".join([*exports, run]) + "\n")
