@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
+import re
 import socket
 import subprocess
 import time
@@ -17,12 +19,12 @@ import pytest
 
 from execbox import BackendUnavailableError, ExecRequest, Limits, NotASandboxError, Runner, SandboxError, Settings
 from execbox import WorkspacePathError
+from execbox.backends.ssh import SshBackend
 from execbox.core.backend import SessionSpec
-from tests.support.sshd import SshServer, remote_processes, sshd_server  # noqa: F401  (fixture)
+from tests.support.sshd import SshServer, paramiko_installed, remote_processes, sshd_server  # noqa: F401  (fixtures)
 
-pytest.importorskip("paramiko")
-
-from execbox.backends.ssh import SshBackend  # noqa: E402
+# every test here needs paramiko: missing, it is a skip on a laptop and a failure in CI (engine_missing)
+pytestmark = pytest.mark.usefixtures("paramiko_installed")
 
 
 @pytest.fixture
@@ -300,6 +302,35 @@ def test_dropped_connection_raises_and_leaves_nothing_behind(sshd_server: SshSer
     assert state["error"].retryable
     assert wait_until(lambda: not leftovers(sshd_server, marker), 5), leftovers(sshd_server, marker)
     assert wait_until(lambda: not os.path.exists(state["workspace"]), 5)
+
+
+def remote_workspaces() -> set[str]:
+    return {name for name in os.listdir("/tmp") if re.fullmatch(r"execbox-\d+-[0-9a-f]{16}", name)}
+
+
+def test_cancelled_open_closes_the_connection_and_removes_the_workspace(ssh_env, monkeypatch: pytest.MonkeyPatch
+                                                                       ) -> None:
+    """L1: asyncio's own cancellation returns at once while the worker thread goes on connecting and making
+    the workspace; the session nobody received must still be closed."""
+    from execbox.backends import ssh
+
+    ssh_env(CODE_EXEC_SSH_SANDBOXED="true")
+    opened: list = []
+    real_open = ssh._Connection.open
+
+    def slow_open(self):
+        conn = real_open(self)
+        opened.append(conn)
+        time.sleep(1.5)  # the caller gives up here; the workspace is made after that
+        return conn
+
+    monkeypatch.setattr(ssh._Connection, "open", slow_open)
+    before = remote_workspaces()
+    backend = SshBackend(Settings.from_env())
+    with pytest.raises(TimeoutError):
+        asyncio.run(asyncio.wait_for(backend.open_session(SessionSpec("host", Limits(), True, 600)), 0.5))
+    assert wait_until(lambda: opened and opened[0].client is None, 20), "the connection is still open"
+    assert remote_workspaces() == before
 
 
 def test_gc_removes_expired_workspaces_only(sshd_server: SshServer, ssh_env) -> None:

@@ -6,16 +6,14 @@ import pytest
 
 from execbox import Runner, Settings
 from execbox.testing.conformance import BackendConformance
-from tests.support.sshd import SshServer, sshd_server  # noqa: F401  (fixture)
-
-pytest.importorskip("paramiko")
+from tests.support.sshd import SshServer, paramiko_installed, sshd_server  # noqa: F401  (fixtures)
 
 
 class TestSshConformance(BackendConformance):
     backend_name = "ssh"
 
     @pytest.fixture
-    def runner(self, sshd_server: SshServer, monkeypatch: pytest.MonkeyPatch) -> Runner:
+    def runner(self, paramiko_installed, sshd_server: SshServer, monkeypatch: pytest.MonkeyPatch) -> Runner:
         for name, value in sshd_server.settings_env().items():
             monkeypatch.setenv(name, value)
         # the test server is disposable: the operator's attestation is what lets the guard admit it

@@ -6,12 +6,14 @@ import subprocess
 
 import pytest
 
-from tests.support.sshd import SshServer, sshd_server  # noqa: F401  (fixture)
+from tests.support.sshd import SshServer, paramiko_installed, sshd_server  # noqa: F401  (fixtures)
 
-paramiko = pytest.importorskip("paramiko")
+pytestmark = pytest.mark.usefixtures("paramiko_installed")
 
 
 def connect(server: SshServer, known_hosts: str | None = None, key_file: str | None = None):
+    import paramiko
+
     client = paramiko.SSHClient()
     client.load_host_keys(known_hosts or server.known_hosts)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
@@ -29,17 +31,17 @@ def test_key_login_with_strict_host_key_checking(sshd_server: SshServer) -> None
         client.close()
 
 
-def test_unknown_host_key_refused(sshd_server: SshServer, tmp_path) -> None:
+def test_unknown_host_key_refused(sshd_server: SshServer, paramiko_installed, tmp_path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    with pytest.raises(paramiko.SSHException, match="not found in known_hosts"):
+    with pytest.raises(paramiko_installed.SSHException, match="not found in known_hosts"):
         connect(sshd_server, known_hosts=str(empty))
 
 
-def test_other_key_refused(sshd_server: SshServer, tmp_path) -> None:
+def test_other_key_refused(sshd_server: SshServer, paramiko_installed, tmp_path) -> None:
     other = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
-    with pytest.raises(paramiko.AuthenticationException):
+    with pytest.raises(paramiko_installed.AuthenticationException):
         connect(sshd_server, key_file=str(other))
 
 

@@ -12,10 +12,10 @@ What it sets up (root only, Debian's ``/usr/sbin/sshd``):
 sshd runs in the foreground (``-D -e``) as a child of the test process, with a
 parent-death signal so it cannot outlive the session even on a crash.
 
-Use it as a fixture: ``from support.sshd import sshd_server`` in a test module
+Use it as a fixture: ``from tests.support.sshd import sshd_server`` in a test module
 (or a conftest) and ask for ``sshd_server``. When it cannot run (not root, sshd
 missing) the fixture calls ``execbox.testing.engine_missing`` (skip on a laptop,
-fail in CI).
+fail in CI); so does ``paramiko_installed`` when the ssh extra is missing.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from execbox.testing import engine_missing
 
 SSHD = "/usr/sbin/sshd"
 TEST_USER = "execbox-ssh-test"
@@ -228,14 +230,6 @@ def remote_processes(server: SshServer) -> list[str]:
     return [line for line in out.splitlines() if line.strip() and "sshd" not in line and "<defunct>" not in line]
 
 
-def _engine_missing(reason: str) -> None:
-    try:
-        from execbox.testing import engine_missing
-    except ImportError:  # the core is not there yet
-        pytest.skip(reason)
-    engine_missing(reason)
-
-
 _shared: SshServer | None = None
 
 
@@ -248,10 +242,20 @@ def shared_sshd() -> SshServer:
 
 
 @pytest.fixture(scope="session")
+def paramiko_installed():
+    """The paramiko module: the ssh tests need it, so a missing one skips on a laptop and fails in CI."""
+    try:
+        import paramiko
+    except ImportError:
+        engine_missing("paramiko is not installed (pip install 'execbox[ssh]')")
+    return paramiko
+
+
+@pytest.fixture(scope="session")
 def sshd_server():
     reason = why_not_runnable()
     if reason:
-        _engine_missing(reason)
+        engine_missing(reason)
     server = shared_sshd()
     yield server
     # several modules may import this fixture; each has its own session-scoped

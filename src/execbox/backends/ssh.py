@@ -42,6 +42,7 @@ import anyio
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError, WorkspacePathError
+from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 from execbox.core.settings import EnvSettings, _env
@@ -142,7 +143,10 @@ _SUBREAPER = (
 )
 
 # Run on close and by gc. Arguments: the remote tmp dir, then session tokens. Kills whatever still carries
-# a session's marker, then removes its workspace and stray stdin files.
+# a session's marker, then removes its workspace and stray stdin files. (Not _remote.REAP: that one forks
+# two processes per /proc entry and pass, cheap in a remote sandbox with a handful of processes, but on an
+# ordinary host it would add most of a second to every close, that is to every one-shot run; one grep over
+# all the environ files does the same here in milliseconds.)
 _CLEANUP = r"""
 dir=$1
 shift
@@ -557,12 +561,12 @@ class SshSession(Session):
     # --- close --------------------------------------------------------------------------------------
 
     async def close(self) -> None:
+        await anyio.to_thread.run_sync(self.close_blocking)
+
+    def close_blocking(self) -> None:
         if self._closed:
             return
         self._closed = True
-        await anyio.to_thread.run_sync(self._close)
-
-    def _close(self) -> None:
         try:
             if self.conn.alive():
                 with contextlib.suppress(SandboxError):
@@ -663,9 +667,11 @@ class SshBackend(ExecutionBackend):
         return notes + self._remote_notes
 
     async def open_session(self, spec: SessionSpec) -> SshSession:
-        return await anyio.to_thread.run_sync(self._open, spec)
+        # Connecting and making the workspace run to their end even if the caller is cancelled meanwhile; a
+        # session the caller never got is then closed (remote clean-up, connection closed).
+        return await create_cleanly(lambda made: self._open(spec, made), SshSession.close_blocking)
 
-    def _open(self, spec: SessionSpec) -> SshSession:
+    def _open(self, spec: SessionSpec, made: list[SshSession]) -> None:
         conn = self._connect()
         token = f"{int(time.time() + spec.lifetime_s)}-{secrets.token_hex(8)}"
         workspace = posixpath.join(self.ssh.remote_tmp, f"execbox-{token}")
@@ -676,7 +682,7 @@ class SshBackend(ExecutionBackend):
             conn.close()
             raise SandboxError(f"cannot create the remote workspace {workspace} on {self.ssh.target}: {exc}",
                                backend=NAME) from None
-        return SshSession(self, conn, workspace, token)
+        made.append(SshSession(self, conn, workspace, token))
 
     async def gc(self) -> list[str]:
         return await anyio.to_thread.run_sync(self._gc)
