@@ -47,6 +47,7 @@ from execbox.backends import _remote
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError
+from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.procs import reaped, run_process
 from execbox.core.settings import EnvSettings, _env
@@ -298,7 +299,7 @@ class SingularityBackend(ExecutionBackend):
                 raise SandboxError(f"could not start the instance {instance}: {_tail(started.stderr)}", backend=NAME)
 
         # runs `instance start` to its end even if the caller is cancelled meanwhile, then stops what it made
-        return await _remote.create_cleanly(start, SingularitySession.close_blocking)
+        return await create_cleanly(start, SingularitySession.close_blocking)
 
     async def gc(self) -> list[str]:
         """Stop instances and remove workspaces whose execbox process is gone."""
