@@ -118,7 +118,7 @@ for pass in 1 2 3 4 5 6 7 8 9 10; do
   for d in /proc/[0-9]*; do
     p=${{d#/proc/}}
     [ "$p" = "$$" ] && continue
-    if tr '\\0' '\\n' < "$d/environ" 2>/dev/null | grep -qxF "$m"; then kill -9 "$p" 2>/dev/null; found=1; fi
+    if {{ tr '\\0' '\\n' < "$d/environ"; }} 2>/dev/null | grep -qxF "$m"; then kill -9 "$p" 2>/dev/null; found=1; fi
   done
   [ -z "$found" ] && exit 0
   sleep 0.1
