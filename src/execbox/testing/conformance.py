@@ -333,6 +333,29 @@ class BackendConformance:
         assert "survived" not in result.stdout
         assert result.exit_code != 0 or result.oom_killed
 
+    def test_cpu_limit_holds(self, runner: Runner, net: str, caps: Capabilities) -> None:
+        self.require(caps, limit="cpu")
+        if caps.remote:
+            pytest.skip("a remote provider enforces CPU on its own hosts: not measurable from here")
+        # Two busy processes for 2 s of wall time under a 0.5-CPU limit may use ~1 CPU-second; unthrottled on
+        # two idle cores they would use ~4. (A busy machine can only make the unthrottled case look throttled.)
+        code = textwrap.dedent("""
+            import os, time
+            end = time.monotonic() + 2.0
+            for _ in range(2):
+                if os.fork() == 0:
+                    while time.monotonic() < end:
+                        pass
+                    os._exit(0)
+            for _ in range(2):
+                os.wait()
+            t = os.times()
+            print(round(t.children_user + t.children_system, 2))
+        """)
+        result = self.code(runner, net, code, limits=Limits(cpus=0.5), timeout=20)
+        assert result.exit_code == 0, result.stderr
+        assert float(result.stdout) < 1.6, f"0.5 CPU for 2 s, yet the run used {result.stdout.strip()} CPU-seconds"
+
     def test_pids_limit_holds(self, runner: Runner, net: str, caps: Capabilities) -> None:
         self.require(caps, limit="pids")
         code = textwrap.dedent("""
