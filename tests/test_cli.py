@@ -280,3 +280,61 @@ def test_the_installed_script_with_the_real_registry(tmp_path: Path) -> None:
     for row in rows.values():
         assert {"name", "distribution", "available", "reason", "capabilities"} <= set(row)
         assert row["available"] or row["reason"], row
+
+
+class TestSecondReviewEdges:
+    def test_timeout_message_names_the_timeout_that_applied(self, local_mode: None,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("CODE_EXEC_MAX_TIMEOUT_SEC", "0.5")
+        result = cli("run", "--timeout", "100", "--", "sleep", "10")
+        assert result.exit_code == 124 and "timed out after 0.5s" in result.stderr
+
+    def test_usage_errors_under_json_are_one_json_object(self, local_mode: None) -> None:
+        result = cli("run", "--json", "--env", "NOEQUALS", "--", "true")
+        assert result.exit_code == 2 and error_of(result)["type"] == "UsageError"
+        result = cli("run", "--json")
+        assert result.exit_code == 2 and "--code" in error_of(result)["message"]
+
+    def test_json_errors_carry_the_variable_to_set(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        result = cli("run", "--json", "--backend", "local_subprocess", "--", "true")
+        assert result.exit_code == 125 and error_of(result)["env_var"] == "CODE_EXEC_LOCAL"
+
+    def test_gc_of_an_unknown_backend_is_a_usage_error(self) -> None:
+        assert cli("gc", "--backend", "nope").exit_code == 2
+
+    def test_an_operator_limit_refusal_names_the_variable(self, local_mode: None,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("CODE_EXEC_CPUS", "0.5")
+        result = cli("run", "--json", "--", "true")
+        error = error_of(result)
+        assert result.exit_code == 125 and error["env_var"] == "CODE_EXEC_CPUS" and "CODE_EXEC_CPUS" in error["message"]
+
+
+def test_sigterm_to_the_cli_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
+    """timeout(1), systemd and kubernetes stop programs with SIGTERM: the run's processes and workspace go too."""
+    import signal
+    import time
+    import uuid
+
+    import psutil
+
+    marker = f"execbox-sigterm-{uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CODE_EXEC_", "EXECBOX_"))}
+    env.update(CODE_EXEC_LOCAL="true", CODE_EXEC_NETWORK="host", TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("execbox")), "run", "--backend", "local_subprocess",
+                             "--", "python3", "-c", "import time; time.sleep(60)", marker],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def running() -> list[int]:  # the sandboxed command itself (the CLI's own argv holds the marker too)
+        return [p.pid for p in psutil.process_iter(["cmdline"])
+                if (p.info["cmdline"] or [])[:2] == ["python3", "-c"] and marker in p.info["cmdline"]]
+
+    deadline = time.monotonic() + 30
+    while not running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running(), "the command never started"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+    time.sleep(0.5)
+    assert running() == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("execbox-")] == []

@@ -7,6 +7,7 @@ refused; 126 if the backend is unavailable; 2 for a usage or configuration error
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from typing import Any, NoReturn, TypeVar
 
@@ -40,6 +41,18 @@ def _fail(exc: ExecboxError, as_json: bool) -> NoReturn:
     else:
         click.echo(f"execbox: {type(exc).__name__}: {exc.message}", err=True)
     sys.exit(_exit_code(exc))
+
+
+def _interrupt(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def _usage(message: str, as_json: bool) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps({"error": {"type": "UsageError", "message": message, "retryable": False,
+                                         "backend": None, "env_var": None}}))
+        sys.exit(EXIT_USAGE)
+    raise click.UsageError(message)
 
 
 def _settings(as_json: bool) -> Settings:
@@ -77,15 +90,17 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
     execbox run --code 'print(1)'
     """
     if bool(command) == bool(code):
-        raise click.UsageError("give a command after -- or --code CODE, not both and not neither")
+        _usage("give a command after -- or --code CODE, not both and not neither", as_json)
     env = {}
     for pair in env_pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise click.UsageError(f"--env takes NAME=VALUE, got {pair!r}")
+            _usage(f"--env takes NAME=VALUE, got {pair!r}", as_json)
         env[name] = value
     settings = _settings(as_json)
     runner = Runner(settings)
+    # SIGTERM (timeout(1), systemd, kubernetes) must clean up like Ctrl-C: the sandbox is removed on the way out.
+    signal.signal(signal.SIGTERM, _interrupt)
     # Only on request: an inherited pipe that never closes must not hang a run.
     stdin = sys.stdin.buffer.read() if pass_stdin and sys.stdin is not None else None
     fields: dict[str, Any] = {"network": network, "timeout": timeout, "max_output_bytes": max_output_bytes,
@@ -94,7 +109,7 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
     try:
         request = ExecRequest(argv=list(command), **fields) if command else ExecRequest(code=code, language=language, **fields)
     except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+        _usage(str(exc), as_json)
     try:
         if backend is None and settings.backend == "auto":
             picked, _ = _blocking(runner.aio.select)
@@ -110,7 +125,8 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
         sys.stdout.flush()
         sys.stderr.write(result.stderr)
         if result.timed_out:
-            click.echo(f"execbox: timed out after {request.timeout or settings.max_timeout_sec:g}s", err=True)
+            limit = min(request.timeout or settings.max_timeout_sec, settings.max_timeout_sec)
+            click.echo(f"execbox: timed out after {limit:g}s", err=True)
         if result.oom_killed:
             click.echo("execbox: killed: out of memory", err=True)
         for note in result.notes:
@@ -263,6 +279,11 @@ def doctor(as_json: bool) -> None:
 def gc(only: str | None, as_json: bool) -> None:
     """Remove expired and orphaned sandboxes that execbox created (never another program's)."""
     runner = AsyncRunner(_settings(as_json))
+    if only:
+        try:
+            runner.registry.get(only)
+        except ConfigError as exc:
+            _fail(exc, as_json)
     names = [only] if only else runner.registry.names()
     removed: dict[str, list[str]] = {}
     skipped: dict[str, str] = {}
@@ -270,9 +291,8 @@ def gc(only: str | None, as_json: bool) -> None:
     async def go() -> None:
         for name in names:
             try:
-                backend = runner.backend(name)
-                await backend.check()
-                removed[name] = await backend.gc()
+                # No check() first: a backend's own start-up sweep would remove the orphans before gc counts them.
+                removed[name] = await runner.backend(name).gc()
             except BackendUnavailableError as exc:
                 skipped[name] = exc.reason
             except ExecboxError as exc:  # e.g. a backend setting is invalid: that backend only

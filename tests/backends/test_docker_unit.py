@@ -177,6 +177,9 @@ def test_settings_user_must_be_numeric(monkeypatch: pytest.MonkeyPatch) -> None:
         d.DockerSettings.from_env()
     monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "1000:1000")
     assert d.DockerSettings.from_env().user == "1000:1000"
+    # A bare uid would run with gid 0 under docker: it is spelled out as uid:uid.
+    monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "1000")
+    assert d.DockerSettings.from_env().user == "1000:1000"
 
 
 def test_default_user_is_never_root() -> None:

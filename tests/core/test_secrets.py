@@ -164,11 +164,21 @@ def test_ordinary_env_content_is_not_a_secret(tree: tuple[Path, Path]) -> None:
     guard.check_secrets(backend)
 
 
-def test_a_directory_named_env_and_a_missing_secret_file_are_skipped(tree: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_directory_named_env_is_skipped(tree: tuple[Path, Path]) -> None:
     workspace, home = tree
     (workspace / ".env").mkdir()
-    guard, backend = local_guard(workspace, home, secret_files=[tmp_path / "does-not-exist"])
+    guard, backend = local_guard(workspace, home)
     guard.check_secrets(backend)
+
+
+def test_a_missing_secret_file_is_a_config_error_not_a_skipped_scan(tree: tuple[Path, Path], tmp_path: Path) -> None:
+    from execbox import ConfigError
+
+    workspace, home = tree
+    guard, backend = local_guard(workspace, home, secret_files=[tmp_path / "does-not-exist"])
+    with pytest.raises(ConfigError) as info:
+        guard.check_secrets(backend)
+    assert info.value.env_var == "CODE_EXEC_SECRET_FILES" and "does-not-exist" in info.value.message
 
 
 @pytest.mark.parametrize("cls", [FakeSandbox, FakeNamespace], ids=["container", "namespace"])

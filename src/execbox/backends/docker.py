@@ -98,6 +98,8 @@ class DockerSettings(EnvSettings):
     def _numeric_user(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"\d+(:\d+)?", value):
             raise ValueError("give a numeric uid or uid:gid such as 1000:1000 (names cannot be checked for root)")
+        if value is not None and ":" not in value:
+            value = f"{value}:{value}"  # docker would otherwise run a bare uid with gid 0
         return value
 
 

@@ -151,6 +151,9 @@ def _existing(client, tag: str):
         return client.images.get(tag)
     except docker.errors.ImageNotFound:
         return None
+    except docker.errors.APIError as exc:  # e.g. an invalid reference format
+        raise ImageBuildError(f"the engine refused the tag {tag!r}: {exc.explanation or exc}. Give a tag like "
+                              "name:version (lowercase, no spaces)", backend="docker") from None
 
 
 @contextlib.contextmanager

@@ -657,9 +657,9 @@ class SshBackend(ExecutionBackend):
         notes = []
         if self.ssh.sandboxed:
             notes.append(f"ssh: sandbox status is attested by the operator (CODE_EXEC_SSH_SANDBOXED=true), "
-                         f"not enforced: code runs on {self.ssh.host} with the SSH user's full privileges")
+                         f"not enforced: code runs on {self.ssh.host or '(no host set)'} with the SSH user's full privileges")
         else:
-            notes.append(f"ssh: not a sandbox: code runs on {self.ssh.host} with the SSH user's full privileges")
+            notes.append(f"ssh: not a sandbox: code runs on {self.ssh.host or '(no host set)'} with the SSH user's full privileges")
         if self.ssh.auto_add_host_key:
             accepted = f" (accepted: {'; '.join(self._accepted_keys)})" if self._accepted_keys else ""
             notes.append("ssh: unknown host keys are trusted on first use (CODE_EXEC_SSH_AUTO_ADD_HOST_KEY=true)"

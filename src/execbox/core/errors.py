@@ -44,6 +44,7 @@ class ExecboxError(Exception):
             "message": self.message,
             "retryable": self.retryable,
             "backend": self.backend,
+            "env_var": self.env_var,
         }
 
 

@@ -45,7 +45,7 @@ class Limits(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     memory_mb: int | None = Field(default=None, gt=0)
-    cpus: float | None = Field(default=None, gt=0)
+    cpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     pids: int | None = Field(default=None, gt=0)
 
     def names(self) -> set[str]:
@@ -68,7 +68,7 @@ class ExecRequest(BaseModel):
     files: dict[str, bytes] = Field(default_factory=dict)
     # Relative to the workspace. The runner turns it into the absolute path inside the sandbox.
     workdir: str | None = None
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_output_bytes: int | None = Field(default=None, gt=0)
     network: NetworkMode | None = None
     limits: Limits | None = None

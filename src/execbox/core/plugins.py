@@ -105,6 +105,13 @@ def _build(load: list[str] | None, disable: list[str]) -> Registry:
             continue
         distributions[plugin_name] = dist
 
+    if load:
+        seen = {name for ep in entry_points(group=ENTRY_POINT_GROUP)
+                for name in (ep.name, ep.dist.name if ep.dist else "")}
+        for name in sorted(set(load) - seen):
+            _warn(registry, f"EXECBOX_LOAD_PLUGINS names {name!r}, but no installed plugin has that entry-point "
+                            "or distribution name")
+
     for impl in pm.hook.execbox_register_backends.get_hookimpls():
         dist = distributions.get(impl.plugin_name, impl.plugin_name)
 

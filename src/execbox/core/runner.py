@@ -37,6 +37,8 @@ def _request(**kw: Any) -> ExecRequest:
 
 
 def _command_request(command: str | Sequence[str], **kw: Any) -> ExecRequest:
+    if isinstance(command, str) and not command.strip():
+        raise ConfigError("invalid request: the command is empty; give a shell command or an argv list")
     argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
     return _request(argv=argv, **kw)
 
@@ -73,8 +75,8 @@ class AsyncRunner:
                     tried.append(f"- {candidate}: configured here, it is not a sandbox ({verdict.reason})")
                     continue
                 return backend, await backend.check()
-            except (BackendUnavailableError, ConfigError) as exc:
-                tried.append(f"- {candidate}: {exc.message}")
+            except BackendUnavailableError as exc:  # not here: try the next one. A ConfigError is raised: a
+                tried.append(f"- {candidate}: {exc.message}")  # misconfigured backend never means a weaker one
         local_hint = "" if self.settings.local else (
             "\n- or, only on your own machine for yourself: CODE_EXEC_LOCAL=true (runs local_subprocess, no sandbox)"
         )
@@ -191,7 +193,8 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
         workdir = posixpath.join(session.workspace, normalize(request.workdir, session.workspace))
         # The backend starts in the workspace; a workdir below it is created (if missing) and entered inside
         # the sandbox, the same way on every backend.
-        argv = ["/bin/sh", "-c", 'mkdir -p -- "$0" && cd -- "$0" && exec "$@"', workdir, *argv]
+        argv = ["/bin/sh", "-c", 'mkdir -p -- "$1" && cd -- "$1" && shift && exec "$@"', "execbox-workdir", workdir,
+                *argv]
     ready = request.model_copy(update={"argv": argv, "code": None, "files": {}, "workdir": session.workspace})
     result = await session.exec(ready)
     return result.model_copy(update={

@@ -89,14 +89,16 @@ class Settings(EnvSettings):
     local: bool = _env("CODE_EXEC_LOCAL", False, "Local single-user mode: allows backends that are not sandboxes")
     enabled: bool = _env("CODE_EXEC_ENABLED", False, "Gates agent-facing tool surfaces (not the operator's CLI and API)")
     network: NetworkMode = _env("CODE_EXEC_NETWORK", "none", "Default network mode: none, egress, proxy or host")
-    max_output_bytes: int = _env("CODE_EXEC_MAX_OUTPUT_BYTES", 100_000, "Output cap per stream, in bytes (head + tail kept)", gt=0)
-    max_timeout_sec: float = _env("CODE_EXEC_MAX_TIMEOUT_SEC", 30.0, "Default and maximum timeout of a run, in seconds", gt=0)
+    max_output_bytes: int = _env("CODE_EXEC_MAX_OUTPUT_BYTES", 100_000, "Output cap per stream, in bytes (head + tail kept)",
+                                 gt=0, le=1 << 30)
+    max_timeout_sec: float = _env("CODE_EXEC_MAX_TIMEOUT_SEC", 30.0, "Default and maximum timeout of a run, in seconds",
+                                  gt=0, le=7 * 86400, allow_inf_nan=False)
     secret_files: Annotated[list[Path], NoDecode] = _env(
         "CODE_EXEC_SECRET_FILES", [], "Comma-separated extra files for the wallet-seed scan"
     )
-    memory_mb: int = _env("CODE_EXEC_MEMORY_MB", 1024, "Memory limit per sandbox, MiB (no swap headroom)", gt=0)
-    cpus: float = _env("CODE_EXEC_CPUS", 1.0, "CPU limit per sandbox, in cores", gt=0)
-    pids_limit: int = _env("CODE_EXEC_PIDS_LIMIT", 256, "Process limit per sandbox", gt=0)
+    memory_mb: int = _env("CODE_EXEC_MEMORY_MB", 1024, "Memory limit per sandbox, MiB (no swap headroom)", gt=0, le=1 << 22)
+    cpus: float = _env("CODE_EXEC_CPUS", 1.0, "CPU limit per sandbox, in cores", gt=0, le=1024, allow_inf_nan=False)
+    pids_limit: int = _env("CODE_EXEC_PIDS_LIMIT", 256, "Process limit per sandbox", gt=0, le=1 << 22)
     load_plugins: Annotated[list[str] | None, NoDecode] = _env(
         "EXECBOX_LOAD_PLUGINS", None, "Comma list of third-party plugins to load (entry-point or distribution names); empty = none"
     )

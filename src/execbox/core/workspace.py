@@ -74,9 +74,10 @@ def safe_read(root: str, rel: str, *, max_bytes: int | None = None) -> bytes:
             os.close(dfd)
     except OSError as exc:
         raise _refuse(rel, exc) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise WorkspacePathError(f"refused {rel!r}: not a regular file")
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise WorkspacePathError(f"refused {rel!r}: not a regular file")
         data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
     if max_bytes is not None and len(data) > max_bytes:
         raise WorkspacePathError(f"{rel!r} is larger than {max_bytes} bytes")

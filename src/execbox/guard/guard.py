@@ -13,12 +13,13 @@ import os
 from pathlib import Path
 
 from execbox.core.backend import ExecutionBackend, Verdict
-from execbox.core.errors import NotASandboxError, SecretFileError, UnsupportedPolicyError
+from execbox.core.errors import ConfigError, NotASandboxError, SecretFileError, UnsupportedPolicyError
 from execbox.core.models import Capabilities, ExecRequest
 from execbox.core.settings import Settings
 from execbox.guard.secrets import find_secrets
 
 UNSANDBOXED_ISOLATION = frozenset({"none", "process"})
+LIMIT_VARIABLES = {"memory": "CODE_EXEC_MEMORY_MB", "cpu": "CODE_EXEC_CPUS", "pids": "CODE_EXEC_PIDS_LIMIT"}
 
 
 class Guard:
@@ -30,10 +31,12 @@ class Guard:
     def check_verdict(self, backend: ExecutionBackend, request: ExecRequest) -> Verdict:
         verdict = backend.verdict(request)
         if not verdict.sandbox and not self.settings.local:
+            fix = ("Ask for another network mode (--network none, or egress where the backend has it)"
+                   if request.network == "host" and backend.capabilities.sandbox
+                   else "Use a sandbox backend (docker, bubblewrap; `execbox doctor` lists what runs here)")
             raise NotASandboxError(
                 f"refused: backend {backend.name!r} is not a sandbox for this request ({verdict.reason}). "
-                "Use a sandbox backend (docker, bubblewrap; `execbox doctor` lists what runs here), or, only on "
-                "your own machine for yourself, set CODE_EXEC_LOCAL=true",
+                f"{fix}, or, only on your own machine for yourself, set CODE_EXEC_LOCAL=true",
                 backend=backend.name,
                 env_var="CODE_EXEC_LOCAL",
             )
@@ -44,6 +47,11 @@ class Guard:
             return
         workspace = self._workspace or Path.cwd()
         home = self._home or Path(os.path.expanduser("~"))
+        missing = [str(p) for p in self.settings.secret_files if not p.is_file()]
+        if missing:  # a typo must not quietly switch off the scan the operator asked for
+            raise ConfigError(
+                f"CODE_EXEC_SECRET_FILES names files that do not exist: {', '.join(missing)}. Fix the paths or "
+                "remove them from the variable", backend=backend.name, env_var="CODE_EXEC_SECRET_FILES")
         findings = find_secrets(workspace, home, list(self.settings.secret_files))
         if findings:
             where = "; ".join(f"{f.path} ({f.kind})" for f in findings)
@@ -67,10 +75,13 @@ class Guard:
             )
         missing = sorted(requested_limits - set(caps.limits))
         if missing:
+            variables = [LIMIT_VARIABLES[m] for m in missing if m in LIMIT_VARIABLES]
             raise UnsupportedPolicyError(
                 f"refused: backend {backend.name!r} cannot enforce the {', '.join(missing)} limit here (it enforces: "
-                f"{', '.join(sorted(caps.limits)) or 'none'}). Drop that limit from the request or use another backend",
+                f"{', '.join(sorted(caps.limits)) or 'none'}). Drop that limit from the request"
+                + (f" or unset {' / '.join(variables)}" if variables else "") + ", or use another backend",
                 backend=backend.name,
+                env_var=variables[0] if variables else None,
             )
 
     def judge(self, backend: ExecutionBackend, caps: Capabilities, request: ExecRequest,
