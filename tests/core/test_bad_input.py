@@ -35,6 +35,8 @@ def test_a_misconfigured_backend_stops_auto_instead_of_falling_back(fake_backend
     from tests.core.fakes_plugin import FakeSandbox
 
     async def misconfigured(self: FakeSandbox) -> Capabilities:
+        if self.name != "fake_sandbox":
+            return FakeSandbox.capabilities
         raise ConfigError("CODE_EXEC_FAKE_RUNTIME='runsc' is not installed", env_var="CODE_EXEC_FAKE_RUNTIME")
 
     monkeypatch.setattr(FakeSandbox, "check", misconfigured)
@@ -55,3 +57,24 @@ def test_load_plugins_naming_nothing_installed_warns(fake_dists: object, monkeyp
 def test_a_workdir_error_names_the_command_not_the_workdir(local_mode: None, tmp_path: Path) -> None:
     result = Runner().run(["./missing.sh"], workdir="sub")
     assert result.exit_code == 127 and "/sub:" not in result.stderr
+
+
+def test_auto_does_not_fall_back_past_a_backend_the_operator_configured(fake_backends: object,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from execbox import BackendUnavailableError
+    from tests.core.fakes_plugin import FakeSandbox
+
+    original = FakeSandbox.check
+
+    async def runtime_missing(self: FakeSandbox) -> Capabilities:
+        if self.name != "fake_sandbox":
+            return await original(self)
+        raise BackendUnavailableError("runtime runsc is not installed", env_var="CODE_EXEC_FAKE_RUNTIME")
+
+    monkeypatch.setattr(FakeSandbox, "check", runtime_missing)
+    # Not configured by the operator: auto moves on to the next sandbox.
+    assert Runner(Settings.from_env()).run(["true"]).backend == "fake_namespace"
+    # Configured: the operator asked for that backend's boundary; no silent fallback.
+    monkeypatch.setenv("CODE_EXEC_FAKE_RUNTIME", "runsc")
+    with pytest.raises(BackendUnavailableError, match="runsc"):
+        Runner(Settings.from_env()).run(["true"])

@@ -7,6 +7,7 @@ also works inside programs that already run an event loop). Sessions: ``AsyncSan
 from __future__ import annotations
 
 import functools
+import os
 import posixpath
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -75,8 +76,12 @@ class AsyncRunner:
                     tried.append(f"- {candidate}: configured here, it is not a sandbox ({verdict.reason})")
                     continue
                 return backend, await backend.check()
-            except BackendUnavailableError as exc:  # not here: try the next one. A ConfigError is raised: a
-                tried.append(f"- {candidate}: {exc.message}")  # misconfigured backend never means a weaker one
+            except BackendUnavailableError as exc:
+                if exc.env_var and exc.env_var in os.environ:
+                    # The operator configured this backend (CODE_EXEC_DOCKER_RUNTIME, ...): falling back to a
+                    # weaker sandbox is not what they asked for. Likewise a ConfigError is never skipped.
+                    raise
+                tried.append(f"- {candidate}: {exc.message}")
         local_hint = "" if self.settings.local else (
             "\n- or, only on your own machine for yourself: CODE_EXEC_LOCAL=true (runs local_subprocess, no sandbox)"
         )
