@@ -17,7 +17,7 @@ import click
 from execbox.core.backend import ExecutionBackend
 from execbox.core.errors import BackendUnavailableError, ConfigError, ExecboxError, RefusedError, WorkspacePathError
 from execbox.core.models import NETWORK_MODES, ExecRequest
-from execbox.core.runner import AsyncRunner, Runner, _blocking
+from execbox.core.runner import AsyncRunner, Runner, run_blocking
 from execbox.core.settings import Settings
 
 T = TypeVar("T")
@@ -112,7 +112,7 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
         _usage(str(exc), as_json)
     try:
         if backend is None and settings.backend == "auto":
-            picked, _ = _blocking(runner.aio.select)
+            picked, _ = run_blocking(runner.aio.select)
             backend = picked.name
             click.echo(f"execbox: using backend {backend} (CODE_EXEC_BACKEND=auto)", err=True)
         result = runner.execute(request, backend=backend)
@@ -173,7 +173,7 @@ def _probe_all(runner: AsyncRunner) -> list[dict[str, Any]]:
                 tg.start_soon(one, name)
         return [rows[n] for n in runner.registry.names()]
 
-    return _blocking(go)
+    return run_blocking(go)
 
 
 @main.command()
@@ -237,7 +237,7 @@ def doctor(as_json: bool) -> None:
             # Counts only a real sandbox here: not one the guard refuses, not one that is only attested.
             row["sandbox_here"] = row["guard_admits"] and verdict.sandbox and not verdict.attested
     try:
-        auto = _blocking(runner.select)[0].name if runner.settings.backend == "auto" else runner.settings.backend
+        auto = run_blocking(runner.select)[0].name if runner.settings.backend == "auto" else runner.settings.backend
     except ExecboxError:
         auto = None
     ok = any(r["sandbox_here"] for r in rows)
@@ -299,7 +299,7 @@ def gc(only: str | None, as_json: bool) -> None:
                 skipped[name] = exc.message
 
     try:
-        _blocking(go)
+        run_blocking(go)
     except ExecboxError as exc:
         _fail(exc, as_json)
     if as_json:

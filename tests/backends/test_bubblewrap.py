@@ -21,7 +21,7 @@ from execbox import Limits, NotASandboxError, Runner, Settings, WorkspacePathErr
 from execbox.backends import bubblewrap as bw
 from execbox.core.errors import BackendUnavailableError, UnsupportedPolicyError
 from execbox.core.models import Capabilities
-from execbox.core.runner import _blocking
+from execbox.core.runner import run_blocking
 from execbox.testing import engine_missing
 from execbox.testing.conformance import PROBE_CONNECT, BackendConformance, Listener
 
@@ -37,7 +37,7 @@ def runner() -> Runner:
 @pytest.fixture
 def caps(runner: Runner) -> Capabilities:
     try:
-        return _blocking(runner.aio.backend("bubblewrap").check)
+        return run_blocking(runner.aio.backend("bubblewrap").check)
     except BackendUnavailableError as exc:
         engine_missing(f"bubblewrap cannot run here: {exc}")
 
@@ -355,7 +355,7 @@ def test_requests_for_limits_the_host_cannot_enforce_are_refused(monkeypatch: py
     monkeypatch.setenv("CODE_EXEC_BWRAP_CGROUPS", "off")
     plain = Runner(Settings.from_env(backend="bubblewrap"))
     backend = plain.aio.backend("bubblewrap")
-    assert _blocking(backend.check).limits == frozenset({"wall_time"})
+    assert run_blocking(backend.check).limits == frozenset({"wall_time"})
     with pytest.raises(UnsupportedPolicyError, match="memory"):
         plain.run(["true"], backend="bubblewrap", limits=Limits(memory_mb=64))
     # Without the cgroup a run still works, with the rlimits (a per-process address-space cap).
@@ -449,7 +449,7 @@ def test_gc_removes_what_a_dead_process_left_and_nothing_else(caps: Capabilities
     other = Path(tmp) / "execbox-bwrapper-not-ours"
     other.mkdir()
     try:
-        removed = _blocking(runner.aio.backend("bubblewrap").gc)
+        removed = run_blocking(runner.aio.backend("bubblewrap").gc)
         assert str(stale) in removed and not stale.exists()
         assert live.exists() and other.exists()
     finally:
@@ -604,7 +604,7 @@ def test_missing_bwrap_is_unavailable_with_the_fix(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("CODE_EXEC_BWRAP_PATH", "/nonexistent/bwrap")
     backend = Runner(Settings.from_env()).aio.backend("bubblewrap")
     with pytest.raises(BackendUnavailableError, match="apt-get install bubblewrap") as info:
-        _blocking(backend.check)
+        run_blocking(backend.check)
     assert info.value.retryable is False and "retry" in info.value.message
 
 

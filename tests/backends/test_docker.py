@@ -33,7 +33,7 @@ from execbox import (
 )
 from execbox.backends import docker as d
 from execbox.backends import docker_image
-from execbox.core.runner import _blocking
+from execbox.core.runner import run_blocking
 from execbox.testing import engine_missing
 from execbox.testing.conformance import BackendConformance, Listener
 
@@ -480,7 +480,7 @@ def test_known_runtime_is_used_and_reported(engine: Any, monkeypatch: pytest.Mon
     runtime = "runsc" if "runsc" in runtimes else "runc"
     monkeypatch.setenv("CODE_EXEC_DOCKER_RUNTIME", runtime)
     runner = Runner(Settings.from_env(backend="docker"))
-    caps = _blocking(runner.aio.backend("docker").check)
+    caps = run_blocking(runner.aio.backend("docker").check)
     assert caps.isolation == ("gvisor" if runtime == "runsc" else "container")
     assert run(runner, ["echo", "ok"]).stdout == "ok\n"
 
@@ -516,7 +516,7 @@ def test_gc_removes_orphans_and_expired_but_never_foreign_containers(engine: Any
         for kind, labels in made.items():
             ids[kind] = engine.containers.create(docker_image.DEFAULT_TAG, ["true"], labels=labels,
                                                  name=f"execbox-gc-test-{kind}-{tag}").id
-        removed = _blocking(backend.gc)
+        removed = run_blocking(backend.gc)
         remaining = {c.id for c in engine.containers.list(all=True)}
         assert ids["orphan"] not in remaining and ids["expired"] not in remaining
         assert {ids["live"], ids["foreign"], ids["lookalike"]} <= remaining

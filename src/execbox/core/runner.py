@@ -286,19 +286,21 @@ class Runner:
         return self.aio.settings
 
     def run(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
-        return _blocking(functools.partial(self.aio.run, command, **kw))
+        return run_blocking(functools.partial(self.aio.run, command, **kw))
 
     def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
-        return _blocking(functools.partial(self.aio.run_code, code, language, **kw))
+        return run_blocking(functools.partial(self.aio.run_code, code, language, **kw))
 
     def execute(self, request: ExecRequest, *, backend: str | None = None) -> ExecResult:
-        return _blocking(functools.partial(self.aio.execute, request, backend=backend))
+        return run_blocking(functools.partial(self.aio.execute, request, backend=backend))
 
     def sandbox(self, backend: str | None = None, **kw: Any) -> Sandbox:
         return Sandbox(self.aio.sandbox(backend, **kw))
 
 
-def _blocking(fn: Callable[[], Awaitable[T]]) -> T:
+def run_blocking(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine function to completion from sync code, in a private event loop thread (so it also
+    works inside a program that already runs a loop). Ctrl-C cancels it, and its clean-up still runs."""
     with start_blocking_portal() as portal:
         return portal.call(fn)
 

@@ -32,7 +32,7 @@ import pytest
 
 from execbox.core.errors import BackendUnavailableError, WorkspacePathError
 from execbox.core.models import Capabilities, ExecResult, Limits
-from execbox.core.runner import Runner, _blocking
+from execbox.core.runner import Runner, run_blocking
 from execbox.testing import engine_missing
 
 # How long past its timeout a run may take to come back (kill, clean-up, a slow shared machine).
@@ -137,7 +137,7 @@ class BackendConformance:
     def caps(self, runner: Runner) -> Capabilities:
         backend = runner.aio.backend(self.backend_name)
         try:
-            return _blocking(backend.check)
+            return run_blocking(backend.check)
         except BackendUnavailableError as exc:
             engine_missing(f"backend {self.backend_name} cannot run here: {exc}")
 
