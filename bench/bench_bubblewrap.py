@@ -20,20 +20,13 @@ import tempfile
 import threading
 import time
 
+from _common import median_ms  # bench/_common.py (run from the repo: python bench/NAME.py)
 from execbox import Limits, Runner, Settings
 from execbox.backends import bubblewrap as bw
 from execbox.core.models import ExecRequest
-from execbox.core.runner import _blocking
+from execbox.core.runner import run_blocking
 
 
-def median_ms(fn, runs: int) -> float:
-    fn()  # warm-up
-    samples = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - started) * 1000)
-    return statistics.median(samples)
 
 
 def bare_bwrap_argv(report: bw.HostReport, workspace: str) -> list[str]:
@@ -82,7 +75,7 @@ def main() -> None:
 
     runner = Runner(Settings.from_env(backend="bubblewrap"))
     backend = runner.aio.backend("bubblewrap")
-    caps = _blocking(backend.check)
+    caps = run_blocking(backend.check)
     report = backend.report
     assert report is not None
     print(f"host: {report.version}; runs as {report.facts()['runs_as']}; cgroup {report.facts()['cgroup']}; "

@@ -10,22 +10,15 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import time
 import tracemalloc
 
+from _common import median_ms  # bench/_common.py (run from the repo: python bench/NAME.py)
 from execbox import Runner, Settings
 from execbox.core.output import BoundedCapture
 
 
-def median_ms(fn, runs: int) -> float:
-    samples = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - started) * 1000)
-    return statistics.median(samples)
 
 
 def main() -> None:

@@ -15,25 +15,17 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import subprocess
-import threading
 import time
 
 import anyio
-import psutil
 
+from _common import median_ms  # bench/_common.py (run from the repo: python bench/NAME.py)
 from execbox import Runner, Settings
 from execbox.backends import docker_image
+from execbox.testing import PeakRss
 
 
-def median_ms(fn, runs: int) -> float:
-    samples = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - started) * 1000)
-    return statistics.median(samples)
 
 
 def cancel_ms(client) -> float:
@@ -97,27 +89,14 @@ def main() -> None:
     print(f"timed-out run: returned {(time.perf_counter() - started - 2) * 1000:.0f} ms after its 2 s deadline")
     print(f"cancelled run: container gone {cancel_ms(client):.0f} ms after the cancel")
 
-    me = psutil.Process()
-    baseline = me.memory_info().rss
-    peak = [baseline]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            peak.append(me.memory_info().rss)
-            time.sleep(0.02)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
     size = int(args.gigabytes * 1e9)
     started = time.perf_counter()
-    result = runner.run(["head", "-c", str(size), "/dev/zero"], timeout=600)
+    with PeakRss() as rss:
+        result = runner.run(["head", "-c", str(size), "/dev/zero"], timeout=600)
     elapsed = time.perf_counter() - started
-    stop.set()
-    sampler.join()
     assert result.truncated and result.exit_code == 0, result
     print(f"output: {size / 1e9:.1f} GB through the cap in {elapsed:.1f} s ({size / 1e6 / elapsed:.0f} MB/s), "
-          f"caller RSS growth {(max(peak) - baseline) / 2**20:.1f} MiB")
+          f"caller RSS growth {rss.growth / 2**20:.1f} MiB")
 
     build = docker_image.build_image(log=lambda _: None)
     print(f"image {build.tag}: {build.size_bytes / 1e6:.0f} MB; build_image() when up to date: "

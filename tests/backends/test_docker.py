@@ -34,7 +34,7 @@ from execbox import (
 from execbox.backends import docker as d
 from execbox.backends import docker_image
 from execbox.core.runner import run_blocking
-from execbox.testing import engine_missing
+from execbox.testing import PeakRss, engine_missing
 from execbox.testing.conformance import BackendConformance, Listener
 
 pytestmark = pytest.mark.engine
@@ -315,31 +315,12 @@ def test_memory_bomb_is_reported_as_oom_killed(runner: Runner) -> None:
 
 
 def test_one_gigabyte_of_output_is_capped_with_flat_memory(runner: Runner) -> None:
-    try:
-        import psutil
-    except ImportError:
-        engine_missing("psutil is not installed (the dev extra): pip install -e '.[dev]'")
-    me = psutil.Process()
-    baseline = me.memory_info().rss
-    peak = [baseline]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            peak.append(me.memory_info().rss)
-            time.sleep(0.05)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
+    with PeakRss() as rss:
         result = run(runner, "head -c 1000000000 /dev/zero; echo END >&2", max_output_bytes=100_000, timeout=120)
-    finally:
-        stop.set()
-        sampler.join()
     assert result.exit_code == 0 and result.truncated and not result.timed_out, result.stderr[-200:]
     assert "999900000 bytes omitted" in result.stdout  # every byte was read, only the cap was kept
     assert len(result.stdout) < 100_200 and result.stderr == "END\n"
-    growth_mb = (max(peak) - baseline) / 2**20
+    growth_mb = rss.growth / 2**20
     assert growth_mb < 100, f"the caller's memory grew by {growth_mb:.0f} MB while 1 GB streamed past"
 
 

@@ -25,4 +25,38 @@ def engine_missing(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-__all__ = ["engine_missing", "engines_required"]
+__all__ = ["PeakRss", "engine_missing", "engines_required"]
+
+
+class PeakRss:
+    """Samples this process's resident memory while the block runs: ``growth`` is the peak over the start,
+    in bytes. For checks (and benchmarks) that streaming output leaves the caller's memory flat."""
+
+    def __init__(self, interval_s: float = 0.02) -> None:
+        self.interval_s = interval_s
+        self.growth = 0
+
+    def __enter__(self) -> PeakRss:
+        import threading
+
+        try:
+            import psutil
+        except ImportError:
+            engine_missing("psutil is not installed (the dev extra): pip install -e '.[dev]'")
+        self._me = psutil.Process()
+        self._baseline = self._peak = self._me.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self._peak = max(self._peak, self._me.memory_info().rss)
+            self._stop.wait(self.interval_s)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._peak = max(self._peak, self._me.memory_info().rss)
+        self.growth = self._peak - self._baseline
