@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import anyio
+from tests.support.waiting import wait_until
 import pytest
 
 from execbox import BackendUnavailableError, Limits, NotASandboxError, Runner, SandboxError, Settings
@@ -189,14 +190,6 @@ def alive_with(marker: str) -> list[str]:
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if marker in line]
 
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 @pytest.mark.parametrize("pidns", [True, False], ids=["instance-pid-namespace", "allow-pid-ns-no"])

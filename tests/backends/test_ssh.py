@@ -21,6 +21,7 @@ from execbox import BackendUnavailableError, ExecRequest, Limits, NotASandboxErr
 from execbox import WorkspacePathError
 from execbox.backends.ssh import SshBackend
 from execbox.core.backend import SessionSpec
+from tests.support.waiting import wait_until
 from tests.support.sshd import SshServer, paramiko_installed, remote_processes, sshd_server  # noqa: F401  (fixtures)
 
 # every test here needs paramiko: missing, it is a skip on a laptop and a failure in CI (engine_missing)
@@ -47,14 +48,6 @@ def attested(ssh_env) -> Runner:
     ssh_env(CODE_EXEC_SSH_SANDBOXED="true")
     return runner()
 
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def leftovers(server: SshServer, marker: str) -> list[str]:
