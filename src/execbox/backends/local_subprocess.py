@@ -24,9 +24,16 @@ FILE_SIZE_LIMIT = 1 << 30  # no single file over 1 GiB: a runaway writer cannot 
 
 
 class LocalSession(Session):
-    def __init__(self, backend: LocalSubprocessBackend) -> None:
-        self.backend = backend
-        self.workspace = tempfile.mkdtemp(prefix="execbox-local-")
+    """A temporary host directory as the workspace, and each command a reaped child process. Backends that
+    only put a launcher in front of the command (see examples/execbox-unshare) subclass it and override
+    ``launcher``."""
+
+    def __init__(self, prefix: str = "execbox-local-") -> None:
+        self.workspace = tempfile.mkdtemp(prefix=prefix)
+
+    def launcher(self, argv: list[str]) -> list[str]:
+        """The command line that runs ``argv``; here, ``argv`` itself."""
+        return argv
 
     async def exec(self, request: ExecRequest) -> ExecResult:
         assert request.argv and request.timeout and request.max_output_bytes and request.limits
@@ -39,7 +46,7 @@ class LocalSession(Session):
         if request.limits.memory_mb:
             rlimits["RLIMIT_AS"] = request.limits.memory_mb * 1024 * 1024
         outcome = await run_process(
-            reaped(request.argv, rlimits=rlimits),
+            reaped(self.launcher(request.argv), rlimits=rlimits),
             env=sandbox_env(request.env, home=self.workspace),
             cwd=request.workdir or self.workspace,
             stdin=request.stdin,
@@ -71,4 +78,4 @@ class LocalSubprocessBackend(ExecutionBackend):
     )
 
     async def open_session(self, spec: SessionSpec) -> LocalSession:
-        return LocalSession(self)
+        return LocalSession()

@@ -4,49 +4,29 @@ It runs each command in fresh network and PID namespaces (util-linux ``unshare``
 ``none`` is really enforced and the whole process tree dies with the run. It does NOT hide the host's
 files or users, so it honestly says it is not a sandbox: the guard admits it only with CODE_EXEC_LOCAL=true.
 
-Everything else (workspace, env, output cap, timeout) comes from execbox's own building blocks.
+Everything else (workspace, env, rlimits, output cap, timeout, process-tree kill) comes from execbox's
+local session, which this backend extends with one method.
 """
 
 from __future__ import annotations
 
 import shutil
-import tempfile
 
 import anyio
 
 import execbox
-from execbox.core.envpolicy import sandbox_env
-from execbox.core.procs import reaped, run_process
-from execbox.core.workspace import safe_read, safe_write
+from execbox.backends.local_subprocess import LocalSession
 
 
-class UnshareSession(execbox.Session):
-    def __init__(self) -> None:
-        self.workspace = tempfile.mkdtemp(prefix="execbox-unshare-")
+class UnshareSession(LocalSession):
+    """execbox's local session (temporary workspace, rlimits, output cap, process-tree kill) with the
+    command put behind `unshare`."""
 
-    async def exec(self, request: execbox.ExecRequest) -> execbox.ExecResult:
+    def launcher(self, argv: list[str]) -> list[str]:
         # --map-root-user lets an unprivileged user create the namespaces; --kill-child ends the tree.
         # A tiny shell is PID 1 of the namespace, so the command is an ordinary process that signals can kill.
-        argv = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--",
-                "/bin/sh", "-c", '"$@"; exit $?', "sh", *request.argv]
-        outcome = await run_process(
-            reaped(argv),
-            env=sandbox_env(request.env, home=self.workspace),
-            cwd=request.workdir or self.workspace,
-            stdin=request.stdin,
-            timeout=request.timeout or 30,
-            max_output_bytes=request.max_output_bytes or 100_000,
-        )
-        return outcome.to_result()
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        await anyio.to_thread.run_sync(safe_write, self.workspace, path, data)
-
-    async def read_file(self, path: str) -> bytes:
-        return await anyio.to_thread.run_sync(safe_read, self.workspace, path)
-
-    async def close(self) -> None:
-        shutil.rmtree(self.workspace, ignore_errors=True)
+        return ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--",
+                "/bin/sh", "-c", '"$@"; exit $?', "sh", *argv]
 
 
 class UnshareBackend(execbox.ExecutionBackend):
@@ -73,7 +53,7 @@ class UnshareBackend(execbox.ExecutionBackend):
         return self.capabilities
 
     async def open_session(self, spec: execbox.SessionSpec) -> UnshareSession:
-        return UnshareSession()
+        return UnshareSession(prefix="execbox-unshare-")
 
 
 @execbox.hookimpl
