@@ -122,7 +122,7 @@ def test_a_command_killed_at_its_deadline_is_a_timeout_however_the_kill_is_repor
         vercel_fake, monkeypatch: pytest.MonkeyPatch) -> None:
     slow_replies(monkeypatch, delay=0, returncode={137: -9})  # the service reports the signal, not 128+9
     result = runner().run(["sleep", "100"], timeout=1)
-    assert (result.exit_code, result.timed_out) == (137, True)
+    assert (result.exit_code, result.timed_out) == (124, True)
 
 
 def test_file_calls_check_paths_once_code_has_run(vercel_fake) -> None:

@@ -47,6 +47,7 @@ from execbox.core.errors import (
 )
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
+from execbox.core.results import build_result
 from execbox.core.settings import EnvSettings, _env
 
 log = logging.getLogger("execbox.backends.daytona")
@@ -138,13 +139,12 @@ class DaytonaSession(_remote.RemoteSession):
                                             timeout=max(1, math.ceil(request.timeout)))
             code = response.exit_code
         except daytona.DaytonaTimeoutError:
-            timed_out, code = True, _remote.TIMEOUT_EXIT
+            timed_out, code = True, None
         duration = time.monotonic() - started
         if timed_out and not self.oneshot:
             self._reap(marker)
         out, err = self._collect(ctl, request.max_output_bytes)
-        return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out,
-                          truncated=out.truncated or err.truncated, duration_s=round(duration, 4))
+        return build_result(exit_code=code, stdout=out, stderr=err, timed_out=timed_out, duration_s=duration)
 
     def _collect(self, ctl: str, cap: int) -> tuple[BoundedCapture, BoundedCapture]:
         """Only the head and the tail of each stream leave the sandbox."""

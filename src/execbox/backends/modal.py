@@ -42,6 +42,7 @@ from execbox.core.errors import (
 )
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
+from execbox.core.results import build_result
 from execbox.core.settings import EnvSettings, _env
 
 log = logging.getLogger("execbox.backends.modal")
@@ -100,11 +101,8 @@ class ModalSession(_remote.RemoteSession):
         timed_out = code == -1  # Modal's way of saying the exec outlived its timeout
         if timed_out and not self.oneshot:
             self._reap(marker)
-        return ExecResult(
-            exit_code=_remote.TIMEOUT_EXIT if timed_out else code,
-            stdout=out.text(), stderr=err.text(), timed_out=timed_out,
-            truncated=out.truncated or err.truncated, duration_s=round(time.monotonic() - started, 4),
-        )
+        return build_result(exit_code=code, stdout=out, stderr=err, timed_out=timed_out,
+                            duration_s=time.monotonic() - started)
 
     def _reap(self, marker: str) -> None:
         """Kill what the timed-out run left behind (a setsid grandchild keeps running after Modal's kill)."""

@@ -40,6 +40,7 @@ from execbox.core.errors import (
     WorkspacePathError,
 )
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
+from execbox.core.results import build_result
 from execbox.core.settings import EnvSettings, _env
 
 log = logging.getLogger("execbox.backends.vercel_sandbox")
@@ -92,11 +93,8 @@ class VercelSession(_remote.RemoteSession):
         timed_out = code in (_remote.TIMEOUT_EXIT, -signal.SIGKILL) and duration >= request.timeout
         if timed_out and not self.oneshot:
             self._reap(marker)
-        return ExecResult(
-            exit_code=128 - code if code < 0 else code,  # a signal death is 128+signal, as everywhere else
-            stdout=out.capture.text(), stderr=err.capture.text(), timed_out=timed_out,
-            truncated=out.capture.truncated or err.capture.truncated, duration_s=round(duration, 4),
-        )
+        return build_result(exit_code=code, stdout=out.capture, stderr=err.capture, timed_out=timed_out,
+                            duration_s=duration)
 
     def _reap(self, marker: str) -> None:
         argv = _remote.reap_argv(marker)

@@ -16,6 +16,7 @@ import anyio
 
 from execbox.core.models import ExecResult
 from execbox.core.output import BoundedCapture
+from execbox.core.results import build_result, exit_status
 
 _REAPER = os.path.join(os.path.dirname(__file__), "_reaper.py")
 _CHUNK = 65536
@@ -33,15 +34,8 @@ class ProcessOutcome:
     duration_s: float
 
     def to_result(self, *, oom_killed: bool = False) -> ExecResult:
-        return ExecResult(
-            exit_code=self.exit_code,
-            stdout=self.stdout.text(),
-            stderr=self.stderr.text(),
-            timed_out=self.timed_out,
-            truncated=self.stdout.truncated or self.stderr.truncated,
-            oom_killed=oom_killed,
-            duration_s=round(self.duration_s, 4),
-        )
+        return build_result(exit_code=self.exit_code, stdout=self.stdout, stderr=self.stderr,
+                            timed_out=self.timed_out, duration_s=self.duration_s, oom_killed=oom_killed)
 
 
 def reaped(argv: list[str], *, rlimits: dict[str, int] | None = None) -> list[str]:
@@ -110,9 +104,8 @@ async def run_process(
         io.cancel()
         with contextlib.suppress(BaseException):
             await io
-    code = proc.returncode if proc.returncode is not None else 137
     return ProcessOutcome(
-        exit_code=128 - code if code < 0 else code,
+        exit_code=exit_status(proc.returncode),
         stdout=out,
         stderr=err,
         timed_out=timed_out,
