@@ -22,6 +22,7 @@ from execbox.backends import bubblewrap as bw
 from execbox.core.errors import BackendUnavailableError, UnsupportedPolicyError
 from execbox.core.models import Capabilities
 from execbox.core.runner import run_blocking
+from execbox.core.workspace import remove_tree
 from execbox.testing import engine_missing
 from execbox.testing.conformance import PROBE_CONNECT, BackendConformance, Listener
 
@@ -508,7 +509,7 @@ def test_rmtree_of_a_symlink_removes_the_link_only(scratch_tmp: Path) -> None:
     (victim / "keep.txt").write_text("keep")
     link = scratch_tmp / "tree"
     link.symlink_to(victim)
-    bw._rmtree(str(link))
+    remove_tree(str(link))
     assert not link.is_symlink() and (victim / "keep.txt").exists()
     assert stat_mode(scratch_tmp) == 0o1777 and stat_mode(victim) == 0o755
 
@@ -555,7 +556,7 @@ def test_rmtree_unlocks_directories_inside_the_tree_and_nothing_outside(scratch_
         (tree / "workspace" / "ro").chmod(0o500)
         (tree / "workspace" / "locked").chmod(0)
         (tree / "workspace").chmod(0)
-        bw._rmtree(str(tree))
+        remove_tree(str(tree))
 
     as_unprivileged(make_and_remove)
     assert not tree.exists()

@@ -21,6 +21,8 @@ DEFAULTS = {
     "memory_mb": 1024,
     "cpus": 1.0,
     "pids_limit": 256,
+    "disk_mb": 2048,
+    "max_read_bytes": 64 << 20,
     "load_plugins": None,
     "disable_plugins": [],
 }
@@ -38,7 +40,8 @@ def test_env_vars_lists_every_knob_with_its_default() -> None:
         "CODE_EXEC_BACKEND": "auto", "SHELL_BACKEND": None, "CODE_EXEC_LOCAL": False, "CODE_EXEC_ENABLED": False,
         "CODE_EXEC_NETWORK": "none", "CODE_EXEC_MAX_OUTPUT_BYTES": 100_000, "CODE_EXEC_MAX_TIMEOUT_SEC": 30.0,
         "CODE_EXEC_SECRET_FILES": [], "CODE_EXEC_MEMORY_MB": 1024, "CODE_EXEC_CPUS": 1.0,
-        "CODE_EXEC_PIDS_LIMIT": 256, "EXECBOX_LOAD_PLUGINS": None, "EXECBOX_DISABLE_PLUGINS": [],
+        "CODE_EXEC_PIDS_LIMIT": 256, "CODE_EXEC_DISK_MB": 2048, "CODE_EXEC_MAX_READ_BYTES": 64 << 20,
+        "EXECBOX_LOAD_PLUGINS": None, "EXECBOX_DISABLE_PLUGINS": [],
     }
     assert all(description for _, _, description in Settings.env_vars())
 
@@ -159,7 +162,7 @@ class TestClamps:
 
     def test_limits_are_clamped_and_defaulted(self) -> None:
         resolved = self.prepare(limits=Limits(memory_mb=10**6, pids=8))
-        assert resolved.limits == Limits(memory_mb=256, cpus=1, pids=8)
+        assert resolved.limits == Limits(memory_mb=256, cpus=1, pids=8, disk_mb=2048)
 
     def test_only_explicitly_requested_limits_are_demands(self) -> None:
         runner = AsyncRunner(Settings.from_env())

@@ -28,7 +28,7 @@ import anyio
 
 from execbox.core.owner import owner_alive, owner_id
 from execbox.core.backend import Session
-from execbox.core.errors import BackendUnavailableError, ExecboxError, WorkspacePathError
+from execbox.core.errors import BackendUnavailableError, ExecboxError, FileTooLargeError, WorkspacePathError
 from execbox.core.lifecycle import create_cleanly  # noqa: F401  (the remote backends call it from here)
 from execbox.core.models import ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
@@ -198,8 +198,19 @@ class RemoteSession(Session):
         await blocking(self._translated, f"writing {path!r}", path,
                        lambda: self.write_bytes(self._target(path), bytes(data)))
 
-    async def read_file(self, path: str) -> bytes:
-        return await blocking(self._translated, f"reading {path!r}", path, lambda: self.read_bytes(self._target(path)))
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        return await blocking(self._translated, f"reading {path!r}", path, lambda: self._read_capped(path, max_bytes))
+
+    def _read_capped(self, path: str, max_bytes: int) -> bytes:
+        target = self._target(path)
+        # The size first, inside the sandbox: a sparse 5 GiB file must not cross the network to be refused.
+        code, size = self.run_small(["stat", "-c", "%s", "--", target])
+        if code == 0 and size.strip().isdigit() and int(size) > max_bytes:
+            raise FileTooLargeError(path, int(size), max_bytes)
+        data = self.read_bytes(target)
+        if len(data) > max_bytes:
+            raise FileTooLargeError(path, len(data), max_bytes)
+        return data
 
     async def close(self) -> None:
         if self.closed:

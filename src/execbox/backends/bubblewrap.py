@@ -54,7 +54,7 @@ from execbox.core.errors import BackendUnavailableError, SandboxError
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.procs import run_process
 from execbox.core.settings import EnvSettings, _env, _split
-from execbox.core.workspace import safe_read, safe_write
+from execbox.core.workspace import remove_tree, safe_read, safe_write
 
 _LAUNCHER = os.path.join(os.path.dirname(__file__), "_bwrap_launch.py")
 WORKSPACE = "/workspace"
@@ -497,7 +497,7 @@ class BubblewrapSession(Session):
             self._write_private("hosts", "127.0.0.1 localhost\n::1 localhost\n", 0o644)
             self._write_private("filter.bpf", bubblewrap_seccomp.compiled_filter(), 0o600)
         except BaseException:
-            shutil.rmtree(self.root, ignore_errors=True)
+            remove_tree(self.root)
             raise
 
     def _write_private(self, name: str, data: str | bytes, mode: int) -> str:
@@ -592,12 +592,12 @@ class BubblewrapSession(Session):
     async def write_file(self, path: str, data: bytes) -> None:
         await anyio.to_thread.run_sync(lambda: safe_write(self.host_workspace, path, data, owner=self.owner))
 
-    async def read_file(self, path: str) -> bytes:
-        return await anyio.to_thread.run_sync(safe_read, self.host_workspace, path)
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        return await anyio.to_thread.run_sync(lambda: safe_read(self.host_workspace, path, max_bytes=max_bytes))
 
     async def close(self) -> None:
         self._closed = True
-        await anyio.to_thread.run_sync(_rmtree, self.root)
+        await anyio.to_thread.run_sync(remove_tree, self.root)
 
 
 def _sandbox_started(status_file: str) -> bool:
@@ -606,55 +606,6 @@ def _sandbox_started(status_file: str) -> bool:
             return '"child-pid"' in fh.read()
     except OSError:
         return False
-
-
-def _rmtree(path: str) -> None:
-    """Remove a tree in which the sandbox may have made directories unreadable (chmod 000): a non-root
-    owner must give itself access back first. Only directories inside the tree are ever chmod-ed (never
-    its parent: the tree may sit in /tmp), each through a descriptor opened without following a symlink
-    and checked to still lie inside the tree, so a planted or swapped-in symlink is never followed."""
-    try:
-        top = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(top.st_mode):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # a symlink or file in place of the tree: remove the entry, never its target
-        return
-    root = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))  # the tree's own name
-    retried: set[str] = set()
-
-    def unlock(_func: Any, target: str, _exc: Any) -> None:
-        if target in retried:
-            return  # chmod did not help (not ours, busy): leave it rather than loop
-        retried.add(target)
-        for candidate in (os.path.dirname(target), target):
-            _open_up(candidate, root)
-        with contextlib.suppress(OSError):
-            if stat.S_ISDIR(os.lstat(target).st_mode):
-                shutil.rmtree(target, onerror=unlock)
-            else:
-                os.unlink(target)
-
-    shutil.rmtree(path, onerror=unlock)
-
-
-def _open_up(candidate: str, root: str) -> None:
-    """chmod 0700 the directory ``candidate`` if it is a real directory inside ``root`` (or root itself)."""
-    try:
-        fd = os.open(candidate, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)  # ENOTDIR on a symlink
-    except OSError:
-        return
-    try:
-        where = os.readlink(f"/proc/self/fd/{fd}")  # where the opened directory really is, now
-        if where == root or where.startswith(root.rstrip("/") + "/"):
-            # an O_PATH descriptor cannot be fchmod-ed; its /proc link reaches exactly this inode
-            with contextlib.suppress(OSError):
-                os.chmod(f"/proc/self/fd/{fd}", 0o700)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class BubblewrapBackend(ExecutionBackend):
@@ -698,7 +649,7 @@ class BubblewrapBackend(ExecutionBackend):
         report, settings = self.report, self.bwrap_settings
         assert report is not None
         return await create_cleanly(lambda made: made.append(BubblewrapSession(report, settings, spec)),
-                                    lambda session: _rmtree(session.root))
+                                    lambda session: remove_tree(session.root))
 
     async def gc(self) -> list[str]:
         return await anyio.to_thread.run_sync(_gc, self.report.cgroup if self.report else None)
@@ -729,7 +680,7 @@ def _gc(plan: CgroupPlan | None) -> list[str]:
         # Only a real directory of ours: anyone can plant an execbox-bwrap-* name (a symlink, a directory)
         # in a shared /tmp, and gc may run as root.
         if pid is not None and pid != os.getpid() and _ours(path) and not pid_alive(pid):
-            _rmtree(path)
+            remove_tree(path)
             removed.append(path)
     for parent in sorted(set(plan.parents.values())) if plan else []:
         with contextlib.suppress(OSError):

@@ -36,7 +36,6 @@ import contextlib
 import os
 import re
 import selectors
-import shutil
 import socket
 import struct
 import tempfile
@@ -57,8 +56,9 @@ from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.output import BoundedCapture
+from execbox.core.results import build_result, failed_to_start
 from execbox.core.settings import EnvSettings, Settings, _env
-from execbox.core.workspace import safe_read, safe_write
+from execbox.core.workspace import remove_tree, safe_read, safe_write
 
 LABEL = "io.execbox"
 L_OWNER = "io.execbox.owner"
@@ -491,12 +491,8 @@ class DockerSession(Session):
             duration = time.monotonic() - started
         finally:
             self._remove(container.id)
-        exit_code = state.get("ExitCode", -1)
-        if timed_out and exit_code in (0, -1, None):
-            exit_code = 137
-        return ExecResult(exit_code=exit_code, stdout=out.text(), stderr=err.text(), timed_out=timed_out,
-                          truncated=out.truncated or err.truncated,
-                          oom_killed=bool(state.get("OOMKilled")) and not timed_out, duration_s=round(duration, 4))
+        return build_result(exit_code=state.get("ExitCode"), stdout=out, stderr=err, timed_out=timed_out,
+                            oom_killed=bool(state.get("OOMKilled")), duration_s=duration)
 
     def _start(self, container: Any) -> ExecResult | None:
         """Start the container; a command that cannot be executed is a result (127/126), like a shell's."""
@@ -507,9 +503,9 @@ class DockerSession(Session):
         except docker.errors.APIError as exc:
             message = str(exc.explanation or exc)
             if "executable file not found" in message or "no such file or directory" in message:
-                return ExecResult(exit_code=127, stderr=f"execbox: command not found in the image: {message}\n")
+                return failed_to_start(127, f"execbox: command not found in the image: {message}")
             if "permission denied" in message:
-                return ExecResult(exit_code=126, stderr=f"execbox: command not executable: {message}\n")
+                return failed_to_start(126, f"execbox: command not executable: {message}")
             raise SandboxError(f"the engine could not start the container: {message}", backend="docker") from None
         return None
 
@@ -544,11 +540,9 @@ class DockerSession(Session):
             _close(sock_io, sock)
         exit_code = self._exec_exit_code(exec_id)
         duration = time.monotonic() - started
-        if timed_out and exit_code in (0, -1, None):
-            exit_code = 137
         oom = exit_code == 137 and not timed_out and self._new_oom_kills()
-        return ExecResult(exit_code=exit_code, stdout=out.text(), stderr=err.text(), timed_out=timed_out,
-                          truncated=out.truncated or err.truncated, oom_killed=oom, duration_s=round(duration, 4))
+        return build_result(exit_code=exit_code, stdout=out, stderr=err, timed_out=timed_out, oom_killed=oom,
+                            duration_s=duration)
 
     def _quick_exec(self, argv: list[str], user: str) -> bytes:
         cid = self._keeper_id
@@ -586,8 +580,8 @@ class DockerSession(Session):
         owner = self._owner if os.geteuid() == 0 else None
         await anyio.to_thread.run_sync(lambda: safe_write(self.host_workspace, path, data, owner=owner))
 
-    async def read_file(self, path: str) -> bytes:
-        return await anyio.to_thread.run_sync(safe_read, self.host_workspace, path)
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        return await anyio.to_thread.run_sync(lambda: safe_read(self.host_workspace, path, max_bytes=max_bytes))
 
     async def close(self) -> None:
         await anyio.to_thread.run_sync(self._close_blocking)
@@ -599,7 +593,7 @@ class DockerSession(Session):
         for cid in containers:
             with contextlib.suppress(Exception):
                 self._remove(cid)
-        shutil.rmtree(self.host_workspace, ignore_errors=True)
+        remove_tree(self.host_workspace)
 
 
 # --- the backend ---------------------------------------------------------------------------------------
@@ -814,4 +808,4 @@ def _remove_workspace(path: str) -> None:
     p = Path(path)
     if p.parent.resolve() == Path(tempfile.gettempdir()).resolve() and p.name.startswith(WORKSPACE_PREFIX) \
             and not p.is_symlink():
-        shutil.rmtree(p, ignore_errors=True)
+        remove_tree(str(p))

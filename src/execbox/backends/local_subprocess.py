@@ -9,7 +9,6 @@ CODE_EXEC_LOCAL=true, and it can only honour network mode 'host'.
 from __future__ import annotations
 
 import math
-import shutil
 import tempfile
 
 import anyio
@@ -18,7 +17,7 @@ from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.procs import reaped, run_process
-from execbox.core.workspace import safe_read, safe_write
+from execbox.core.workspace import remove_tree, safe_read, safe_write
 
 FILE_SIZE_LIMIT = 1 << 30  # no single file over 1 GiB: a runaway writer cannot fill the disk
 
@@ -58,11 +57,11 @@ class LocalSession(Session):
     async def write_file(self, path: str, data: bytes) -> None:
         await anyio.to_thread.run_sync(safe_write, self.workspace, path, data)
 
-    async def read_file(self, path: str) -> bytes:
-        return await anyio.to_thread.run_sync(safe_read, self.workspace, path)
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        return await anyio.to_thread.run_sync(lambda: safe_read(self.workspace, path, max_bytes=max_bytes))
 
     async def close(self) -> None:
-        await anyio.to_thread.run_sync(lambda: shutil.rmtree(self.workspace, ignore_errors=True))
+        await anyio.to_thread.run_sync(remove_tree, self.workspace)
 
 
 class LocalSubprocessBackend(ExecutionBackend):

@@ -51,7 +51,7 @@ from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.procs import reaped, run_process
 from execbox.core.settings import EnvSettings, _env
-from execbox.core.workspace import safe_read, safe_write
+from execbox.core.workspace import remove_tree, safe_read, safe_write
 
 NAME = "singularity"
 WORKSPACE = "/workspace"
@@ -135,8 +135,8 @@ class SingularitySession(Session):
     async def write_file(self, path: str, data: bytes) -> None:
         await anyio.to_thread.run_sync(safe_write, self.host_dir, path, data)
 
-    async def read_file(self, path: str) -> bytes:
-        return await anyio.to_thread.run_sync(safe_read, self.host_dir, path)
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        return await anyio.to_thread.run_sync(lambda: safe_read(self.host_dir, path, max_bytes=max_bytes))
 
     async def close(self) -> None:
         await anyio.to_thread.run_sync(self.close_blocking)
@@ -149,7 +149,7 @@ class SingularitySession(Session):
             if self.instance:
                 self.backend.call_binary(["instance", "stop", "-t", "5", self.instance], timeout=60)
         finally:
-            shutil.rmtree(self.host_dir, ignore_errors=True)
+            remove_tree(self.host_dir)
 
 
 class SingularityBackend(ExecutionBackend):
@@ -271,7 +271,7 @@ class SingularityBackend(ExecutionBackend):
             net = await self.run_binary(["exec", *self.container_flags(spec_none, probe_dir), image, "true"],
                                         timeout=_PROBE_TIMEOUT_S)
         finally:
-            shutil.rmtree(probe_dir, ignore_errors=True)
+            remove_tree(probe_dir)
         caps = self.capabilities
         if net.returncode != 0:
             self._notes = [f"singularity: this host refuses `--net --network none` ({_tail(net.stderr)}); only the "
@@ -320,7 +320,7 @@ class SingularityBackend(ExecutionBackend):
         for path in root.glob("execbox-sing-*-*"):
             match = re.fullmatch(r"execbox-sing-(\d+)-.+", path.name)
             if match and path.is_dir() and not path.is_symlink() and not _alive(int(match.group(1))):
-                shutil.rmtree(path, ignore_errors=True)
+                remove_tree(path)
                 removed.append(str(path))
         return removed
 

@@ -41,10 +41,17 @@ import anyio
 
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
 from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError, WorkspacePathError
+from execbox.core.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    FileTooLargeError,
+    SandboxError,
+    WorkspacePathError,
+)
 from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
+from execbox.core.results import build_result
 from execbox.core.settings import EnvSettings, _env
 
 NAME = "ssh"
@@ -443,10 +450,8 @@ class SshSession(Session):
             if not conn.alive():
                 raise conn.dropped("mid-run") from None
             raise SandboxError(f"the run on {conn.settings.target} failed: {exc}", backend=NAME) from None
-        return ExecResult(
-            exit_code=code, stdout=run.out.text(), stderr=run.err.text(), timed_out=run.timed_out,
-            truncated=run.out.truncated or run.err.truncated, duration_s=round(time.monotonic() - run.started, 4),
-        )
+        return build_result(exit_code=code, stdout=run.out, stderr=run.err, timed_out=run.timed_out,
+                            duration_s=time.monotonic() - run.started)
 
     def _pump(self, chan: Any, run: _Run, timeout: float, cancelled: threading.Event) -> int:
         """Read both streams into the captures until the run ends; at the deadline ask the wrapper to kill."""
@@ -532,19 +537,24 @@ class SshSession(Session):
                 raise WorkspacePathError(f"refused {rel!r}: {'/'.join(parts[:i + 1])!r} is not a directory")
         raise AssertionError("unreachable")
 
-    def _read(self, sftp: Any, rel: str) -> bytes:
+    def _read(self, sftp: Any, rel: str, max_bytes: int) -> bytes:
         path, st = self._walk(sftp, rel, create=False)
         if st is None:
             raise WorkspacePathError(f"no such file in the workspace: {rel!r}")
         if not stat.S_ISREG(st.st_mode):
             raise WorkspacePathError(f"refused {rel!r}: not a regular file")
+        if (st.st_size or 0) > max_bytes:
+            raise FileTooLargeError(rel, st.st_size, max_bytes, backend=NAME)
         with sftp.open(path, "rb") as fh:
             opened = fh.stat()
             # the file we opened must be the one we checked (a swap to a symlink would show another file)
             if (opened.st_size, opened.st_mtime, opened.st_mode) != (st.st_size, st.st_mtime, st.st_mode):
                 raise WorkspacePathError(f"refused {rel!r}: it changed while it was being opened")
             fh.prefetch(opened.st_size)
-            return fh.read()
+            data = fh.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise FileTooLargeError(rel, None, max_bytes, backend=NAME)
+        return data
 
     def _write(self, sftp: Any, rel: str, data: bytes) -> None:
         path, st = self._walk(sftp, rel, create=True)
@@ -555,8 +565,8 @@ class SshSession(Session):
     async def write_file(self, path: str, data: bytes) -> None:
         await anyio.to_thread.run_sync(self._sftp_call, lambda sftp: self._write(sftp, path, data))
 
-    async def read_file(self, path: str) -> bytes:
-        return await anyio.to_thread.run_sync(self._sftp_call, lambda sftp: self._read(sftp, path))
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        return await anyio.to_thread.run_sync(self._sftp_call, lambda sftp: self._read(sftp, path, max_bytes))
 
     # --- close --------------------------------------------------------------------------------------
 

@@ -58,7 +58,9 @@ class Session(ABC):
     async def write_file(self, path: str, data: bytes) -> None: ...
 
     @abstractmethod
-    async def read_file(self, path: str) -> bytes: ...
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        """The file's bytes; a file larger than ``max_bytes`` is refused (FileTooLargeError) without being
+        read into memory, whatever its apparent size (a sparse file costs the sandbox no disk)."""
 
     @abstractmethod
     async def close(self) -> None:

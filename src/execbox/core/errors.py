@@ -10,7 +10,8 @@
     ├── BackendUnavailableError   the backend cannot start here: daemon down, binary, SDK or credentials
     │                             missing (CLI exit 126; never retryable)
     └── SandboxError              a sandbox broke while in use (connection dropped, container vanished)
-        └── WorkspacePathError    a path escapes the workspace (``..``, absolute, or a planted symlink)
+        ├── WorkspacePathError    a path escapes the workspace (``..``, absolute, or a planted symlink)
+        └── FileTooLargeError     a file to read back is larger than the read cap (CODE_EXEC_MAX_READ_BYTES)
 
 A command that runs and fails is not an error: it is an ExecResult with a non-zero exit code.
 """
@@ -94,3 +95,14 @@ class SandboxError(ExecboxError):
 
 class WorkspacePathError(SandboxError):
     """A path escapes the workspace."""
+
+
+class FileTooLargeError(SandboxError):
+    """A file to read back is larger than the read cap; it was not read."""
+
+    def __init__(self, rel: str, size: int | None, max_bytes: int, **kw: object) -> None:
+        what = f"{size} bytes" if size is not None else f"more than {max_bytes} bytes"
+        super().__init__(
+            f"refused to read {rel!r}: it holds {what}, over the read cap of {max_bytes} bytes. Raise "
+            "CODE_EXEC_MAX_READ_BYTES if you expect files that large, or have the code write less",
+            env_var="CODE_EXEC_MAX_READ_BYTES", **kw)  # type: ignore[arg-type]

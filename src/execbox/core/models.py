@@ -47,9 +47,11 @@ class Limits(BaseModel):
     memory_mb: int | None = Field(default=None, gt=0)
     cpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     pids: int | None = Field(default=None, gt=0)
+    # The workspace and the sandbox's writable scratch together, MiB.
+    disk_mb: int | None = Field(default=None, gt=0)
 
     def names(self) -> set[str]:
-        fields = {"memory_mb": "memory", "cpus": "cpu", "pids": "pids"}
+        fields = {"memory_mb": "memory", "cpus": "cpu", "pids": "pids", "disk_mb": "disk"}
         return {fields[k] for k, v in self.model_dump().items() if v is not None}
 
 

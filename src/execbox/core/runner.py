@@ -113,6 +113,7 @@ class AsyncRunner:
             memory_mb=min(asked.memory_mb or s.memory_mb, s.memory_mb),
             cpus=min(asked.cpus or s.cpus, s.cpus),
             pids=min(asked.pids or s.pids_limit, s.pids_limit),
+            disk_mb=min(asked.disk_mb or s.disk_mb, s.disk_mb),
         )
         resolved = request.model_copy(update={
             "env": env,
@@ -124,7 +125,7 @@ class AsyncRunner:
         return resolved, dropped, asked.names() | self._operator_limits()
 
     def _operator_limits(self) -> set[str]:
-        by_field = {"memory_mb": "memory", "cpus": "cpu", "pids_limit": "pids"}
+        by_field = {"memory_mb": "memory", "cpus": "cpu", "pids_limit": "pids", "disk_mb": "disk"}
         return {limit for field, limit in by_field.items() if field in self.settings.model_fields_set}
 
     async def execute(self, request: ExecRequest, *, backend: str | None = None) -> ExecResult:
@@ -272,7 +273,7 @@ class AsyncSandbox:
 
     async def read_file(self, path: str) -> bytes:
         _, session = self._live()
-        return await session.read_file(normalize(path, session.workspace))
+        return await session.read_file(normalize(path, session.workspace), self.runner.settings.max_read_bytes)
 
 
 class Runner:

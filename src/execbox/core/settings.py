@@ -99,6 +99,10 @@ class Settings(EnvSettings):
     memory_mb: int = _env("CODE_EXEC_MEMORY_MB", 1024, "Memory limit per sandbox, MiB (no swap headroom)", gt=0, le=1 << 22)
     cpus: float = _env("CODE_EXEC_CPUS", 1.0, "CPU limit per sandbox, in cores", gt=0, le=1024, allow_inf_nan=False)
     pids_limit: int = _env("CODE_EXEC_PIDS_LIMIT", 256, "Process limit per sandbox", gt=0, le=1 << 22)
+    disk_mb: int = _env("CODE_EXEC_DISK_MB", 2048, "Disk limit per sandbox (workspace + writable scratch), MiB",
+                        gt=0, le=1 << 24)
+    max_read_bytes: int = _env("CODE_EXEC_MAX_READ_BYTES", 64 << 20,
+                               "Largest file read_file returns, in bytes; a larger one is refused", gt=0, le=1 << 40)
     load_plugins: Annotated[list[str] | None, NoDecode] = _env(
         "EXECBOX_LOAD_PLUGINS", None, "Comma list of third-party plugins to load (entry-point or distribution names); empty = none"
     )

@@ -11,7 +11,7 @@ import os
 import posixpath
 import stat
 
-from execbox.core.errors import WorkspacePathError
+from execbox.core.errors import FileTooLargeError, WorkspacePathError
 
 
 def normalize(path: str, workspace: str | None = None) -> str:
@@ -63,8 +63,9 @@ def _refuse(rel: str, exc: OSError) -> WorkspacePathError:
     return WorkspacePathError(f"cannot access {rel!r} in the workspace: {exc.strerror}")
 
 
-def safe_read(root: str, rel: str, *, max_bytes: int | None = None) -> bytes:
-    """Read ``root/rel`` without following any symlink; only a regular file is read."""
+def safe_read(root: str, rel: str, *, max_bytes: int) -> bytes:
+    """Read ``root/rel`` without following any symlink; only a regular file is read, and only up to
+    ``max_bytes`` (a larger one, sparse or not, is refused before a byte is loaded)."""
     parts = rel.split("/")
     try:
         dfd = _open_dir(root, parts[:-1], create=False, owner=None)
@@ -74,13 +75,17 @@ def safe_read(root: str, rel: str, *, max_bytes: int | None = None) -> bytes:
             os.close(dfd)
     except OSError as exc:
         raise _refuse(rel, exc) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise WorkspacePathError(f"refused {rel!r}: not a regular file")
+    if st.st_size > max_bytes:
+        os.close(fd)
+        raise FileTooLargeError(rel, st.st_size, max_bytes)
     with os.fdopen(fd, "rb") as fh:
-        data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
-    if max_bytes is not None and len(data) > max_bytes:
-        raise WorkspacePathError(f"{rel!r} is larger than {max_bytes} bytes")
+        data = fh.read(max_bytes + 1)  # the file may grow after fstat: never read past the cap
+    if len(data) > max_bytes:
+        raise FileTooLargeError(rel, None, max_bytes)
     return data
 
 
@@ -108,3 +113,139 @@ def safe_write(root: str, rel: str, data: bytes, *, owner: tuple[int, int] | Non
         if owner:
             os.fchown(fh.fileno(), *owner)
         fh.write(data)
+
+
+def remove_tree(path: str) -> None:
+    """Remove ``path`` and everything in it, whatever the sandboxed code built there.
+
+    Iterative (a tree thousands of levels deep is fine; ``shutil.rmtree`` recurses), holding at most two
+    directory descriptors (depth never exhausts the fd limit), never following a symlink (each level is
+    opened with O_NOFOLLOW relative to the one above, and the way back up is checked to be the same
+    directory), and giving back access the code took away from its own directories (mode 0000 or 0500:
+    the owner may chmod them). Sockets, FIFOs and devices are just unlinked. What still cannot be removed
+    (not ours, a mount point) is left, never retried forever.
+    """
+    try:
+        top = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(top.st_mode):
+        with _suppress_oserror():
+            os.unlink(path)  # a file or a symlink in place of the tree: the entry goes, never its target
+        return
+    parent_path, name = os.path.split(os.path.abspath(path))
+    try:
+        parent = os.open(parent_path or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        _remove_below(parent, name)
+    finally:
+        os.close(parent)
+
+
+class _suppress_oserror:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+        return isinstance(exc, OSError)
+
+
+def _open_subdir(parent: int, name: str) -> int | None:
+    """A descriptor of the real directory ``name`` in ``parent`` (access given back if it was taken)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, dir_fd=parent)
+    except PermissionError:
+        pass
+    except OSError:
+        return None
+    try:  # mode 0000/0100: O_PATH needs no permission on the directory itself, and its /proc link is exact
+        fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError:
+        return None
+    try:
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)
+        return os.open(f"/proc/self/fd/{fd}", flags)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _unlink(fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=fd)
+    except PermissionError:  # the directory itself was made read-only (0500): give write back, once
+        with _suppress_oserror():
+            os.fchmod(fd, 0o700)
+            os.unlink(name, dir_fd=fd)
+    except OSError:
+        pass
+
+
+def _rmdir(fd: int, name: str) -> None:
+    try:
+        os.rmdir(name, dir_fd=fd)
+    except PermissionError:  # a read-only parent (0500): give write back, once
+        with _suppress_oserror():
+            os.fchmod(fd, 0o700)
+            os.rmdir(name, dir_fd=fd)
+    except OSError:
+        pass  # not empty (something could not go) or not ours: leave it
+
+
+def _clear_files(fd: int) -> list[str]:
+    """Unlink every non-directory in the directory ``fd``; return the names of its subdirectories."""
+    subdirs: list[str] = []
+    with _suppress_oserror(), os.scandir(fd) as entries:
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                subdirs.append(entry.name)
+            else:
+                _unlink(fd, entry.name)
+    return subdirs
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _remove_below(parent: int, top_name: str) -> None:
+    fd = _open_subdir(parent, top_name)
+    if fd is None:
+        return
+    # One frame per directory entered: its name, its identity, the subdirectories still to visit.
+    stack: list[tuple[str, tuple[int, int], list[str]]] = [(top_name, _identity(fd), _clear_files(fd))]
+    try:
+        while stack:
+            name, _, pending = stack[-1]
+            if pending:
+                child_name = pending.pop()
+                child = _open_subdir(fd, child_name)
+                if child is not None:
+                    os.close(fd)
+                    fd = child
+                    stack.append((child_name, _identity(fd), _clear_files(fd)))
+                continue
+            stack.pop()  # as empty as it will get: go up and remove it
+            if not stack:
+                os.close(fd)
+                fd = -1
+                _rmdir(parent, name)
+                return
+            up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            if _identity(fd) != stack[-1][1]:
+                return  # the tree was moved while we were in it: stop rather than touch another directory
+            _rmdir(fd, name)
+    finally:
+        if fd >= 0:
+            os.close(fd)

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from execbox.core.workspace import remove_tree
+
 # Host directories the box sees read-only (symlinks, e.g. /bin -> usr/bin, are copied as symlinks).
 HOST_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -198,7 +200,7 @@ class Box:
 
     def destroy(self) -> None:
         self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_tree(self.dir)
 
     # --- commands ---------------------------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ from execbox.core.settings import Settings
 from execbox.guard.secrets import find_secrets
 
 UNSANDBOXED_ISOLATION = frozenset({"none", "process"})
-LIMIT_VARIABLES = {"memory": "CODE_EXEC_MEMORY_MB", "cpu": "CODE_EXEC_CPUS", "pids": "CODE_EXEC_PIDS_LIMIT"}
+LIMIT_VARIABLES = {"memory": "CODE_EXEC_MEMORY_MB", "cpu": "CODE_EXEC_CPUS", "pids": "CODE_EXEC_PIDS_LIMIT",
+                   "disk": "CODE_EXEC_DISK_MB"}
 
 
 class Guard:
