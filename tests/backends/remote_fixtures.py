@@ -162,17 +162,17 @@ def check_session_file_calls(sdk: str, backend: str, service: Any) -> None:
         session = await impl.open_session(SessionSpec("none", Limits(), oneshot=False, lifetime_s=120))
         try:
             await session.write_file("a.txt", b"one")
-            assert await session.read_file("a.txt") == b"one"
+            assert await session.read_file("a.txt", 1000) == b"one"
             with pytest.raises(WorkspacePathError, match="no such file in the workspace: 'nope.txt'"):
-                await session.read_file("nope.txt")
+                await session.read_file("nope.txt", 1000)
             assert path_checks() == 0
             request = ExecRequest(argv=["cat", "a.txt"], timeout=30, max_output_bytes=1000, network="none",
                                   limits=Limits())
             assert (await session.exec(request)).stdout == "one"
             await session.write_file("a.txt", b"two")
-            assert await session.read_file("a.txt") == b"two"
+            assert await session.read_file("a.txt", 1000) == b"two"
             with pytest.raises(WorkspacePathError, match="no such file in the workspace: 'nope.txt'"):
-                await session.read_file("nope.txt")
+                await session.read_file("nope.txt", 1000)
             assert path_checks() == 3
         finally:
             await session.close()

@@ -231,7 +231,7 @@ def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_gc_deletes_orphans_only(daytona_fake) -> None:
     import daytona
 
-    from execbox.backends import _remote
+    from execbox.core import remote as _remote
 
     client = daytona.Daytona()
 

@@ -159,7 +159,7 @@ def test_sandbox_lost_mid_session_is_a_sandbox_error(modal_fake) -> None:
 def test_gc_terminates_orphans_only(modal_fake) -> None:
     import modal
 
-    from execbox.backends import _remote
+    from execbox.core import remote as _remote
 
     runner = Runner(Settings.from_env(backend="modal"))
     app = modal.App.lookup("execbox", create_if_missing=True)
@@ -198,7 +198,7 @@ def test_execbox_gc_command_removes_orphans(modal_fake) -> None:
     import modal
     from click.testing import CliRunner
 
-    from execbox.backends import _remote
+    from execbox.core import remote as _remote
     from execbox.cli import main
 
     app = modal.App.lookup("execbox", create_if_missing=True)

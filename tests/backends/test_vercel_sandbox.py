@@ -168,7 +168,7 @@ def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_gc_destroys_orphans_only(vercel_fake) -> None:
     from vercel.sandbox import sync
 
-    from execbox.backends import _remote
+    from execbox.core import remote as _remote
 
     sync.create_sandbox(name="expired", tags={**_remote.labels(60), "execbox-expires": "1"})
     sync.create_sandbox(name="live", tags=_remote.labels(600))

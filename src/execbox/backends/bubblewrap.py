@@ -53,7 +53,7 @@ from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import BackendUnavailableError, SandboxError
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.procs import run_process
-from execbox.core.settings import EnvSettings, _env, _split
+from execbox.core.settings import EnvSettings, setting, comma_list
 from execbox.core.workspace import remove_tree, safe_read, safe_write
 
 _LAUNCHER = os.path.join(os.path.dirname(__file__), "_bwrap_launch.py")
@@ -81,20 +81,20 @@ _CONTROLLERS = ("memory", "pids", "cpu")
 
 
 class BubblewrapSettings(EnvSettings):
-    path: str = _env("CODE_EXEC_BWRAP_PATH", "bwrap", "The bwrap binary: a name on PATH or an absolute path")
-    user: str = _env("CODE_EXEC_BWRAP_USER", "65534:65534",
+    path: str = setting("CODE_EXEC_BWRAP_PATH", "bwrap", "The bwrap binary: a name on PATH or an absolute path")
+    user: str = setting("CODE_EXEC_BWRAP_USER", "65534:65534",
                      "Host uid:gid the sandbox runs as when execbox runs as root (never 0)")
-    tmpfs_mb: int = _env("CODE_EXEC_BWRAP_TMPFS_MB", 512, "Size of the /tmp tmpfs (counts against memory), MiB", gt=0)
-    cgroups: Literal["auto", "off"] = _env(
+    tmpfs_mb: int = setting("CODE_EXEC_BWRAP_TMPFS_MB", 512, "Size of the /tmp tmpfs (counts against memory), MiB", gt=0)
+    cgroups: Literal["auto", "off"] = setting(
         "CODE_EXEC_BWRAP_CGROUPS", "auto", "auto: memory/pids/cpu limits through a cgroup per exec when the host "
         "lets execbox create one; off: rlimits only")
-    cgroup_parent: str = _env(
+    cgroup_parent: str = setting(
         "CODE_EXEC_BWRAP_CGROUP_PARENT", "", "cgroup (path under the cgroup mount) in which execbox creates one "
         "cgroup per exec; empty = execbox's own cgroup")
-    ro_binds: Annotated[list[str], NoDecode] = _env(
+    ro_binds: Annotated[list[str], NoDecode] = setting(
         "CODE_EXEC_BWRAP_RO_BINDS", [], "Comma list of extra host paths bound read-only at the same place (e.g. /opt/python)")
 
-    _split_lists = field_validator("ro_binds", mode="before")(_split)
+    _split_lists = field_validator("ro_binds", mode="before")(comma_list)
 
     @field_validator("user")
     @classmethod

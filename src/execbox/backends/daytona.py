@@ -35,7 +35,7 @@ import time
 from functools import cached_property
 from typing import Any
 
-from execbox.backends import _remote
+from execbox.core import remote as _remote
 from execbox.core.backend import ExecutionBackend, SessionSpec
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import (
@@ -48,7 +48,7 @@ from execbox.core.errors import (
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 from execbox.core.results import build_result
-from execbox.core.settings import EnvSettings, _env
+from execbox.core.settings import EnvSettings, setting
 
 log = logging.getLogger("execbox.backends.daytona")
 CTL = "/tmp/.execbox"  # run scripts and captured output, outside the workspace
@@ -74,10 +74,10 @@ done
 
 
 class DaytonaSettings(EnvSettings):
-    persist: bool = _env("DAYTONA_SANDBOX_PERSIST", False,
+    persist: bool = setting("DAYTONA_SANDBOX_PERSIST", False,
                          "Stop (not delete) a Daytona session's sandbox at its end; a later session with the same "
                          "name resumes it")
-    image: str = _env("CODE_EXEC_DAYTONA_IMAGE", "python:3.12-slim",
+    image: str = setting("CODE_EXEC_DAYTONA_IMAGE", "python:3.12-slim",
                       "Image of Daytona sandboxes (Daytona sets CPU and memory only on image sandboxes)")
 
 

@@ -57,7 +57,7 @@ from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxErr
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.output import BoundedCapture
 from execbox.core.results import build_result, failed_to_start
-from execbox.core.settings import EnvSettings, Settings, _env
+from execbox.core.settings import EnvSettings, Settings, setting
 from execbox.core.workspace import remove_tree, safe_read, safe_write
 
 LABEL = "io.execbox"
@@ -82,15 +82,15 @@ _RUNTIME_ISOLATION = (("runsc", "gvisor"), ("gvisor", "gvisor"), ("kata", "micro
 class DockerSettings(EnvSettings):
     """Knobs of the docker backend (the limits are the core's CODE_EXEC_MEMORY_MB/CPUS/PIDS_LIMIT)."""
 
-    image: str = _env("CODE_EXEC_DOCKER_IMAGE", DEFAULT_TAG,
+    image: str = setting("CODE_EXEC_DOCKER_IMAGE", DEFAULT_TAG,
                       "Sandbox image; build the default with `execbox image build`; pin registry images by digest")
-    user: str | None = _env("CODE_EXEC_DOCKER_USER", None,
+    user: str | None = setting("CODE_EXEC_DOCKER_USER", None,
                             "uid[:gid] inside the container; default: yours, or 65534:65534 when execbox runs as "
                             "root; a uid other than yours needs execbox to run as root")
-    runtime: str | None = _env("CODE_EXEC_DOCKER_RUNTIME", None,
+    runtime: str | None = setting("CODE_EXEC_DOCKER_RUNTIME", None,
                                "OCI runtime registered in the engine, e.g. runsc (gVisor); default: the engine's")
-    tmpfs_mb: int = _env("CODE_EXEC_DOCKER_TMPFS_MB", 512, "Size of the /tmp tmpfs (counts against memory), MiB", gt=0)
-    egress_network: str = _env("CODE_EXEC_DOCKER_EGRESS_NETWORK", "execbox-egress",
+    tmpfs_mb: int = setting("CODE_EXEC_DOCKER_TMPFS_MB", 512, "Size of the /tmp tmpfs (counts against memory), MiB", gt=0)
+    egress_network: str = setting("CODE_EXEC_DOCKER_EGRESS_NETWORK", "execbox-egress",
                                "Bridge network for network mode egress; created (labelled execbox) when missing")
 
     @field_validator("user")

@@ -30,7 +30,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from execbox.backends import _remote
+from execbox.core import remote as _remote
 from execbox.core.backend import ExecutionBackend, SessionSpec
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import (
@@ -43,7 +43,7 @@ from execbox.core.errors import (
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 from execbox.core.results import build_result
-from execbox.core.settings import EnvSettings, _env
+from execbox.core.settings import EnvSettings, setting
 
 log = logging.getLogger("execbox.backends.modal")
 WORKSPACE = "/workspace"
@@ -52,8 +52,8 @@ MAX_LIFETIME_S = 24 * 3600  # Modal's longest sandbox timeout
 
 
 class ModalSettings(EnvSettings):
-    app: str = _env("CODE_EXEC_MODAL_APP", "execbox", "Modal app that owns execbox's sandboxes (created if missing)")
-    image: str = _env("CODE_EXEC_MODAL_IMAGE", "", "Registry image for Modal sandboxes; empty = Modal's debian_slim")
+    app: str = setting("CODE_EXEC_MODAL_APP", "execbox", "Modal app that owns execbox's sandboxes (created if missing)")
+    image: str = setting("CODE_EXEC_MODAL_IMAGE", "", "Registry image for Modal sandboxes; empty = Modal's debian_slim")
 
 
 def _modal_errors() -> Any:

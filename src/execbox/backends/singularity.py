@@ -43,14 +43,14 @@ from pathlib import Path
 
 import anyio
 
-from execbox.backends import _remote
+from execbox.core import remote as _remote
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError
 from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.procs import reaped, run_process
-from execbox.core.settings import EnvSettings, _env
+from execbox.core.settings import EnvSettings, setting
 from execbox.core.workspace import remove_tree, safe_read, safe_write
 
 NAME = "singularity"
@@ -76,13 +76,13 @@ _KILL_AFTER_TIMEOUT = (
 
 
 class SingularitySettings(EnvSettings):
-    binary: str | None = _env(
+    binary: str | None = setting(
         "CODE_EXEC_SINGULARITY_BINARY", None,
         "apptainer or singularity executable (name or path); default: apptainer, else singularity, from PATH")
-    image: str = _env(
+    image: str = setting(
         "CODE_EXEC_SINGULARITY_IMAGE", "docker://python:3.12-slim",
         "Container image: a .sif file, a sandbox directory, or a URI the binary can pull (docker://, oras://)")
-    tmpdir: Path | None = _env(
+    tmpdir: Path | None = setting(
         "CODE_EXEC_SINGULARITY_TMPDIR", None, "Host directory for the per-run workspaces; default: the system tmp dir")
 
 

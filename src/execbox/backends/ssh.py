@@ -52,7 +52,7 @@ from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 from execbox.core.results import build_result
-from execbox.core.settings import EnvSettings, _env
+from execbox.core.settings import EnvSettings, setting
 
 NAME = "ssh"
 _CHUNK = 65536
@@ -167,21 +167,21 @@ done
 
 
 class SshSettings(EnvSettings):
-    host: str | None = _env("CODE_EXEC_SSH_HOST", None, "Remote host to run code on (required)")
-    port: int = _env("CODE_EXEC_SSH_PORT", 22, "SSH port", gt=0, le=65535)
-    user: str | None = _env("CODE_EXEC_SSH_USER", None, "Remote user; default: the local user name")
-    key_file: Path | None = _env(
+    host: str | None = setting("CODE_EXEC_SSH_HOST", None, "Remote host to run code on (required)")
+    port: int = setting("CODE_EXEC_SSH_PORT", 22, "SSH port", gt=0, le=65535)
+    user: str | None = setting("CODE_EXEC_SSH_USER", None, "Remote user; default: the local user name")
+    key_file: Path | None = setting(
         "CODE_EXEC_SSH_KEY_FILE", None, "Private key for key authentication; default: ssh-agent and ~/.ssh/id_*")
-    known_hosts: Path | None = _env(
+    known_hosts: Path | None = setting(
         "CODE_EXEC_SSH_KNOWN_HOSTS", None, "known_hosts file the host key is checked against; default ~/.ssh/known_hosts")
-    sandboxed: bool = _env(
+    sandboxed: bool = setting(
         "CODE_EXEC_SSH_SANDBOXED", False,
         "Operator's attestation that the remote host is disposable, so the guard treats it as a sandbox")
-    auto_add_host_key: bool = _env(
+    auto_add_host_key: bool = setting(
         "CODE_EXEC_SSH_AUTO_ADD_HOST_KEY", False,
         "Trust an unknown host key on first use and save it to the known_hosts file (a changed key is still refused)")
-    connect_timeout: float = _env("CODE_EXEC_SSH_CONNECT_TIMEOUT", 10.0, "TCP connect and handshake timeout, seconds", gt=0)
-    remote_tmp: str = _env("CODE_EXEC_SSH_REMOTE_TMP", "/tmp", "Remote directory the per-run workspaces are made in")
+    connect_timeout: float = setting("CODE_EXEC_SSH_CONNECT_TIMEOUT", 10.0, "TCP connect and handshake timeout, seconds", gt=0)
+    remote_tmp: str = setting("CODE_EXEC_SSH_REMOTE_TMP", "/tmp", "Remote directory the per-run workspaces are made in")
 
     @property
     def target(self) -> str:

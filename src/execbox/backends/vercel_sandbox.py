@@ -29,7 +29,7 @@ import time
 from functools import cached_property
 from typing import Any
 
-from execbox.backends import _remote
+from execbox.core import remote as _remote
 from execbox.core.backend import ExecutionBackend, SessionSpec
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import (
@@ -41,7 +41,7 @@ from execbox.core.errors import (
 )
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.results import build_result
-from execbox.core.settings import EnvSettings, _env
+from execbox.core.settings import EnvSettings, setting
 
 log = logging.getLogger("execbox.backends.vercel_sandbox")
 WORKSPACE = "/vercel/sandbox"  # the sandbox's default working directory
@@ -50,7 +50,7 @@ MEMORY_NOTE = ("vercel_sandbox: memory is Vercel's 2048 MB per vCPU; the default
 
 
 class VercelSettings(EnvSettings):
-    image: str = _env("CODE_EXEC_VERCEL_IMAGE", "",
+    image: str = setting("CODE_EXEC_VERCEL_IMAGE", "",
                       "Vercel Container Registry image for sandboxes; empty = Vercel's default")
 
 

@@ -18,11 +18,14 @@ from execbox.core.models import NetworkMode
 S = TypeVar("S", bound="EnvSettings")
 
 
-def _env(name: str, default: Any, description: str, **kw: Any) -> Any:
-    return Field(default, validation_alias=AliasChoices(name), description=description, **kw)
+def setting(variable: str, default: Any, description: str, **constraints: Any) -> Any:
+    """A settings field read from the environment variable ``variable`` (constraints as pydantic's Field)."""
+    return Field(default, validation_alias=AliasChoices(variable), description=description, **constraints)
 
 
-def _split(value: Any) -> Any:
+
+def comma_list(value: Any) -> Any:
+    """A before-validator: \"a, b\" -> [\"a\", \"b\"] (use with NoDecode list fields)."""
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
@@ -84,33 +87,33 @@ def _first_variable(cls: type[BaseSettings], exc: ValidationError) -> str | None
 class Settings(EnvSettings):
     """The core settings."""
 
-    backend: str = _env("CODE_EXEC_BACKEND", "auto", "Backend for one-shot runs; auto = strongest sandbox available here")
-    shell_backend: str | None = _env("SHELL_BACKEND", None, "Backend for persistent sessions; defaults to CODE_EXEC_BACKEND")
-    local: bool = _env("CODE_EXEC_LOCAL", False, "Local single-user mode: allows backends that are not sandboxes")
-    enabled: bool = _env("CODE_EXEC_ENABLED", False, "Gates agent-facing tool surfaces (not the operator's CLI and API)")
-    network: NetworkMode = _env("CODE_EXEC_NETWORK", "none", "Default network mode: none, egress, proxy or host")
-    max_output_bytes: int = _env("CODE_EXEC_MAX_OUTPUT_BYTES", 100_000, "Output cap per stream, in bytes (head + tail kept)",
+    backend: str = setting("CODE_EXEC_BACKEND", "auto", "Backend for one-shot runs; auto = strongest sandbox available here")
+    shell_backend: str | None = setting("SHELL_BACKEND", None, "Backend for persistent sessions; defaults to CODE_EXEC_BACKEND")
+    local: bool = setting("CODE_EXEC_LOCAL", False, "Local single-user mode: allows backends that are not sandboxes")
+    enabled: bool = setting("CODE_EXEC_ENABLED", False, "Gates agent-facing tool surfaces (not the operator's CLI and API)")
+    network: NetworkMode = setting("CODE_EXEC_NETWORK", "none", "Default network mode: none, egress, proxy or host")
+    max_output_bytes: int = setting("CODE_EXEC_MAX_OUTPUT_BYTES", 100_000, "Output cap per stream, in bytes (head + tail kept)",
                                  gt=0, le=1 << 30)
-    max_timeout_sec: float = _env("CODE_EXEC_MAX_TIMEOUT_SEC", 30.0, "Default and maximum timeout of a run, in seconds",
+    max_timeout_sec: float = setting("CODE_EXEC_MAX_TIMEOUT_SEC", 30.0, "Default and maximum timeout of a run, in seconds",
                                   gt=0, le=7 * 86400, allow_inf_nan=False)
-    secret_files: Annotated[list[Path], NoDecode] = _env(
+    secret_files: Annotated[list[Path], NoDecode] = setting(
         "CODE_EXEC_SECRET_FILES", [], "Comma-separated extra files for the wallet-seed scan"
     )
-    memory_mb: int = _env("CODE_EXEC_MEMORY_MB", 1024, "Memory limit per sandbox, MiB (no swap headroom)", gt=0, le=1 << 22)
-    cpus: float = _env("CODE_EXEC_CPUS", 1.0, "CPU limit per sandbox, in cores", gt=0, le=1024, allow_inf_nan=False)
-    pids_limit: int = _env("CODE_EXEC_PIDS_LIMIT", 256, "Process limit per sandbox", gt=0, le=1 << 22)
-    disk_mb: int = _env("CODE_EXEC_DISK_MB", 2048, "Disk limit per sandbox (workspace + writable scratch), MiB",
+    memory_mb: int = setting("CODE_EXEC_MEMORY_MB", 1024, "Memory limit per sandbox, MiB (no swap headroom)", gt=0, le=1 << 22)
+    cpus: float = setting("CODE_EXEC_CPUS", 1.0, "CPU limit per sandbox, in cores", gt=0, le=1024, allow_inf_nan=False)
+    pids_limit: int = setting("CODE_EXEC_PIDS_LIMIT", 256, "Process limit per sandbox", gt=0, le=1 << 22)
+    disk_mb: int = setting("CODE_EXEC_DISK_MB", 2048, "Disk limit per sandbox (workspace + writable scratch), MiB",
                         gt=0, le=1 << 24)
-    max_read_bytes: int = _env("CODE_EXEC_MAX_READ_BYTES", 64 << 20,
+    max_read_bytes: int = setting("CODE_EXEC_MAX_READ_BYTES", 64 << 20,
                                "Largest file read_file returns, in bytes; a larger one is refused", gt=0, le=1 << 40)
-    load_plugins: Annotated[list[str] | None, NoDecode] = _env(
+    load_plugins: Annotated[list[str] | None, NoDecode] = setting(
         "EXECBOX_LOAD_PLUGINS", None, "Comma list of third-party plugins to load (entry-point or distribution names); empty = none"
     )
-    disable_plugins: Annotated[list[str], NoDecode] = _env(
+    disable_plugins: Annotated[list[str], NoDecode] = setting(
         "EXECBOX_DISABLE_PLUGINS", [], "Comma list of third-party plugins not to load"
     )
 
-    _split_lists = field_validator("secret_files", "load_plugins", "disable_plugins", mode="before")(_split)
+    _split_lists = field_validator("secret_files", "load_plugins", "disable_plugins", mode="before")(comma_list)
 
     @field_validator("load_plugins", mode="before")
     @classmethod
@@ -120,3 +123,6 @@ class Settings(EnvSettings):
     @property
     def session_backend(self) -> str:
         return self.shell_backend or self.backend
+
+
+comma_list = comma_list

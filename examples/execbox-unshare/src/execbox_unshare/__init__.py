@@ -5,7 +5,8 @@ It runs each command in fresh network and PID namespaces (util-linux ``unshare``
 files or users, so it honestly says it is not a sandbox: the guard admits it only with CODE_EXEC_LOCAL=true.
 
 Everything else (workspace, env, rlimits, output cap, timeout, process-tree kill) comes from execbox's
-local session, which this backend extends with one method.
+host-workspace session (``execbox.plugin.HostWorkspaceSession``), which this backend extends with one
+method. It imports nothing but the public plugin kit, ``execbox.plugin``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ import shutil
 
 import anyio
 
-import execbox
-from execbox.backends.local_subprocess import LocalSession
+from execbox import plugin
 
 
-class UnshareSession(LocalSession):
+class UnshareSession(plugin.HostWorkspaceSession):
     """execbox's local session (temporary workspace, rlimits, output cap, process-tree kill) with the
     command put behind `unshare`."""
 
@@ -29,10 +29,10 @@ class UnshareSession(LocalSession):
                 "/bin/sh", "-c", '"$@"; exit $?', "sh", *argv]
 
 
-class UnshareBackend(execbox.ExecutionBackend):
+class UnshareBackend(plugin.ExecutionBackend):
     name = "unshare_net"
     summary = "fresh network + PID namespaces via util-linux unshare; host files visible, so not a sandbox"
-    capabilities = execbox.Capabilities(
+    capabilities = plugin.Capabilities(
         sandbox=False,
         isolation="process",  # the filesystem and the users are the host's
         network_modes=frozenset({"none"}),
@@ -41,21 +41,21 @@ class UnshareBackend(execbox.ExecutionBackend):
         limits=frozenset({"wall_time"}),
     )
 
-    async def check(self) -> execbox.Capabilities:
+    async def check(self) -> plugin.Capabilities:
         if shutil.which("unshare") is None:
-            raise execbox.BackendUnavailableError(
+            raise plugin.BackendUnavailableError(
                 "the `unshare` command is missing", backend=self.name, fix="apt-get install util-linux")
         probe = await anyio.run_process(["unshare", "--user", "--map-root-user", "--net", "true"], check=False)
         if probe.returncode != 0:
-            raise execbox.BackendUnavailableError(
+            raise plugin.BackendUnavailableError(
                 f"this host does not allow new user namespaces: {probe.stderr.decode().strip()}",
                 backend=self.name, fix="sysctl -w kernel.unprivileged_userns_clone=1 (or run as root)")
         return self.capabilities
 
-    async def open_session(self, spec: execbox.SessionSpec) -> UnshareSession:
+    async def open_session(self, spec: plugin.SessionSpec) -> UnshareSession:
         return UnshareSession(prefix="execbox-unshare-")
 
 
-@execbox.hookimpl
+@plugin.hookimpl
 def execbox_register_backends(register) -> None:  # type: ignore[no-untyped-def]
     register(UnshareBackend)

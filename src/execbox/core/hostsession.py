@@ -1,0 +1,75 @@
+"""A session whose workspace is a directory on this host and whose commands are local processes.
+
+``HostWorkspaceSession`` is the base of every backend whose sandbox is a launcher in front of a local
+command (local_subprocess; the example plugin's ``unshare``): a private temporary workspace, the
+symlink-safe, size-capped file access of ``core.workspace``, rlimits, the timeout and output rules of
+``core.procs`` (the whole process tree dies at the deadline), close-once and removal that survives any
+tree the code built. A subclass overrides ``launcher`` only.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+
+import anyio
+
+from execbox.core.backend import Session
+from execbox.core.envpolicy import sandbox_env
+from execbox.core.errors import SandboxError
+from execbox.core.models import ExecRequest, ExecResult
+from execbox.core.procs import reaped, run_process
+from execbox.core.workspace import remove_tree, safe_read, safe_write
+
+FILE_SIZE_LIMIT = 1 << 30  # no single file over 1 GiB: a runaway writer cannot fill the disk
+
+
+class HostWorkspaceSession(Session):
+    """A temporary host directory as the workspace, and each command a reaped child process."""
+
+    def __init__(self, prefix: str = "execbox-local-") -> None:
+        self.workspace = tempfile.mkdtemp(prefix=prefix)
+        self._closed = False
+
+    def launcher(self, argv: list[str]) -> list[str]:
+        """The command line that runs ``argv``; here, ``argv`` itself."""
+        return argv
+
+    def _live(self) -> None:
+        if self._closed:
+            raise SandboxError("this session is closed; open a new sandbox")
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        self._live()
+        assert request.argv and request.timeout and request.max_output_bytes and request.limits
+        rlimits = {
+            # CPU seconds: a busy loop dies even if the wall-clock kill were to fail.
+            "RLIMIT_CPU": math.ceil(request.timeout) + 1,
+            "RLIMIT_FSIZE": FILE_SIZE_LIMIT,
+            "RLIMIT_CORE": 0,
+        }
+        if request.limits.memory_mb:
+            rlimits["RLIMIT_AS"] = request.limits.memory_mb * 1024 * 1024
+        outcome = await run_process(
+            reaped(self.launcher(request.argv), rlimits=rlimits),
+            env=sandbox_env(request.env, home=self.workspace),
+            cwd=request.workdir or self.workspace,
+            stdin=request.stdin,
+            timeout=request.timeout,
+            max_output_bytes=request.max_output_bytes,
+        )
+        return outcome.to_result()
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        self._live()
+        await anyio.to_thread.run_sync(safe_write, self.workspace, path, data)
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        self._live()
+        return await anyio.to_thread.run_sync(lambda: safe_read(self.workspace, path, max_bytes=max_bytes))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await anyio.to_thread.run_sync(remove_tree, self.workspace)

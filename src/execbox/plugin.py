@@ -1,0 +1,90 @@
+"""The public plugin kit: everything a backend author needs, as a versioned contract.
+
+A backend, built-in or third-party, imports from here and from ``execbox`` only. The built-in backends
+use exactly these pieces. ``KIT_VERSION`` changes its major number when a name here changes meaning or
+goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's contract.
+
+    the contract     ExecutionBackend, Session, SessionSpec, Verdict, Capabilities, ExecRequest, ExecResult,
+                     Limits, hookimpl (the one hook: ``execbox_register_backends(register)``)
+    settings         BackendSettings (pydantic-settings, one variable per field), setting, comma_list
+    sessions         HostWorkspaceSession (a local launcher in front of the command: override ``launcher``),
+                     RemoteSession (a provider's sandbox: supply its exec, small command, file calls)
+    processes        run_process + reaped (output cap, deadline, whole-tree kill), ProcessOutcome
+    results          build_result, failed_to_start, TIMEOUT_EXIT_CODE, BoundedCapture
+    env policy       sandbox_env (the whole environment of a sandboxed command), filter_env
+    workspace        normalize, safe_read, safe_write, remove_tree (never follow a link, bounded reads,
+                     removal that survives any tree the code built)
+    lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
+    gc ownership     owner_id, owner_alive, pid_alive (host:pid:start-time; a reused pid is not the owner)
+    errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError, ...)
+"""
+
+from __future__ import annotations
+
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
+from execbox.core.envpolicy import filter_env, sandbox_env
+from execbox.core.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    ExecboxError,
+    FileTooLargeError,
+    SandboxError,
+    UnsupportedPolicyError,
+    WorkspacePathError,
+)
+from execbox.core.hookspecs import hookimpl
+from execbox.core.hostsession import HostWorkspaceSession
+from execbox.core.lifecycle import create_cleanly
+from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
+from execbox.core.output import BoundedCapture
+from execbox.core.owner import owner_alive, owner_id, pid_alive
+from execbox.core.procs import ProcessOutcome, reaped, run_process
+from execbox.core.remote import RemoteSession
+from execbox.core.results import TIMEOUT_EXIT_CODE, build_result, failed_to_start
+from execbox.core.settings import EnvSettings as BackendSettings
+from execbox.core.settings import comma_list, setting
+from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
+
+KIT_VERSION = "1.0"
+
+__all__ = [
+    "KIT_VERSION",
+    "BackendSettings",
+    "BackendUnavailableError",
+    "BoundedCapture",
+    "Capabilities",
+    "ConfigError",
+    "ExecRequest",
+    "ExecResult",
+    "ExecboxError",
+    "ExecutionBackend",
+    "FileTooLargeError",
+    "HostWorkspaceSession",
+    "Limits",
+    "ProcessOutcome",
+    "RemoteSession",
+    "SandboxError",
+    "Session",
+    "SessionSpec",
+    "TIMEOUT_EXIT_CODE",
+    "UnsupportedPolicyError",
+    "Verdict",
+    "WorkspacePathError",
+    "build_result",
+    "comma_list",
+    "create_cleanly",
+    "failed_to_start",
+    "filter_env",
+    "hookimpl",
+    "normalize",
+    "owner_alive",
+    "owner_id",
+    "pid_alive",
+    "reaped",
+    "remove_tree",
+    "run_process",
+    "safe_read",
+    "safe_write",
+    "sandbox_env",
+    "setting",
+]
