@@ -24,7 +24,7 @@ from _common import median_ms  # bench/_common.py (run from the repo: python ben
 from execbox import Limits, Runner, Settings
 from execbox.backends import bubblewrap as bw
 from execbox.core.models import ExecRequest
-from execbox.core.runner import run_blocking
+from execbox.runner import run_blocking
 
 
 

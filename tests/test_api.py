@@ -239,7 +239,7 @@ def test_building_the_registry_imports_no_backend_sdk() -> None:
     code = f"""
 import sys, warnings
 warnings.simplefilter("ignore")
-from execbox.core.plugins import get_registry
+from execbox.registry import get_registry
 print(sorted(get_registry([]).backends))
 print([m for m in sys.modules if m.split(".")[0] in {SDK_MODULES!r}])
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from execbox import Runner, Settings
-from execbox.core import plugins
+from execbox import registry as plugins
 from execbox.testing.conformance import BackendConformance
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "execbox-unshare"

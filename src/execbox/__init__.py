@@ -28,7 +28,7 @@ from execbox.core.errors import (
 )
 from execbox.core.hookspecs import PluginWarning, hookimpl
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
-from execbox.core.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox
+from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox
 from execbox.core.settings import Settings
 
 __all__ = [

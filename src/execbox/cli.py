@@ -17,7 +17,7 @@ import click
 from execbox.core.backend import ExecutionBackend
 from execbox.core.errors import BackendUnavailableError, ConfigError, ExecboxError, RefusedError, WorkspacePathError
 from execbox.core.models import NETWORK_MODES, ExecRequest
-from execbox.core.runner import AsyncRunner, Runner, run_blocking
+from execbox.runner import AsyncRunner, Runner, run_blocking
 from execbox.core.settings import Settings
 
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import filter_env
 from execbox.core.errors import BackendUnavailableError, ConfigError, UnsupportedPolicyError
 from execbox.core.models import ISOLATION_STRENGTH, Capabilities, ExecRequest, ExecResult, Language, Limits, NetworkMode
-from execbox.core.plugins import Registry, get_registry
+from execbox.registry import Registry, get_registry
 from execbox.core.settings import Settings
 from execbox.core.workspace import normalize
 from execbox.guard.guard import Guard

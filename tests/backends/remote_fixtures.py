@@ -152,7 +152,7 @@ def check_session_file_calls(sdk: str, backend: str, service: Any) -> None:
     from execbox.core.backend import SessionSpec
     from execbox.core.errors import WorkspacePathError
     from execbox.core.models import ExecRequest, Limits
-    from execbox.core.runner import AsyncRunner
+    from execbox.runner import AsyncRunner
 
     def path_checks() -> int:
         return len([c for c in service.calls_to(EXEC_CALL[sdk]) if "realpath -m" in repr(c.args)])

@@ -21,7 +21,7 @@ from execbox import Limits, NotASandboxError, Runner, Settings, WorkspacePathErr
 from execbox.backends import bubblewrap as bw
 from execbox.core.errors import BackendUnavailableError, UnsupportedPolicyError
 from execbox.core.models import Capabilities
-from execbox.core.runner import run_blocking
+from execbox.runner import run_blocking
 from execbox.core.workspace import remove_tree
 from execbox.testing import engine_missing
 from execbox.testing.conformance import PROBE_CONNECT, BackendConformance, Listener

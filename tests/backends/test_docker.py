@@ -33,7 +33,7 @@ from execbox import (
 )
 from execbox.backends import docker as d
 from execbox.backends import docker_image
-from execbox.core.runner import run_blocking
+from execbox.runner import run_blocking
 from execbox.testing import PeakRss, engine_missing
 from execbox.testing.conformance import BackendConformance, Listener
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import execbox.backends
-from execbox.core import plugins
+from execbox import registry as plugins
 
 LOCAL_BUILTIN = "execbox.backends.local_subprocess:LocalSubprocessBackend"
 
@@ -20,7 +20,7 @@ LOCAL_BUILTIN = "execbox.backends.local_subprocess:LocalSubprocessBackend"
 class FakeDistributions:
     """Installed distributions for the plugin loader, made of real dist-info directories under a tmp dir.
 
-    ``execbox.core.plugins.entry_points`` is replaced by a function that reads only these, so the entry
+    ``execbox.registry.entry_points`` is replaced by a function that reads only these, so the entry
     points carry a real ``dist`` (with its name) and no plugin installed in the venv interferes.
     """
 

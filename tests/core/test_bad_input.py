@@ -47,7 +47,7 @@ def test_a_misconfigured_backend_stops_auto_instead_of_falling_back(fake_backend
 
 def test_load_plugins_naming_nothing_installed_warns(fake_dists: object, monkeypatch: pytest.MonkeyPatch) -> None:
     from execbox import PluginWarning
-    from execbox.core.plugins import get_registry
+    from execbox.registry import get_registry
 
     with pytest.warns(PluginWarning, match="nosuch"):
         registry = get_registry(["nosuch"], [])

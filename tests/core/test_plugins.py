@@ -9,8 +9,8 @@ import pytest
 
 import execbox.backends
 from execbox import NotASandboxError, PluginError, Runner, Settings
-from execbox.core import plugins
-from execbox.core.plugins import PluginWarning, get_registry
+from execbox import registry as plugins
+from execbox.registry import PluginWarning, get_registry
 from tests.core.support import LOCAL_BUILTIN, FakeDistributions
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from execbox import ConfigError, ExecRequest, Limits, Settings
-from execbox.core.runner import AsyncRunner
+from execbox.runner import AsyncRunner
 
 DEFAULTS = {
     "backend": "auto",

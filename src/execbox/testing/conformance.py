@@ -33,7 +33,7 @@ import pytest
 from execbox.core.errors import BackendUnavailableError, WorkspacePathError
 from execbox.core.models import Capabilities, ExecResult, Limits
 from execbox.core.results import TIMEOUT_EXIT_CODE
-from execbox.core.runner import Runner, run_blocking
+from execbox.runner import Runner, run_blocking
 from execbox.testing import engine_missing
 
 # How long past its timeout a run may take to come back (kill, clean-up, a slow shared machine).
