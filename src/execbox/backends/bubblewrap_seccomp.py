@@ -8,8 +8,9 @@ all of that and is maintained. Its Python bindings are not usable from a virtual
 PyPI, and ``pyseccomp`` (a ctypes wrapper) has had no release since 2021. So we call the five
 functions we need from libseccomp's stable C ABI (``libseccomp.so.2``) directly with ctypes.
 
-The filter allows everything except what sandboxed code has no business with; blocked calls fail
-with EPERM (``clone3`` with ENOSYS, so libc falls back to ``clone``, whose flags a filter can see).
+The filter allows everything except the calls listed in ``execbox.core.seccomp_policy``, the one deny
+list docker's seccomp profile is built from too; blocked calls fail with EPERM (``clone3`` with ENOSYS, so
+libc falls back to ``clone``, whose flags a filter can see).
 Syscalls of a foreign architecture (i386 ``int 0x80`` on x86_64) kill the process: libseccomp's
 default for an architecture the filter does not list.
 """
@@ -21,39 +22,24 @@ import errno
 import functools
 import os
 
+from execbox.core.seccomp_policy import (
+    CLONE_NEWUSER,
+    DENIED_SOCKET_FAMILIES,
+    DENIED_SYSCALLS,
+    DENIED_WITH_NEWUSER,
+    DENY_ERRNO,
+    ENOSYS_SYSCALLS,
+)
+
 # libseccomp's constants (seccomp.h); stable across libseccomp 2.x.
 _ACT_ALLOW = 0x7FFF0000
+_CMP_EQ = 4
 _CMP_MASKED_EQ = 7
 _NR_SCMP_ERROR = -1
-
-CLONE_NEWUSER = 0x10000000
 
 
 def _act_errno(code: int) -> int:
     return 0x00050000 | (code & 0xFFFF)
-
-
-# Denied outright. Grouped by why.
-DENIED_SYSCALLS: tuple[str, ...] = (
-    # reading or steering another process
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
-    # mounts, old and new API, and changing root
-    "mount", "umount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen",
-    "fsconfig", "fsmount", "fspick", "mount_setattr",
-    # joining other namespaces
-    "setns",
-    # kernel keyrings
-    "keyctl", "add_key", "request_key",
-    # kernel attack surface sandboxed code never needs
-    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
-    "io_uring_register", "name_to_handle_at", "open_by_handle_at",
-    # kernel and machine control (need capabilities anyway; denied for defence in depth)
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot",
-    "swapon", "swapoff", "acct", "iopl", "ioperm", "quotactl", "lookup_dcookie",
-)
-
-# Denied only with CLONE_NEWUSER in the flags (argument 0 on x86_64 and aarch64).
-DENIED_WITH_NEWUSER: tuple[str, ...] = ("unshare", "clone")
 
 
 class SeccompUnavailable(RuntimeError):
@@ -110,14 +96,16 @@ def compiled_filter() -> bytes:
             if rc < 0 and -rc not in (errno.EDOM, errno.EEXIST):
                 raise SeccompUnavailable(f"seccomp rule for {name} failed: {os.strerror(-rc)}")
 
-        eperm = _act_errno(errno.EPERM)
+        deny = _act_errno(DENY_ERRNO)
         for name in DENIED_SYSCALLS:
-            add(name, eperm)
+            add(name, deny)
         newuser = _ArgCmp(0, _CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER)
         for name in DENIED_WITH_NEWUSER:
-            add(name, eperm, newuser)
-        # clone3 passes its flags in memory a filter cannot read: make libc fall back to clone.
-        add("clone3", _act_errno(errno.ENOSYS))
+            add(name, deny, newuser)
+        for family in DENIED_SOCKET_FAMILIES:
+            add("socket", deny, _ArgCmp(0, _CMP_EQ, family, 0))
+        for name in ENOSYS_SYSCALLS:
+            add(name, _act_errno(errno.ENOSYS))
 
         fd = os.memfd_create("execbox-seccomp")
         try:
