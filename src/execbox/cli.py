@@ -15,10 +15,16 @@ import anyio
 import click
 
 from execbox.core.backend import ExecutionBackend
-from execbox.core.errors import BackendUnavailableError, ConfigError, ExecboxError, RefusedError, WorkspacePathError
+from execbox.core.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    ExecboxError,
+    RefusedError,
+    WorkspacePathError,
+)
 from execbox.core.models import NETWORK_MODES, ExecRequest
-from execbox.runner import AsyncRunner, Runner, run_blocking
 from execbox.core.settings import Settings
+from execbox.runner import AsyncRunner, Runner, run_blocking
 
 T = TypeVar("T")
 EXIT_TIMEOUT, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = 124, 125, 126, 2
@@ -157,6 +163,9 @@ async def _probe(runner: AsyncRunner, name: str) -> dict[str, Any]:
         row["reason"] = exc.message
         if exc.env_var:
             row["fix"] = f"change or unset {exc.env_var}"
+    except Exception as exc:  # a third-party check that breaks must not take the listing down
+        row["reason"] = f"its availability check failed: {exc!r}"
+        row["fix"] = f"report this to the maintainers of {runner.registry.get(name).distribution!r}"
     return row
 
 

@@ -121,20 +121,22 @@ def check_calls_against_real_sdk(sdk: str, service: Any) -> None:
 
 def assert_settings_read_on_use(backend_cls: type, settings_cls: type, monkeypatch: pytest.MonkeyPatch) -> None:
     """An invalid backend setting must not break constructing the backend (`execbox backends` builds them all):
-    it is a ConfigError, naming the variable, from check()."""
+    it is a ConfigError, naming the variable and the backend, from check()."""
     import anyio
 
     from execbox import Settings
     from execbox.core.errors import ConfigError
+    from execbox.plugin import setting
 
-    def invalid(cls: type, **overrides: Any) -> Any:
-        raise ConfigError("CODE_EXEC_TEST_KNOB='x' is invalid", env_var="CODE_EXEC_TEST_KNOB")
+    class WithAStrictKnob(settings_cls):  # type: ignore[misc,valid-type]
+        knob: int = setting("CODE_EXEC_TEST_KNOB", 1, "a number, for this test")
 
-    monkeypatch.setattr(settings_cls, "from_env", classmethod(invalid))
+    monkeypatch.setattr(backend_cls, "settings_model", WithAStrictKnob)
+    monkeypatch.setenv("CODE_EXEC_TEST_KNOB", "x")
     backend = backend_cls(Settings.from_env())
     with pytest.raises(ConfigError) as info:
         anyio.run(backend.check)
-    assert info.value.env_var == "CODE_EXEC_TEST_KNOB"
+    assert (info.value.env_var, info.value.backend) == ("CODE_EXEC_TEST_KNOB", backend_cls.name)
 
 
 # The call each fake records for a command run in the sandbox, and what the sandbox is ended with.

@@ -349,7 +349,8 @@ def test_invalid_setting_is_reported_when_used_not_at_registration(monkeypatch: 
 
     monkeypatch.setenv("CODE_EXEC_SSH_PORT", "not-a-port")
     backend = SshBackend(Settings.from_env())  # `execbox backends` must still list every backend
-    assert not backend.verdict(ExecRequest(argv=["true"])).sandbox
+    with pytest.raises(ConfigError, match="CODE_EXEC_SSH_PORT='not-a-port' is invalid"):
+        backend.verdict(ExecRequest(argv=["true"]))  # the guard asks: the answer is the setting to fix
     with pytest.raises(ConfigError, match="CODE_EXEC_SSH_PORT='not-a-port' is invalid"):
         anyio.run(backend.check)
 

@@ -32,8 +32,7 @@ import logging
 import math
 import shlex
 import time
-from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from execbox.core import remote as _remote
 from execbox.core.backend import ExecutionBackend, SessionSpec
@@ -221,11 +220,11 @@ class DaytonaBackend(ExecutionBackend):
         remote=True,
     )
 
-    @cached_property
+    settings_model = DaytonaSettings
+
+    @property
     def daytona_settings(self) -> DaytonaSettings:
-        """Read on first use, so DAYTONA_SANDBOX_PERSIST=maybe is this backend's ConfigError, not a crash of
-        `execbox backends` (an error is not cached: every use raises it again)."""
-        return DaytonaSettings.from_env()
+        return cast(DaytonaSettings, self.options)
 
     def credentials_error(self, detail: str = "", *, missing: bool = False) -> BackendUnavailableError:
         what = "no Daytona credentials are set" if missing or not detail else "Daytona did not accept the credentials"

@@ -26,9 +26,8 @@ import math
 import os
 import threading
 import time
-from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from execbox.core import remote as _remote
 from execbox.core.backend import ExecutionBackend, SessionSpec
@@ -164,11 +163,11 @@ class ModalBackend(ExecutionBackend):
         remote=True,
     )
 
-    @cached_property
+    settings_model = ModalSettings
+
+    @property
     def modal_settings(self) -> ModalSettings:
-        """Read on first use, so an invalid value is this backend's ConfigError, not a crash of `execbox backends`
-        (an error is not cached: every use raises it again)."""
-        return ModalSettings.from_env()
+        return cast(ModalSettings, self.options)
 
     def credentials_error(self, detail: str = "") -> BackendUnavailableError:
         return _remote.missing_credentials(

@@ -39,18 +39,20 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, cast
 
 import anyio
 
 from execbox.core import remote as _remote
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError
+from execbox.core.errors import BackendUnavailableError, SandboxError
 from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.procs import reaped, run_process
-from execbox.core.settings import EnvSettings, setting
+from execbox.core.settings import EnvSettings, Settings, setting
 from execbox.core.workspace import remove_tree, safe_read, safe_write
 
 NAME = "singularity"
@@ -166,24 +168,17 @@ class SingularityBackend(ExecutionBackend):
         limits=frozenset({"wall_time"}),
     )
 
-    def __init__(self, settings: object) -> None:
-        super().__init__(settings)  # type: ignore[arg-type]
-        # an invalid CODE_EXEC_SINGULARITY_* value is raised when the backend is used, not at registration
-        self._config_error: ConfigError | None = None
-        try:
-            self._settings_s: SingularitySettings | None = SingularitySettings.from_env()
-        except ConfigError as exc:
-            self._settings_s, self._config_error = None, exc
+    settings_model = SingularitySettings
+
+    def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(settings, options)
         self._checked: Capabilities | None = None
         self._notes: list[str] = []
         self.version = ""
 
     @property
     def settings_s(self) -> SingularitySettings:
-        if self._settings_s is None:
-            assert self._config_error is not None
-            raise self._config_error
-        return self._settings_s
+        return cast(SingularitySettings, self.options)
 
     # --- the binary ---------------------------------------------------------------------------------
 

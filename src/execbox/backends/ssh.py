@@ -33,9 +33,10 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -43,7 +44,6 @@ from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import (
     BackendUnavailableError,
-    ConfigError,
     FileTooLargeError,
     SandboxError,
     WorkspacePathError,
@@ -52,7 +52,7 @@ from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 from execbox.core.results import build_result
-from execbox.core.settings import EnvSettings, setting
+from execbox.core.settings import EnvSettings, Settings, setting
 
 NAME = "ssh"
 _CHUNK = 65536
@@ -600,25 +600,17 @@ class SshBackend(ExecutionBackend):
         remote=True,
     )
 
-    def __init__(self, settings: Any) -> None:
-        super().__init__(settings)
-        # An invalid CODE_EXEC_SSH_* value must not break `execbox backends` for every backend: keep the
-        # error and raise it when this backend is used.
-        self._config_error: ConfigError | None = None
-        try:
-            self._ssh: SshSettings | None = SshSettings.from_env()
-        except ConfigError as exc:
-            self._ssh, self._config_error = None, exc
+    settings_model = SshSettings
+
+    def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(settings, options)
         self._checked: Capabilities | None = None
         self._remote_notes: list[str] = []
         self._accepted_keys: list[str] = []
 
     @property
     def ssh(self) -> SshSettings:
-        if self._ssh is None:
-            assert self._config_error is not None
-            raise self._config_error
-        return self._ssh
+        return cast(SshSettings, self.options)
 
     def _connect(self) -> _Connection:
         conn = _Connection(self.ssh).open()
@@ -653,8 +645,6 @@ class SshBackend(ExecutionBackend):
         return self.capabilities.model_copy(update={"sandbox": self.ssh.sandboxed})
 
     def verdict(self, request: ExecRequest) -> Verdict:
-        if self._ssh is None:
-            return Verdict(False, f"the ssh settings are invalid: {self._config_error}")
         if self.ssh.sandboxed:
             return Verdict(True, f"the operator attests that {self.ssh.host} is a disposable host "
                                  "(CODE_EXEC_SSH_SANDBOXED=true); execbox does not isolate code there", attested=True)
@@ -662,8 +652,6 @@ class SshBackend(ExecutionBackend):
                               "set CODE_EXEC_SSH_SANDBOXED=true only if that host is disposable")
 
     def notes(self) -> list[str]:
-        if self._ssh is None:
-            return []
         notes = []
         if self.ssh.sandboxed:
             notes.append(f"ssh: sandbox status is attested by the operator (CODE_EXEC_SSH_SANDBOXED=true), "

@@ -26,8 +26,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from execbox.core import remote as _remote
 from execbox.core.backend import ExecutionBackend, SessionSpec
@@ -141,11 +140,11 @@ class VercelSandboxBackend(ExecutionBackend):
         remote=True,
     )
 
-    @cached_property
+    settings_model = VercelSettings
+
+    @property
     def vercel_settings(self) -> VercelSettings:
-        """Read on first use, so an invalid value is this backend's ConfigError, not a crash of `execbox backends`
-        (an error is not cached: every use raises it again)."""
-        return VercelSettings.from_env()
+        return cast(VercelSettings, self.options)
 
     def notes(self) -> list[str]:
         return [MEMORY_NOTE]

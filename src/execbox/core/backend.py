@@ -9,11 +9,20 @@ The runner places files, applies the policy and the guard; backends only run wha
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar
 
-from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits, NetworkMode
-from execbox.core.settings import Settings
+from execbox.core.errors import ConfigError
+from execbox.core.models import (
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    Limits,
+    NetworkMode,
+)
+from execbox.core.settings import EnvSettings, Settings
 
 
 @dataclass(frozen=True)
@@ -76,9 +85,33 @@ class ExecutionBackend(ABC):
     extra: ClassVar[str | None] = None
     #: One line for `execbox backends`.
     summary: ClassVar[str] = ""
+    #: The backend's own knobs: a BackendSettings subclass, one environment variable per field. Read with
+    #: ``self.options``; `execbox doctor` and the README's tables list them from here.
+    settings_model: ClassVar[type[EnvSettings] | None] = None
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
+        """``options`` are values of ``settings_model`` given in code (by field name); they take precedence over
+        the environment, so two runners in one process can use, say, two images."""
         self.settings = settings
+        self._given = dict(options or {})
+        known = set(self.settings_model.model_fields) if self.settings_model else set()
+        unknown = sorted(set(self._given) - known)
+        if unknown:
+            raise ConfigError(
+                f"backend {self.name!r} has no option {', '.join(map(repr, unknown))}; it takes: "
+                f"{', '.join(sorted(known)) or 'no options'}. Fix the option's name", backend=self.name)
+
+    @cached_property
+    def options(self) -> EnvSettings:
+        """This backend's settings, validated on first use (so a misconfigured backend is still listed by
+        `execbox backends`); an invalid value is a ConfigError naming its variable."""
+        if self.settings_model is None:
+            raise ConfigError(f"backend {self.name!r} declares no settings_model", backend=self.name)
+        try:
+            return self.settings_model(**self._given)
+        except ConfigError as exc:
+            exc.backend = self.name
+            raise
 
     async def check(self) -> Capabilities:
         """Raise BackendUnavailableError (with the fix) if this backend cannot run here.

@@ -1,7 +1,11 @@
-"""Every knob of execbox, from the environment, validated once.
+"""Every knob of execbox: from the environment or given in code, validated once.
 
-An invalid value is a ConfigError that names the variable and what it allows; never a silent fallback.
-Backends with knobs of their own (docker, ssh, ...) declare a BackendSettings subclass in their module.
+Each field has one environment variable (``setting(VARIABLE, default, description)``). A settings object
+is built the same two ways for the core and for every backend: ``Settings(backend="docker", local=True)``
+(keywords by field name, taking precedence over the environment) or ``Settings.from_env()``. Field names
+are never read from the environment, and an unknown keyword is an error, not ignored. An invalid value is
+a ConfigError that names the variable and what it allows; never a silent fallback. Backends with knobs of
+their own declare a subclass (``execbox.plugin.BackendSettings``) as their ``settings_model``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ def setting(variable: str, default: Any, description: str, **constraints: Any) -
     return Field(default, validation_alias=AliasChoices(variable), description=description, **constraints)
 
 
-
 def comma_list(value: Any) -> Any:
     """A before-validator: \"a, b\" -> [\"a\", \"b\"] (use with NoDecode list fields)."""
     if isinstance(value, str):
@@ -36,15 +39,22 @@ class EnvSettings(BaseSettings):
 
     model_config = SettingsConfigDict(populate_by_name=False, extra="ignore", frozen=True)
 
+    def __init__(self, **values: Any) -> None:
+        """The environment's values, with ``values`` (by field name) taking precedence."""
+        cls = type(self)
+        # pydantic-settings takes init keywords by the variable's name; field names are never read from the
+        # environment (a variable called BACKEND must not choose the backend).
+        by_alias = {_alias(cls, key): value for key, value in values.items()}
+        try:
+            super().__init__(**by_alias)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(cls, exc, given=set(values)),
+                              env_var=_first_variable(cls, exc)) from None
+
     @classmethod
     def from_env(cls: type[S], **overrides: Any) -> S:
-        """The environment's values, with ``overrides`` (by field name) taking precedence."""
-        # Init keywords go by the variable's name: field names must not be read from the environment.
-        by_alias = {_alias(cls, key): value for key, value in overrides.items()}
-        try:
-            return cls(**by_alias)
-        except ValidationError as exc:
-            raise ConfigError(describe_validation_error(cls, exc), env_var=_first_variable(cls, exc)) from None
+        """Same as ``cls(**overrides)``: the environment's values, ``overrides`` (by field name) on top."""
+        return cls(**overrides)
 
     @classmethod
     def env_vars(cls) -> list[tuple[str, Any, str]]:
@@ -58,22 +68,28 @@ class EnvSettings(BaseSettings):
 def _alias(cls: type[BaseSettings], key: str) -> str:
     field = cls.model_fields.get(key)
     if field is None:
-        raise ConfigError(f"{cls.__name__} has no setting {key!r}; known: {', '.join(sorted(cls.model_fields))}")
+        raise ConfigError(f"{cls.__name__} has no setting {key!r}; known: {', '.join(sorted(cls.model_fields))}. "
+                          "Fix the keyword's spelling")
     alias = field.validation_alias
     return alias.choices[0] if isinstance(alias, AliasChoices) else key
 
 
-def describe_validation_error(cls: type[BaseSettings], exc: ValidationError) -> str:
+def describe_validation_error(cls: type[BaseSettings], exc: ValidationError, given: set[str] = frozenset()) -> str:
     names = {key: _alias(cls, key) for key in cls.model_fields}
+    by_var = {var: key for key, var in names.items()}
     parts = []
+    in_code = False
     for err in exc.errors():
         key = str(err["loc"][0]) if err["loc"] else "?"
         var = names.get(key, key)
+        if by_var.get(var, key) in given:
+            in_code = True
+            var = f"{by_var.get(var, key)} (given in code; variable {var})"
         msg = err["msg"]
         if err["type"] == "bool_parsing":
             msg = "allowed values are true or false (also 1/0, yes/no, on/off)"
         parts.append(f"{var}={err.get('input')!r} is invalid: {msg}")
-    return "; ".join(parts) + ". Change or unset the variable."
+    return "; ".join(parts) + (". Change the value." if in_code else ". Change or unset the variable.")
 
 
 def _first_variable(cls: type[BaseSettings], exc: ValidationError) -> str | None:
