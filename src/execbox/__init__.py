@@ -28,8 +28,8 @@ from execbox.core.errors import (
 )
 from execbox.core.hookspecs import PluginWarning, hookimpl
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
-from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox
 from execbox.core.settings import Settings
+from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox
 
 __all__ = [
     "AsyncRunner",

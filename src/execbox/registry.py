@@ -14,9 +14,9 @@ from importlib.metadata import entry_points
 import pluggy
 
 from execbox.core import hookspecs
-from execbox.core.hookspecs import PluginWarning
 from execbox.core.backend import ExecutionBackend
 from execbox.core.errors import ConfigError, PluginError
+from execbox.core.hookspecs import PluginWarning
 
 ENTRY_POINT_GROUP = "execbox"
 BUILTIN_DISTRIBUTION = "execbox"

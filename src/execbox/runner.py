@@ -13,17 +13,17 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
-from pydantic import ValidationError
 from anyio.from_thread import start_blocking_portal
+from pydantic import ValidationError
 
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import filter_env
 from execbox.core.errors import BackendUnavailableError, ConfigError, UnsupportedPolicyError
 from execbox.core.models import ISOLATION_STRENGTH, Capabilities, ExecRequest, ExecResult, Language, Limits, NetworkMode
-from execbox.registry import Registry, get_registry
 from execbox.core.settings import Settings
 from execbox.core.workspace import normalize
 from execbox.guard.guard import Guard
+from execbox.registry import Registry, get_registry
 
 T = TypeVar("T")
 LOCAL_FALLBACK = "local_subprocess"

@@ -26,12 +26,12 @@ from typing import Any, TypeVar
 
 import anyio
 
-from execbox.core.owner import owner_alive, owner_id
 from execbox.core.backend import Session
 from execbox.core.errors import BackendUnavailableError, ExecboxError, FileTooLargeError, WorkspacePathError
 from execbox.core.lifecycle import create_cleanly  # noqa: F401  (the remote backends call it from here)
 from execbox.core.models import ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
+from execbox.core.owner import owner_alive, owner_id
 
 T = TypeVar("T")
 
