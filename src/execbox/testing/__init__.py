@@ -3,14 +3,16 @@
 - ``engine_missing(reason)``: a test that needs a real engine (docker, sshd, bubblewrap) calls it when the
   engine is absent: it skips with the reason on a laptop and FAILS when CI is set (``CI=true``) or
   ``EXECBOX_REQUIRE_ENGINES=1``, so a green CI never hides a skipped sandbox test.
-- ``BackendConformance`` (in ``execbox.testing.conformance``): the conformance kit; subclass it in a test
-  module and give it a ``runner`` fixture.
+- ``BackendConformance`` (in ``execbox.testing.conformance``): the conformance kit for pytest; subclass it
+  in a test module and set ``backend_name``.
+- ``self_check(backend_name, settings=None, *, checks=None) -> list[CheckResult]``: the same checks outside
+  pytest (``execbox.testing.checks``); each result is pass, fail or skip with a message.
 """
 
 from __future__ import annotations
 
 import os
-from typing import NoReturn
+from typing import NoReturn, Self
 
 
 def engines_required() -> bool:
@@ -25,7 +27,16 @@ def engine_missing(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-__all__ = ["PeakRss", "engine_missing", "engines_required"]
+__all__ = ["CheckResult", "PeakRss", "engine_missing", "engines_required", "self_check"]
+
+
+def __getattr__(name: str) -> object:
+    # The checks import the whole public API: loaded on first use, not with the engine helpers.
+    if name in ("CheckResult", "self_check"):
+        from execbox.testing import checks
+
+        return getattr(checks, name)
+    raise AttributeError(f"module 'execbox.testing' has no attribute {name!r}")
 
 
 class PeakRss:
@@ -36,7 +47,7 @@ class PeakRss:
         self.interval_s = interval_s
         self.growth = 0
 
-    def __enter__(self) -> PeakRss:
+    def __enter__(self) -> Self:
         import threading
 
         try:

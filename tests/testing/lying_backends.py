@@ -1,0 +1,277 @@
+"""Backends that claim ``sandbox=True`` and lie: the conformance kit must catch each lie, naming the claim.
+
+``liar_host_root`` is no sandbox at all: host root behind ``unshare --net`` (host files, processes and
+capabilities in plain view; the request's environment given to the host-side launcher). Every other liar
+is a real sandbox with one wall taken out, so that exactly one check fails on it:
+
+    liar_mapped_root   bubblewrap started by root: the sandbox uid maps onto host root
+    liar_caps          every capability (in its own user namespace)
+    liar_nnp           a docker container without no-new-privileges
+    liar_userns        nested user namespaces allowed
+    liar_host_files    the host's /tmp and $HOME bound in, read-only
+    liar_host_procs    the host's PID namespace and /proc
+    liar_env_leak      the request's environment also set on the host-side launcher (``env K=V setpriv ...``)
+
+Two more lie about what they run rather than how they isolate it: ``liar_unlimited`` claims memory, cpu and
+pids limits and enforces none; ``liar_broken`` claims everything and runs nothing (every command "exits
+127"), so a check that passes on it passes vacuously.
+
+They are built from the public plugin kit only. NEVER use them outside these tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+
+from execbox import plugin
+
+DISTRIBUTION = "execbox-test-liars"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ROOT = os.geteuid() == 0
+NOBODY = (65534, 65534)
+
+CLAIMS = plugin.Capabilities(sandbox=True, isolation="namespace", network_modes=frozenset({"none"}),
+                             persistent_sessions=True, file_transfer=True, limits=frozenset({"wall_time"}))
+
+
+class Liar(plugin.ExecutionBackend):
+    capabilities = CLAIMS
+    session: type[plugin.HostWorkspaceSession]
+    #: What this machine needs for the liar to run at all (None: it can run).
+    needs: Callable[[], str | None] = staticmethod(lambda: None)
+
+    async def check(self) -> plugin.Capabilities:
+        missing = type(self).needs()
+        if missing:
+            raise plugin.BackendUnavailableError(missing, backend=self.name)
+        return self.capabilities
+
+    async def open_session(self, spec: plugin.SessionSpec) -> plugin.HostWorkspaceSession:
+        return self.session(prefix="execbox-liar-")
+
+
+# --- host root behind a network namespace -----------------------------------------------------------------
+
+
+class HostRootSession(plugin.HostWorkspaceSession):
+    def launcher(self, argv: list[str]) -> list[str]:
+        return ["unshare", "--net", "--", *argv]
+
+
+def _root() -> str | None:
+    return None if ROOT else "only root can run code as host root"
+
+
+class HostRoot(Liar):
+    name = "liar_host_root"
+    session = HostRootSession
+    needs = staticmethod(_root)
+
+
+# --- a bubblewrap sandbox with one wall out ---------------------------------------------------------------
+
+
+def _bwrap() -> str | None:
+    if shutil.which("bwrap") is None:
+        return "bwrap is not installed"
+    probe = subprocess.run(["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--ro-bind", "/", "/",
+                            "true"], capture_output=True, text=True, check=False)
+    return None if probe.returncode == 0 else f"bwrap cannot make namespaces here: {probe.stderr.strip()}"
+
+
+class BwrapSession(plugin.HostWorkspaceSession):
+    """As root, bwrap runs as nobody (so the sandbox uid is not host root); the code runs as uid 1000 with no
+    capabilities, no new user namespaces, its own PID, network and mount namespaces (the host's /usr and /etc
+    read-only, a private /tmp) and only the request's environment (set by bwrap, not inherited)."""
+
+    drop_root = True
+    namespaces = ["--unshare-all", "--unshare-user", "--disable-userns"]
+    identity = ["--uid", "1000", "--gid", "1000"]
+    proc = ["--proc", "/proc"]
+    binds: list[str] = []
+    leak_env = False
+
+    def __init__(self, prefix: str = "execbox-liar-") -> None:
+        super().__init__(prefix)
+        self.owner = NOBODY if ROOT and self.drop_root else None
+        if self.owner:
+            os.chown(self.workspace, *self.owner)
+
+    def command(self, request: plugin.ExecRequest) -> list[str]:
+        assert request.argv
+        args = ["bwrap", *self.namespaces, "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                *self.identity, "--clearenv"]
+        for name, value in plugin.sandbox_env(request.env, home=self.workspace).items():
+            args += ["--setenv", name, value]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+            if os.path.islink(top):
+                args += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                args += ["--ro-bind", top, top]
+        args += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc", *self.proc, "--dev", "/dev",
+                 "--tmpfs", "/tmp", *self.binds, "--bind", self.workspace, self.workspace,
+                 "--chdir", request.workdir or self.workspace, "--", *request.argv]
+        drop = ["setpriv", "--reuid", str(NOBODY[0]), "--regid", str(NOBODY[1]), "--clear-groups", "--"]
+        # The leak: `env` gives the request's variables to setpriv and bwrap, host-side processes.
+        leak = ["env", *(f"{k}={v}" for k, v in request.env.items())] if self.leak_env else []
+        return [*leak, *(drop if self.owner else []), *args]
+
+    async def exec(self, request: plugin.ExecRequest) -> plugin.ExecResult:
+        assert request.timeout and request.max_output_bytes
+        outcome = await plugin.run_process(plugin.reaped(self.command(request)), env={"PATH": PATH},
+                                           cwd=self.workspace, stdin=request.stdin, timeout=request.timeout,
+                                           max_output_bytes=request.max_output_bytes)
+        return outcome.to_result()
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await anyio.to_thread.run_sync(lambda: plugin.safe_write(self.workspace, path, data, owner=self.owner))
+
+
+class MappedRootSession(BwrapSession):
+    drop_root = False
+
+
+class CapsSession(BwrapSession):
+    identity = ["--uid", "0", "--gid", "0", "--cap-add", "ALL"]
+
+
+class UsernsSession(BwrapSession):
+    namespaces = ["--unshare-all", "--unshare-user"]
+
+
+class HostFilesSession(BwrapSession):
+    binds = ["--ro-bind", "/tmp", "/tmp", "--ro-bind", str(Path.home()), str(Path.home())]
+
+
+class HostProcsSession(BwrapSession):
+    namespaces = ["--unshare-user", "--unshare-ipc", "--unshare-net", "--unshare-uts", "--disable-userns"]
+    proc = ["--ro-bind", "/proc", "/proc"]
+
+
+class EnvLeakSession(BwrapSession):
+    leak_env = True
+
+
+def _bwrap_as_root() -> str | None:
+    return _root() or _bwrap()
+
+
+class MappedRoot(Liar):
+    name = "liar_mapped_root"
+    session = MappedRootSession
+    needs = staticmethod(_bwrap_as_root)
+
+
+class Caps(Liar):
+    name = "liar_caps"
+    session = CapsSession
+    needs = staticmethod(_bwrap)
+
+
+class Userns(Liar):
+    name = "liar_userns"
+    session = UsernsSession
+    needs = staticmethod(_bwrap)
+
+
+class HostFiles(Liar):
+    name = "liar_host_files"
+    session = HostFilesSession
+    needs = staticmethod(_bwrap)
+
+
+class HostProcs(Liar):
+    name = "liar_host_procs"
+    session = HostProcsSession
+    needs = staticmethod(_bwrap)
+
+
+class EnvLeak(Liar):
+    name = "liar_env_leak"
+    session = EnvLeakSession
+    needs = staticmethod(_bwrap)
+
+
+# --- a docker container without no-new-privileges -----------------------------------------------------------
+
+
+def _image() -> str:
+    from execbox.backends.docker_image import DEFAULT_TAG
+
+    return os.environ.get("CODE_EXEC_DOCKER_IMAGE", DEFAULT_TAG)
+
+
+def _docker() -> str | None:
+    if shutil.which("docker") is None:
+        return "the docker CLI is not installed"
+    probe = subprocess.run(["docker", "image", "inspect", _image()], capture_output=True, text=True, check=False)
+    return None if probe.returncode == 0 else f"docker or the image {_image()} is missing: {probe.stderr.strip()}"
+
+
+class NoNnpSession(BwrapSession):
+    """Hardened like execbox's docker backend (nobody, every capability dropped, read-only, no network,
+    the default seccomp profile), but without ``--security-opt no-new-privileges``."""
+
+    def command(self, request: plugin.ExecRequest) -> list[str]:
+        assert request.argv
+        args = ["docker", "run", "--rm", "-i", "--init", "--network", "none", "--cap-drop", "ALL",
+                "--user", "%d:%d" % NOBODY, "--read-only", "--tmpfs", "/tmp",
+                "-v", f"{self.workspace}:{self.workspace}", "-w", request.workdir or self.workspace]
+        for name, value in plugin.sandbox_env(request.env, home=self.workspace).items():
+            args += ["-e", f"{name}={value}"]
+        return [*args, _image(), *request.argv]
+
+
+class NoNnp(Liar):
+    name = "liar_nnp"
+    session = NoNnpSession
+    needs = staticmethod(_docker)
+
+
+# --- limits claimed, not enforced; nothing run at all -------------------------------------------------------
+
+EVERYTHING = CLAIMS.model_copy(update={"limits": frozenset({"memory", "cpu", "pids", "wall_time"})})
+
+
+class UnlimitedSession(plugin.HostWorkspaceSession):
+    """A plain host process: no rlimits, no cgroup."""
+
+    async def exec(self, request: plugin.ExecRequest) -> plugin.ExecResult:
+        assert request.argv and request.timeout and request.max_output_bytes
+        outcome = await plugin.run_process(plugin.reaped(request.argv), env=plugin.sandbox_env(request.env,
+                                           home=self.workspace), cwd=request.workdir or self.workspace,
+                                           stdin=request.stdin, timeout=request.timeout,
+                                           max_output_bytes=request.max_output_bytes)
+        return outcome.to_result()
+
+
+class Unlimited(Liar):
+    name = "liar_unlimited"
+    capabilities = EVERYTHING
+    session = UnlimitedSession
+
+
+class BrokenSession(plugin.HostWorkspaceSession):
+    def launcher(self, argv: list[str]) -> list[str]:
+        return ["/bin/sh", "-c", "exit 127"]
+
+
+class Broken(Liar):
+    name = "liar_broken"
+    capabilities = EVERYTHING
+    session = BrokenSession
+
+
+LIARS: list[type[Liar]] = [HostRoot, MappedRoot, Caps, NoNnp, Userns, HostFiles, HostProcs, EnvLeak, Unlimited, Broken]
+
+
+@plugin.hookimpl
+def execbox_register_backends(register: Callable[[type], None]) -> None:
+    for cls in LIARS:
+        register(cls)
