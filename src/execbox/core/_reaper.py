@@ -5,6 +5,12 @@ child subreaper, so a grandchild that called setsid or double-forked is re-paren
 init; when the command exits, or when execbox sends SIGTERM at the deadline, or when execbox itself dies
 (PDEATHSIG), it SIGKILLs every descendant until none is left, then exits with the command's status.
 Standard library only: it runs before anything of execbox is imported.
+
+The reaper runs on the host with the caller's privileges, so it starts with a clean environment, never
+the request's. The command's environment waits in an inherited descriptor (``CommandEnv`` in procs.py,
+``NAME=VALUE\0`` records): with ``"env_fd"`` in the config the reaper reads it and gives it to the
+command's execve alone; behind a launcher, ``_reaper.py --exec-env FD ARGV...`` is the last step
+before the command and does the same there, after the launcher.
 """
 
 import ctypes
@@ -72,9 +78,45 @@ def kill_tree():
         time.sleep(0.005)
 
 
+def read_env(fd):
+    """The command's environment from descriptor ``fd``, which is closed: the command does not inherit it."""
+    chunks, offset = [], 0
+    try:
+        while chunk := os.pread(fd, 1 << 20, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+        os.close(fd)
+    except OSError as exc:
+        os.write(2, f"execbox: the command's environment did not reach it (descriptor {fd}: {exc.strerror}); a "
+                    "launcher must keep inherited descriptors open, and run_process needs command_env=\n".encode())
+        os._exit(126)
+    return dict(item.split(b"=", 1) for item in b"".join(chunks).split(b"\0") if item)
+
+
+def exec_command(argv, env):
+    """Become ``argv`` (searched on the PATH of its own environment): exits 127/126 if that fails."""
+    # Python ignores these at start-up; an ignored signal stays ignored across execve, and a command must
+    # die of a closed pipe or an exceeded file-size limit as it would anywhere else.
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        if env is None:
+            os.execvp(argv[0], argv)
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        os.write(2, f"execbox: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+
+def exec_with_env():
+    """``--exec-env FD ARGV...``: the step behind a launcher that gives the command its environment."""
+    exec_command(sys.argv[3:], read_env(int(sys.argv[2])))
+
+
 def main():
     config = json.loads(sys.argv[1])
     argv = sys.argv[2:]
+    env = read_env(config["env_fd"]) if "env_fd" in config else None
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -88,11 +130,7 @@ def main():
             signal.signal(sig, signal.SIG_DFL)
         for name, value in config.get("rlimits", {}).items():
             resource.setrlimit(getattr(resource, name), (value, value))
-        try:
-            os.execvp(argv[0], argv)
-        except OSError as exc:
-            os.write(2, f"execbox: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
-            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+        exec_command(argv, env)
     try:
         while True:
             waited, status = os.waitpid(pid, 0)
@@ -108,4 +146,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--exec-env":
+        exec_with_env()
+    else:
+        main()

@@ -5,6 +5,11 @@ command (local_subprocess; the example plugin's ``unshare``): a private temporar
 symlink-safe, size-capped file access of ``core.workspace``, rlimits, the timeout and output rules of
 ``core.procs`` (the whole process tree dies at the deadline), close-once and removal that survives any
 tree the code built. A subclass overrides ``launcher`` only.
+
+The request's environment reaches the command and nothing before it: the reaper and the launcher (which
+may run as root, like ``unshare``) start with ``host_env()``, and the command's variables are applied by
+the last step the launcher starts (``CommandEnv.exec_step``), after every namespace and privilege change
+the launcher makes. A launcher only has to keep inherited descriptors open and run the argv it is given.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from execbox.core.backend import Session
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import SandboxError
 from execbox.core.models import ExecRequest, ExecResult
-from execbox.core.procs import reaped, run_process
+from execbox.core.procs import CommandEnv, reaped, run_process
 from execbox.core.workspace import remove_tree, safe_read, safe_write
 
 FILE_SIZE_LIMIT = 1 << 30  # no single file over 1 GiB: a runaway writer cannot fill the disk
@@ -32,7 +37,10 @@ class HostWorkspaceSession(Session):
         self._closed = False
 
     def launcher(self, argv: list[str]) -> list[str]:
-        """The command line that runs ``argv``; here, ``argv`` itself."""
+        """The command line that runs ``argv``; here, ``argv`` itself.
+
+        ``argv`` is the command behind the step that gives it its environment: run it as given, and keep
+        inherited file descriptors open (a launcher that closes them makes every run fail, exit 126)."""
         return argv
 
     def _live(self) -> None:
@@ -50,14 +58,20 @@ class HostWorkspaceSession(Session):
         }
         if request.limits.memory_mb:
             rlimits["RLIMIT_AS"] = request.limits.memory_mb * 1024 * 1024
-        outcome = await run_process(
-            reaped(self.launcher(request.argv), rlimits=rlimits),
-            env=sandbox_env(request.env, home=self.workspace),
-            cwd=request.workdir or self.workspace,
-            stdin=request.stdin,
-            timeout=request.timeout,
-            max_output_bytes=request.max_output_bytes,
-        )
+        with CommandEnv(sandbox_env(request.env, home=self.workspace)) as command_env:
+            inner = command_env.exec_step(request.argv)
+            launched = self.launcher(inner)
+            # No launcher: the reaper's own exec is the command's, and it applies the environment there.
+            argv = reaped(request.argv, rlimits=rlimits, command_env=command_env) if launched == inner else \
+                reaped(launched, rlimits=rlimits)
+            outcome = await run_process(
+                argv,
+                cwd=request.workdir or self.workspace,
+                stdin=request.stdin,
+                timeout=request.timeout,
+                max_output_bytes=request.max_output_bytes,
+                command_env=command_env,
+            )
         return outcome.to_result()
 
     async def write_file(self, path: str, data: bytes) -> None:

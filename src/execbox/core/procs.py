@@ -1,5 +1,13 @@
 """Running a local process with the timeout and output rules: streamed into a bounded capture, the whole
-process tree killed at the deadline. Shared by every backend whose sandbox is a local process."""
+process tree killed at the deadline. Shared by every backend whose sandbox is a local process.
+
+The request's environment reaches the sandboxed command only. Every process that runs on the host before
+it (the reaper, a launcher such as ``unshare`` or ``bwrap``, a shell a launcher starts) runs with the
+caller's privileges, so it gets ``host_env()``; in it, a request's LD_PRELOAD pointing at a library the
+code wrote into its workspace, or a BASH_ENV, would run the code's choice with those privileges.
+``CommandEnv`` carries the command's variables past them, off every command line and outside the
+workspace, to the command's own execve (see _reaper.py).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +18,13 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import TracebackType
 
 import anyio
 
+from execbox.core.envpolicy import host_env, is_injection_name
 from execbox.core.models import ExecResult
 from execbox.core.output import BoundedCapture
 from execbox.core.results import build_result, exit_status
@@ -38,10 +49,50 @@ class ProcessOutcome:
                             timed_out=self.timed_out, duration_s=self.duration_s, oom_killed=oom_killed)
 
 
-def reaped(argv: list[str], *, rlimits: dict[str, int] | None = None) -> list[str]:
-    """``argv`` wrapped so that every process it starts dies with it (see _reaper.py)."""
-    config = json.dumps({"parent": os.getpid(), "rlimits": rlimits or {}})
-    return [sys.executable, "-I", "-S", _REAPER, config, *argv]
+class CommandEnv:
+    """The sandboxed command's whole environment, held for its execve alone.
+
+    The variables sit in an anonymous in-memory file (memfd: no path, nothing in the workspace or on a
+    command line) whose descriptor the host-side processes inherit and never read. The last step before
+    the command reads and closes it: the reaper itself (``reaped(..., command_env=)``) when nothing stands
+    between them, or ``exec_step(argv)``, the command line a launcher runs in place of ``argv``. Pass it to
+    ``run_process(command_env=)`` so the descriptor is inherited; close it (or use ``with``) afterwards.
+    """
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        # Encoded here, so a value that cannot be an environment string fails in the caller, as before.
+        data = b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in env.items())
+        self.fd = os.memfd_create("execbox-env", os.MFD_CLOEXEC)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def exec_step(self, argv: list[str]) -> list[str]:
+        """``argv`` preceded by the step that gives it this environment: what a launcher should start."""
+        return [sys.executable, "-I", "-S", _REAPER, "--exec-env", str(self.fd), *argv]
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> CommandEnv:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def reaped(argv: list[str], *, rlimits: dict[str, int] | None = None,
+           command_env: CommandEnv | None = None) -> list[str]:
+    """``argv`` wrapped so that every process it starts dies with it (see _reaper.py). With ``command_env``,
+    ``argv`` is the command itself and gets that environment; without, ``argv`` inherits the reaper's."""
+    config: dict[str, object] = {"parent": os.getpid(), "rlimits": rlimits or {}}
+    if command_env is not None:
+        config["env_fd"] = command_env.fd
+    return [sys.executable, "-I", "-S", _REAPER, json.dumps(config), *argv]
 
 
 async def _pump(stream: asyncio.StreamReader, capture: BoundedCapture) -> None:
@@ -61,17 +112,21 @@ async def _feed(writer: asyncio.StreamWriter, data: bytes | None) -> None:
 async def run_process(
     argv: list[str],
     *,
-    env: dict[str, str],
+    env: dict[str, str] | None = None,
     cwd: str,
     stdin: bytes | None,
     timeout: float,
     max_output_bytes: int,
     terminate_signal: int = signal.SIGTERM,
+    command_env: CommandEnv | None = None,
 ) -> ProcessOutcome:
     """Run ``argv`` (usually already wrapped by ``reaped`` or a sandbox launcher) to completion or deadline.
 
-    At the deadline ``terminate_signal`` goes to the process, whose job is to kill its tree; after a grace
-    period the whole process group is SIGKILLed. Cancellation kills the same way before re-raising.
+    ``env`` is the environment of the host-side process ``argv`` starts (default ``host_env()``), never the
+    request's: loader and interpreter-injection variables are removed from it whatever a backend passes.
+    The command's own variables travel in ``command_env``. At the deadline ``terminate_signal`` goes to the
+    process, whose job is to kill its tree; after a grace period the whole process group is SIGKILLed.
+    Cancellation kills the same way before re-raising.
     """
     out, err = BoundedCapture(max_output_bytes), BoundedCapture(max_output_bytes)
     started = time.monotonic()
@@ -80,9 +135,10 @@ async def run_process(
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=env,
+        env={k: v for k, v in (host_env() if env is None else env).items() if not is_injection_name(k)},
         cwd=cwd,
         start_new_session=True,
+        pass_fds=(command_env.fd,) if command_env else (),
     )
     assert proc.stdin and proc.stdout and proc.stderr
     io = asyncio.gather(_feed(proc.stdin, stdin), _pump(proc.stdout, out), _pump(proc.stderr, err))

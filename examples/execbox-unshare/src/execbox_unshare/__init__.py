@@ -7,6 +7,12 @@ files or users, so it honestly says it is not a sandbox: the guard admits it onl
 Everything else (workspace, env, rlimits, output cap, timeout, process-tree kill) comes from execbox's
 host-workspace session (``execbox.plugin.HostWorkspaceSession``), which this backend extends with one
 method. It imports nothing but the public plugin kit, ``execbox.plugin``.
+
+``unshare`` runs as the caller (as root, if execbox does), so it must not see the request's variables: a
+request's LD_PRELOAD would load a library the code wrote, as root, into ``unshare``. The session takes care
+of that: ``unshare`` and its shell start with a minimal host environment, and the ``argv`` the launcher is
+given starts with the step that applies the request's variables to the command alone, inside the
+namespaces. A launcher runs that ``argv`` as given and keeps inherited file descriptors open.
 """
 
 from __future__ import annotations
