@@ -13,6 +13,8 @@ command's execve alone; behind a launcher, ``_reaper.py --exec-env FD ARGV...`` 
 before the command and does the same there, after the launcher.
 """
 
+from __future__ import annotations
+
 import ctypes
 import json
 import os
@@ -20,6 +22,11 @@ import resource
 import signal
 import sys
 import time
+
+TYPE_CHECKING = False  # typing is not imported at run time: the reaper starts on every exec
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -29,12 +36,12 @@ class Terminated(Exception):
     pass
 
 
-def _on_signal(signum, frame):
+def _on_signal(signum: int, frame: FrameType | None) -> NoReturn:
     raise Terminated(signum)
 
 
-def _descendants(root):
-    children = {}
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -45,7 +52,8 @@ def _descendants(root):
             continue
         ppid = int(data[data.rindex(b")") + 2:].split()[1])
         children.setdefault(ppid, []).append(int(entry))
-    found, stack = [], [root]
+    found: list[int] = []
+    stack = [root]
     while stack:
         for child in children.get(stack.pop(), ()):
             found.append(child)
@@ -53,7 +61,7 @@ def _descendants(root):
     return found
 
 
-def _reap():
+def _reap() -> None:
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -63,7 +71,7 @@ def _reap():
             return
 
 
-def kill_tree():
+def kill_tree() -> None:
     me = os.getpid()
     while True:
         pids = _descendants(me)
@@ -78,9 +86,10 @@ def kill_tree():
         time.sleep(0.005)
 
 
-def read_env(fd):
+def read_env(fd: int) -> dict[bytes, bytes]:
     """The command's environment from descriptor ``fd``, which is closed: the command does not inherit it."""
-    chunks, offset = [], 0
+    chunks: list[bytes] = []
+    offset = 0
     try:
         while chunk := os.pread(fd, 1 << 20, offset):
             chunks.append(chunk)
@@ -90,10 +99,11 @@ def read_env(fd):
         os.write(2, f"execbox: the command's environment did not reach it (descriptor {fd}: {exc.strerror}); a "
                     "launcher must keep inherited descriptors open, and run_process needs command_env=\n".encode())
         os._exit(126)
-    return dict(item.split(b"=", 1) for item in b"".join(chunks).split(b"\0") if item)
+    pairs = (item.partition(b"=") for item in b"".join(chunks).split(b"\0") if item)
+    return {name: value for name, _, value in pairs}
 
 
-def exec_command(argv, env):
+def exec_command(argv: list[str], env: dict[bytes, bytes] | None) -> NoReturn:
     """Become ``argv`` (searched on the PATH of its own environment): exits 127/126 if that fails."""
     # Python ignores these at start-up; an ignored signal stays ignored across execve, and a command must
     # die of a closed pipe or an exceeded file-size limit as it would anywhere else.
@@ -108,12 +118,12 @@ def exec_command(argv, env):
         os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
 
-def exec_with_env():
+def exec_with_env() -> NoReturn:
     """``--exec-env FD ARGV...``: the step behind a launcher that gives the command its environment."""
     exec_command(sys.argv[3:], read_env(int(sys.argv[2])))
 
 
-def main():
+def main() -> NoReturn:
     config = json.loads(sys.argv[1])
     argv = sys.argv[2:]
     env = read_env(config["env_fd"]) if "env_fd" in config else None
