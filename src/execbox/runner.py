@@ -18,12 +18,12 @@ from pydantic import ValidationError
 
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import filter_env
-from execbox.core.errors import BackendUnavailableError, ConfigError, UnsupportedPolicyError
+from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError, UnsupportedPolicyError
 from execbox.core.models import ISOLATION_STRENGTH, Capabilities, ExecRequest, ExecResult, Language, Limits, NetworkMode
 from execbox.core.settings import Settings
 from execbox.core.workspace import normalize
 from execbox.guard.guard import Guard
-from execbox.registry import Registry, get_registry
+from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
 
 T = TypeVar("T")
 LOCAL_FALLBACK = "local_subprocess"
@@ -40,25 +40,73 @@ def _request(**kw: Any) -> ExecRequest:
 def _command_request(command: str | Sequence[str], **kw: Any) -> ExecRequest:
     if isinstance(command, str) and not command.strip():
         raise ConfigError("invalid request: the command is empty; give a shell command or an argv list")
+    if not isinstance(command, (str, Sequence)) or isinstance(command, bytes):
+        raise ConfigError(f"invalid request: the command is a {type(command).__name__}; give a shell command (str) "
+                          "or an argv list of str")
     argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
     return _request(argv=argv, **kw)
 
 
+def _text(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"invalid {what}: {type(value).__name__}; give a str")
+    return value
+
+
+def _bytes(value: object, what: str) -> bytes:
+    """bytes as given; str as UTF-8 (a lone surrogate is refused: it has no bytes to send)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        try:
+            return value.encode()
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"invalid {what}: it is not valid text ({exc.reason} at {exc.start}); give bytes or "
+                              "a str without lone surrogates") from None
+    raise ConfigError(f"invalid {what}: {type(value).__name__}; give bytes or str")
+
+
 class AsyncRunner:
-    def __init__(self, settings: Settings | None = None) -> None:
+    """Runs requests through the one path. ``options`` gives backends their settings in code, by backend name
+    (``{"docker": {"image": "my-image"}}``), on top of the environment.
+
+    Use it as ``async with AsyncRunner() as runner:`` to close what its backends opened (engine clients,
+    connections) when done; a runner that is just dropped leaves that to the garbage collector. ``check()``
+    answers are trusted for CHECK_TTL_S seconds per backend instance (see ExecutionBackend.check).
+    """
+
+    def __init__(self, settings: Settings | None = None, *,
+                 options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.settings = settings or Settings.from_env()
         self.guard = Guard(self.settings)
-        self._backends: dict[str, ExecutionBackend] = {}
+        self.options = {name: dict(values) for name, values in (options or {}).items()}
+        self._backends: dict[tuple[str, str], ExecutionBackend] = {}
+
+    async def __aenter__(self) -> AsyncRunner:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every backend instance this runner made (engine clients, connections)."""
+        backends, self._backends = list(self._backends.values()), {}
+        with anyio.CancelScope(shield=True):
+            for backend in backends:
+                await backend.aclose()
 
     @property
     def registry(self) -> Registry:
         return get_registry(self.settings.load_plugins, self.settings.disable_plugins)
 
-    def backend(self, name: str) -> ExecutionBackend:
-        """The instance of a registered backend (one per runner)."""
-        if name not in self._backends:
-            self._backends[name] = self.registry.get(name).cls(self.settings)
-        return self._backends[name]
+    def backend(self, name: str, options: Mapping[str, Any] | None = None) -> ExecutionBackend:
+        """The instance of a registered backend with the runner's options for it, ``options`` on top; one per
+        runner and set of options."""
+        merged = {**self.options.get(name, {}), **(options or {})}
+        key = (name, repr(sorted(merged.items())))
+        if key not in self._backends:
+            self._backends[key] = self.registry.get(name).cls(self.settings, merged)
+        return self._backends[key]
 
     async def select(self, name: str | None = None, *, session: bool = False) -> tuple[ExecutionBackend, Capabilities]:
         """The backend to use and what it enforces here; ``auto`` picks the strongest sandbox that runs here."""
@@ -85,6 +133,11 @@ class AsyncRunner:
         local_hint = "" if self.settings.local else (
             "\n- or, only on your own machine for yourself: CODE_EXEC_LOCAL=true (runs local_subprocess, no sandbox)"
         )
+        candidates = set(self.auto_candidates())
+        for entry in sorted(self.registry.backends.values(), key=lambda e: e.name):
+            if entry.cls.capabilities.sandbox and not entry.cls.capabilities.remote and entry.name not in candidates:
+                tried.append(f"- {entry.name} (third-party, from {entry.distribution!r}): auto does not pick a plugin "
+                             "on its own claim; name it in EXECBOX_AUTO_PLUGINS, or set CODE_EXEC_BACKEND to it")
         raise BackendUnavailableError(
             "no sandbox backend can run here (CODE_EXEC_BACKEND=auto). Install or start one of:\n"
             + "\n".join(tried or ["- (no sandbox backend is registered)"]) + local_hint,
@@ -92,10 +145,16 @@ class AsyncRunner:
         )
 
     def auto_candidates(self) -> list[str]:
-        """Local sandbox backends, strongest isolation first; local_subprocess last and only in local mode."""
+        """Local sandbox backends, strongest isolation first; local_subprocess last and only in local mode.
+
+        A third-party backend's capabilities are its own claim: ``auto`` considers one only when the operator
+        opted in by naming it in EXECBOX_AUTO_PLUGINS (name it as CODE_EXEC_BACKEND to use it directly)."""
+        trusted = set(self.settings.auto_plugins)
         entries = [e for e in self.registry.backends.values()
-                   if e.cls.capabilities.sandbox and not e.cls.capabilities.remote]
-        entries.sort(key=lambda e: (-ISOLATION_STRENGTH[e.cls.capabilities.isolation], e.distribution != "execbox", e.name))
+                   if e.cls.capabilities.sandbox and not e.cls.capabilities.remote
+                   and (e.distribution == BUILTIN_DISTRIBUTION or {e.name, e.distribution} & trusted)]
+        entries.sort(key=lambda e: (-ISOLATION_STRENGTH[e.cls.capabilities.isolation],
+                                    e.distribution != BUILTIN_DISTRIBUTION, e.name))
         names = [e.name for e in entries]
         if self.settings.local and LOCAL_FALLBACK in self.registry.backends:
             names.append(LOCAL_FALLBACK)
@@ -140,18 +199,19 @@ class AsyncRunner:
             with anyio.CancelScope(shield=True):
                 await session.close()
 
-    async def _admitted(self, backend: str | None, resolved: ExecRequest, asked: set[str], *, session: bool
-                        ) -> tuple[ExecutionBackend, Capabilities]:
-        """The backend (auto resolved) and what it enforces here, once the guard has admitted the request."""
+    async def _admitted(self, backend: str | None, resolved: ExecRequest, asked: set[str], *, session: bool,
+                        options: Mapping[str, Any] | None = None) -> tuple[ExecutionBackend, Capabilities]:
+        """The backend (auto resolved) and what it enforces here, once the guard has admitted the request: the one
+        place the guard runs, for one-shots and sessions alike, each rule once."""
         name = backend or (self.settings.session_backend if session else self.settings.backend)
-        if name == "auto":
-            impl, caps = await self.select("auto")
-        else:
-            impl = self.backend(name)
-            self.guard.check_verdict(impl, resolved)  # cheap refusals first, before the backend is probed
-            self.guard.check_secrets(impl)
-            caps = await impl.check()
-        self.guard.judge(impl, caps, resolved, asked)
+        if name == "auto" and options:
+            raise ConfigError("backend options were given without a backend: name the backend they are for, e.g. "
+                              "execbox.sandbox('docker', image=...)", env_var="CODE_EXEC_BACKEND")
+        impl = (await self.select("auto"))[0] if name == "auto" else self.backend(name, options)
+        self.guard.check_verdict(impl, resolved)  # cheap refusals first, before the backend is probed
+        self.guard.check_secrets(impl)
+        caps = await impl.check()  # for auto, select() just checked it: this is the cached answer
+        self.guard.check_policy(impl, caps, resolved, asked)
         if session and not caps.persistent_sessions:
             raise UnsupportedPolicyError(
                 f"refused: backend {impl.name!r} has no persistent sessions; use execbox.run for one-shot runs "
@@ -173,18 +233,25 @@ class AsyncRunner:
         return await self.execute(request, backend=backend)
 
     def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
-                name: str | None = None, lifetime_s: float = 3600.0) -> AsyncSandbox:
-        return AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s)
+                name: str | None = None, lifetime_s: float = 3600.0, **options: Any) -> AsyncSandbox:
+        """A persistent sandbox. Keywords beyond these are the backend's own options (its settings_model's fields,
+        e.g. ``image=`` for docker), on top of the runner's and the environment's."""
+        return AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s,
+                            options=options)
 
 
 def _request_kw(network: NetworkMode | None = None, timeout: float | None = None, env: Mapping[str, str] | None = None,
                 stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
                 workdir: str | None = None, max_output_bytes: int | None = None,
                 limits: Limits | None = None) -> dict[str, Any]:
+    if env is not None and not isinstance(env, Mapping):
+        raise ConfigError(f"invalid env: {type(env).__name__}; give a mapping of names to values")
+    if files is not None and not isinstance(files, Mapping):
+        raise ConfigError(f"invalid files: {type(files).__name__}; give a mapping of workspace paths to contents")
     kw = {
         "network": network, "timeout": timeout, "env": dict(env) if env else None,
-        "stdin": stdin.encode() if isinstance(stdin, str) else stdin,
-        "files": {k: (v.encode() if isinstance(v, str) else v) for k, v in files.items()} if files else None,
+        "stdin": None if stdin is None else _bytes(stdin, "stdin"),
+        "files": {k: _bytes(v, f"files[{k!r}]") for k, v in files.items()} if files else None,
         "workdir": workdir, "max_output_bytes": max_output_bytes, "limits": limits,
     }
     return {k: v for k, v in kw.items() if v is not None}
@@ -212,9 +279,10 @@ class AsyncSandbox:
     """A persistent sandbox: files and installed packages survive between execs until it closes."""
 
     def __init__(self, runner: AsyncRunner, backend: str | None, *, network: NetworkMode | None, limits: Limits | None,
-                 name: str | None, lifetime_s: float) -> None:
+                 name: str | None, lifetime_s: float, options: Mapping[str, Any] | None = None) -> None:
         self.runner = runner
         self._backend_name = backend
+        self._options = dict(options or {})
         self._network = network or runner.settings.network
         self._limits = limits
         self._name = name
@@ -226,7 +294,8 @@ class AsyncSandbox:
     async def __aenter__(self) -> AsyncSandbox:
         probe = ExecRequest(argv=["true"], network=self._network, limits=self._limits)
         resolved, _, asked = self.runner.prepare(probe)
-        self.backend, self.capabilities = await self.runner._admitted(self._backend_name, resolved, asked, session=True)
+        self.backend, self.capabilities = await self.runner._admitted(self._backend_name, resolved, asked, session=True,
+                                                                      options=self._options)
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name)
         self._session = await self.backend.open_session(spec)
         return self
@@ -242,7 +311,8 @@ class AsyncSandbox:
 
     def _live(self) -> tuple[ExecutionBackend, Session]:
         if self._session is None or self.backend is None:
-            raise RuntimeError("the sandbox is not open: use it as `async with runner.sandbox() as sb:`")
+            raise SandboxError("this sandbox is not open (closed already, or never entered): use it as "
+                               "`async with runner.sandbox() as sb:` and call it inside that block")
         return self.backend, self._session
 
     async def execute(self, request: ExecRequest) -> ExecResult:
@@ -255,10 +325,11 @@ class AsyncSandbox:
             raise UnsupportedPolicyError(
                 f"refused: this sandbox was opened with limits {self._limits}; a session cannot change them per exec. "
                 "Open another sandbox with the limits you need", backend=backend.name)
-        request = request.model_copy(update={"network": self._network, "limits": self._limits})
-        resolved, dropped, asked = self.runner.prepare(request)
-        assert self.capabilities is not None
-        self.runner.guard.judge(backend, self.capabilities, resolved, asked)
+        # Admitted when it opened: the network and limits cannot change, and the backend is the same one. Only
+        # the seed scan runs again: it guards every unsandboxed run, and a seed may have appeared since.
+        resolved, dropped, _ = self.runner.prepare(request.model_copy(update={"network": self._network,
+                                                                               "limits": self._limits}))
+        self.runner.guard.check_secrets(backend)
         return await _exec_in(backend, session, resolved, dropped)
 
     async def exec(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
@@ -269,11 +340,12 @@ class AsyncSandbox:
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         _, session = self._live()
-        await session.write_file(normalize(path, session.workspace), data.encode() if isinstance(data, str) else data)
+        await session.write_file(normalize(_text(path, "path"), session.workspace), _bytes(data, "data"))
 
     async def read_file(self, path: str) -> bytes:
         _, session = self._live()
-        return await session.read_file(normalize(path, session.workspace), self.runner.settings.max_read_bytes)
+        return await session.read_file(normalize(_text(path, "path"), session.workspace),
+                                       self.runner.settings.max_read_bytes)
 
 
 class Runner:

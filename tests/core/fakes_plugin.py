@@ -46,7 +46,7 @@ class FakeDown(FakeSandbox):
     REASON = "the fake daemon is not running"
     FIX = "start the fake daemon with `fake-daemon start`"
 
-    async def check(self) -> Capabilities:
+    async def probe(self) -> Capabilities:
         raise BackendUnavailableError(self.REASON, backend=self.name, fix=self.FIX)
 
 

@@ -39,7 +39,7 @@ def test_a_misconfigured_backend_stops_auto_instead_of_falling_back(fake_backend
             return FakeSandbox.capabilities
         raise ConfigError("CODE_EXEC_FAKE_RUNTIME='runsc' is not installed", env_var="CODE_EXEC_FAKE_RUNTIME")
 
-    monkeypatch.setattr(FakeSandbox, "check", misconfigured)
+    monkeypatch.setattr(FakeSandbox, "probe", misconfigured)
     with pytest.raises(ConfigError) as info:
         Runner(Settings.from_env()).run(["true"])  # fake_namespace could run, but is weaker than what was configured
     assert info.value.env_var == "CODE_EXEC_FAKE_RUNTIME"
@@ -64,14 +64,14 @@ def test_auto_does_not_fall_back_past_a_backend_the_operator_configured(fake_bac
     from execbox import BackendUnavailableError
     from tests.core.fakes_plugin import FakeSandbox
 
-    original = FakeSandbox.check
+    original = FakeSandbox.probe
 
     async def runtime_missing(self: FakeSandbox) -> Capabilities:
         if self.name != "fake_sandbox":
             return await original(self)
         raise BackendUnavailableError("runtime runsc is not installed", env_var="CODE_EXEC_FAKE_RUNTIME")
 
-    monkeypatch.setattr(FakeSandbox, "check", runtime_missing)
+    monkeypatch.setattr(FakeSandbox, "probe", runtime_missing)
     # Not configured by the operator: auto moves on to the next sandbox.
     assert Runner(Settings.from_env()).run(["true"]).backend == "fake_namespace"
     # Configured: the operator asked for that backend's boundary; no silent fallback.

@@ -232,7 +232,7 @@ class DaytonaBackend(ExecutionBackend):
             "daytona", what + (f": {detail}" if detail else ""),
             fix="set DAYTONA_API_KEY (or DAYTONA_JWT_TOKEN and DAYTONA_ORGANIZATION_ID)", env_var="DAYTONA_API_KEY")
 
-    async def check(self) -> Capabilities:
+    async def probe(self) -> Capabilities:
         self.daytona_settings  # noqa: B018 - an invalid setting is a ConfigError here
         _remote.require_sdk("daytona", "daytona", "daytona")
         await _remote.blocking(self._client)  # reads the credentials; makes no request

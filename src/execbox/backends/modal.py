@@ -175,7 +175,7 @@ class ModalBackend(ExecutionBackend):
             fix="set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET (from `modal token new`), or a profile in ~/.modal.toml",
             env_var="MODAL_TOKEN_ID")
 
-    async def check(self) -> Capabilities:
+    async def probe(self) -> Capabilities:
         self.modal_settings  # noqa: B018 - an invalid setting is a ConfigError here
         _remote.require_sdk("modal", "modal", "modal")
         token = os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")

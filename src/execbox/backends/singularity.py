@@ -172,7 +172,6 @@ class SingularityBackend(ExecutionBackend):
 
     def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(settings, options)
-        self._checked: Capabilities | None = None
         self._notes: list[str] = []
         self.version = ""
 
@@ -234,10 +233,8 @@ class SingularityBackend(ExecutionBackend):
 
     # --- contract -----------------------------------------------------------------------------------
 
-    async def check(self) -> Capabilities:
-        if self._checked is None:
-            self._checked = await self._check()
-        return self._checked
+    async def probe(self) -> Capabilities:
+        return await self._check()
 
     async def _check(self) -> Capabilities:
         binary = self.binary

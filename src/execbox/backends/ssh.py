@@ -604,7 +604,6 @@ class SshBackend(ExecutionBackend):
 
     def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(settings, options)
-        self._checked: Capabilities | None = None
         self._remote_notes: list[str] = []
         self._accepted_keys: list[str] = []
 
@@ -618,10 +617,8 @@ class SshBackend(ExecutionBackend):
             self._accepted_keys.append(conn.accepted_new_key)
         return conn
 
-    async def check(self) -> Capabilities:
-        if self._checked is None:
-            self._checked = await anyio.to_thread.run_sync(self._check)
-        return self._checked
+    async def probe(self) -> Capabilities:
+        return await anyio.to_thread.run_sync(self._check)
 
     def _check(self) -> Capabilities:
         conn = self._connect()

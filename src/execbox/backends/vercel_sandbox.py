@@ -165,7 +165,7 @@ class VercelSandboxBackend(ExecutionBackend):
                                 "limit", backend=self.name)
         return SandboxError(f"vercel failed while {doing}: {exc}", backend=self.name)
 
-    async def check(self) -> Capabilities:
+    async def probe(self) -> Capabilities:
         import os
 
         self.vercel_settings  # noqa: B018 - an invalid setting is a ConfigError here

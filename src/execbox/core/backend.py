@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+import time
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -23,6 +24,10 @@ from execbox.core.models import (
     NetworkMode,
 )
 from execbox.core.settings import EnvSettings, Settings
+
+
+#: How long a successful ``check()`` answer is trusted, per backend instance.
+CHECK_TTL_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class ExecutionBackend(ABC):
         """``options`` are values of ``settings_model`` given in code (by field name); they take precedence over
         the environment, so two runners in one process can use, say, two images."""
         self.settings = settings
+        self._checked: tuple[float, Capabilities] | None = None
         self._given = dict(options or {})
         known = set(self.settings_model.model_fields) if self.settings_model else set()
         unknown = sorted(set(self._given) - known)
@@ -114,12 +120,30 @@ class ExecutionBackend(ABC):
             raise
 
     async def check(self) -> Capabilities:
-        """Raise BackendUnavailableError (with the fix) if this backend cannot run here.
+        """What this backend really enforces here, or BackendUnavailableError (with the fix).
 
-        Return the capabilities it really enforces here; by default the declared ones. A backend whose
-        limits depend on the host (cgroups, runtimes) narrows them here.
+        The one rule of when a backend is probed: the first ``check()`` of an instance runs ``probe()``; a
+        successful answer is trusted for CHECK_TTL_S seconds, then probed again; a failure is never cached
+        (the operator may fix it and retry at once). The runner checks before every sandbox it opens.
+        """
+        cached = self._checked
+        if cached is not None and time.monotonic() - cached[0] < CHECK_TTL_S:
+            return cached[1]
+        caps = await self.probe()
+        self._checked = (time.monotonic(), caps)
+        return caps
+
+    async def probe(self) -> Capabilities:
+        """Find out whether this backend can run here and what it enforces; override this, not ``check``.
+
+        Raise BackendUnavailableError (with the fix) if it cannot run here. Return the capabilities it really
+        enforces here; by default the declared ones. A backend whose limits depend on the host (cgroups,
+        runtimes) narrows them here.
         """
         return self.capabilities
+
+    async def aclose(self) -> None:
+        """Release what the instance holds (engine clients, connections); the runner calls it when it closes."""
 
     def verdict(self, request: ExecRequest) -> Verdict:
         """Is this backend, configured as it is, a sandbox for this request? The guard asks this."""

@@ -19,6 +19,9 @@ ISOLATION_STRENGTH: dict[str, int] = {
     "none": 0, "process": 1, "namespace": 2, "container": 3, "gvisor": 4, "microvm": 5, "remote_vm": 5,
 }
 INTERPRETERS: dict[str, tuple[str, str]] = {"python": ("python3", "py"), "bash": ("bash", "sh")}
+# argv and env together must fit the kernel's limit for one execve (ARG_MAX is 2 MiB on Linux, and a single
+# word at most 128 KiB): refuse early, with a clear error, rather than fail inside a backend.
+MAX_COMMAND_LINE_BYTES = 1 << 20
 
 
 class Capabilities(BaseModel):
@@ -89,7 +92,29 @@ class ExecRequest(BaseModel):
         for name, value in env.items():
             if not name or "=" in name or "\0" in name or "\0" in value:
                 raise ValueError(f"invalid environment variable name or value: {name!r}")
+            _encodable(name, "an environment variable name")
+            _encodable(value, f"the value of {name!r}")
+        if sum(len(k) + len(v) + 2 for k, v in env.items()) > MAX_COMMAND_LINE_BYTES:
+            raise ValueError(f"the environment is over {MAX_COMMAND_LINE_BYTES} bytes: pass large data as a file")
         return env
+
+    @field_validator("argv")
+    @classmethod
+    def _argv_words(cls, argv: list[str] | None) -> list[str] | None:
+        for word in argv or ():
+            if "\0" in word:
+                raise ValueError(f"argv word {word[:40]!r} holds a NUL byte, which no command line can carry")
+            _encodable(word, "an argv word")
+        if argv and sum(len(w.encode()) + 1 for w in argv) > MAX_COMMAND_LINE_BYTES:
+            raise ValueError(f"argv is over {MAX_COMMAND_LINE_BYTES} bytes: pass large data on stdin or as a file")
+        return argv
+
+    @field_validator("code", "workdir")
+    @classmethod
+    def _text(cls, value: str | None) -> str | None:
+        if value is not None:
+            _encodable(value, "the text")
+        return value
 
     def materialize(self, workspace: str) -> tuple[list[str], dict[str, bytes]]:
         """The argv to run and the files to place, given where the workspace is inside the sandbox.
@@ -103,6 +128,14 @@ class ExecRequest(BaseModel):
         files = dict(self.files)
         files[rel] = (self.code or "").encode()
         return [interpreter, posixpath.join(workspace, rel)], files
+
+
+def _encodable(text: str, what: str) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid text ({exc.reason} at {exc.start}): a lone surrogate has no bytes "
+                         "to send") from None
 
 
 class ExecResult(BaseModel):

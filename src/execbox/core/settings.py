@@ -125,11 +125,15 @@ class Settings(EnvSettings):
     load_plugins: Annotated[list[str] | None, NoDecode] = setting(
         "EXECBOX_LOAD_PLUGINS", None, "Comma list of third-party plugins to load (entry-point or distribution names); empty = none"
     )
+    auto_plugins: Annotated[list[str], NoDecode] = setting(
+        "EXECBOX_AUTO_PLUGINS", [], "Comma list of third-party backends (names or distributions) that `auto` may "
+        "pick; by default auto picks only built-in backends, since a plugin's capabilities are its own claim")
     disable_plugins: Annotated[list[str], NoDecode] = setting(
         "EXECBOX_DISABLE_PLUGINS", [], "Comma list of third-party plugins not to load"
     )
 
-    _split_lists = field_validator("secret_files", "load_plugins", "disable_plugins", mode="before")(comma_list)
+    _split_lists = field_validator("secret_files", "load_plugins", "auto_plugins", "disable_plugins",
+                                   mode="before")(comma_list)
 
     @field_validator("load_plugins", mode="before")
     @classmethod

@@ -84,11 +84,3 @@ class Guard:
                 backend=backend.name,
                 env_var=variables[0] if variables else None,
             )
-
-    def judge(self, backend: ExecutionBackend, caps: Capabilities, request: ExecRequest,
-              requested_limits: set[str]) -> Verdict:
-        """Every rule but availability, which ``backend.check`` decides. Raises a RefusedError."""
-        verdict = self.check_verdict(backend, request)
-        self.check_secrets(backend)
-        self.check_policy(backend, caps, request, requested_limits)
-        return verdict
