@@ -21,8 +21,8 @@ from execbox import Limits, NotASandboxError, Runner, Settings, WorkspacePathErr
 from execbox.backends import bubblewrap as bw
 from execbox.core.errors import BackendUnavailableError, UnsupportedPolicyError
 from execbox.core.models import Capabilities
-from execbox.runner import run_blocking
 from execbox.core.workspace import remove_tree
+from execbox.runner import run_blocking
 from execbox.testing import engine_missing
 from execbox.testing.conformance import PROBE_CONNECT, BackendConformance, Listener
 
@@ -74,7 +74,8 @@ class TestBubblewrapConformance(BackendConformance):
 
 
 def test_runs_as_non_root_without_capabilities(runner: Runner, caps: Capabilities) -> None:
-    code, out, _ = sh(runner, "id -u; id -g; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status")
+    code, out, _ = sh(runner, "id -u; id -g; "
+                              "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status")
     lines = out.split("\n")
     assert code == 0 and lines[:2] == ["1000", "1000"]
     status = dict(line.split(":\t") for line in lines[2:] if line)
@@ -356,7 +357,7 @@ def test_requests_for_limits_the_host_cannot_enforce_are_refused(monkeypatch: py
     monkeypatch.setenv("CODE_EXEC_BWRAP_CGROUPS", "off")
     plain = Runner(Settings.from_env(backend="bubblewrap"))
     backend = plain.aio.backend("bubblewrap")
-    assert run_blocking(backend.check).limits == frozenset({"wall_time"})
+    assert run_blocking(backend.check).limits - {"disk"} == frozenset({"wall_time"})
     with pytest.raises(UnsupportedPolicyError, match="memory"):
         plain.run(["true"], backend="bubblewrap", limits=Limits(memory_mb=64))
     # Without the cgroup a run still works, with the rlimits (a per-process address-space cap).
@@ -390,25 +391,6 @@ def test_setsid_grandchild_dies_at_the_deadline_and_nothing_survives(runner: Run
     result = runner.run_code(code, backend="bubblewrap", timeout=1.5)
     assert result.timed_out and time.monotonic() - started < 10
     time.sleep(0.3)
-    assert not sandbox_processes(marker)
-
-
-def test_killed_caller_takes_the_sandbox_with_it(caps: Capabilities) -> None:
-    """execbox itself SIGKILLed mid-run: bwrap --die-with-parent tears the namespace down."""
-    marker = f"orphan-{uuid.uuid4().hex[:8]}"
-    script = ("import execbox\nexecbox.Runner(execbox.Settings.from_env()).run("
-              f"'sleep 1000 & sleep 1000 {marker}', backend='bubblewrap', timeout=60)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CODE_EXEC_")}
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
-    deadline = time.monotonic() + 20
-    while not sandbox_processes(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert sandbox_processes(marker), "the sandbox never started"
-    proc.kill()
-    proc.wait()
-    deadline = time.monotonic() + 5
-    while sandbox_processes(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert not sandbox_processes(marker)
 
 
@@ -491,7 +473,7 @@ def test_gc_takes_only_real_directories_of_its_own_user(scratch_tmp: Path) -> No
     alien.mkdir()
     if ROOT:
         os.chown(alien, 65534, 65534)
-    removed = bw._gc(None)
+    removed = bw._gc([])
     assert removed == [str(stale)] and not stale.exists()
     assert stat_mode(scratch_tmp) == 0o1777, "gc changed the mode of the temp directory"
     assert stat_mode(victim) == 0o755 and (victim / "keep.txt").read_text() == "keep"

@@ -31,6 +31,7 @@ import contextlib
 import errno
 import math
 import os
+import re
 import shutil
 import signal
 import stat
@@ -38,22 +39,24 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import anyio
 from pydantic import field_validator
 from pydantic_settings import NoDecode
 
 from execbox.backends import bubblewrap_seccomp
-from execbox.core.owner import pid_alive
-from execbox.core.lifecycle import create_cleanly
+from execbox.core import disk
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import BackendUnavailableError, SandboxError
+from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError
+from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
+from execbox.core.owner import owner_alive, owner_id, pid_alive
 from execbox.core.procs import run_process
-from execbox.core.settings import EnvSettings, setting, comma_list
+from execbox.core.settings import EnvSettings, Settings, comma_list, setting
 from execbox.core.workspace import remove_tree, safe_read, safe_write
 
 _LAUNCHER = os.path.join(os.path.dirname(__file__), "_bwrap_launch.py")
@@ -76,47 +79,137 @@ ETC_PIECES = (
 # Host paths that must never be visible, whatever CODE_EXEC_BWRAP_RO_BINDS says.
 FORBIDDEN = ("/", "/home", "/root", "/run", "/var/run", "/proc", "/sys", "/dev", "/boot", "/etc", "/var", "/tmp",
              WORKSPACE)
+MAX_PATH = 4096
+MAX_ID = (1 << 32) - 1
+_DIGITS = re.compile(r"[0-9]{1,10}")
+_CGROUP_NAME = re.compile(r"[A-Za-z0-9._@:+/-]*")
+
+
+def owner_tag() -> str:
+    """``pid-starttime`` of this process, in the names of its session directories and cgroups: gc tells a
+    dead owner from a new process that reuses its pid (core.owner)."""
+    _, pid, started = owner_id().rsplit(":", 2)
+    return f"{pid}-{started}"
+
+
+def name_owner(name: str, prefix: str) -> tuple[int, str] | None:
+    """(pid, start time, "" in names of older versions) from PREFIX + PID[-START]-RANDOM; None if not ours."""
+    if not name.startswith(prefix):
+        return None
+    parts = name[len(prefix):].split("-")
+    if len(parts) == 3 and _DIGITS.fullmatch(parts[0]) and (not parts[1] or parts[1].isascii() and parts[1].isdigit()):
+        return int(parts[0]), parts[1]
+    if len(parts) == 2 and _DIGITS.fullmatch(parts[0]):
+        return int(parts[0]), ""
+    return None
+
+
+def forbidden_places() -> list[str]:
+    """FORBIDDEN plus what is forbidden on this host: the temporary directory that holds every session's
+    workspace, and the caller's home (wherever they are, also through symlinks)."""
+    places = set(FORBIDDEN)
+    for path in (tempfile.gettempdir(), os.path.expanduser("~")):
+        if path.startswith("/"):
+            places.add(os.path.normpath(path))
+            with contextlib.suppress(OSError, ValueError):
+                places.add(os.path.realpath(path))
+    return sorted(places)
+
+
+def unsafe_bind(raw: str) -> str | None:
+    """Why ``raw`` must not be bound into the sandbox, or None. Judged again at every exec: a path may
+    have become a symlink since the settings were read."""
+    if "\0" in raw or len(raw) > MAX_PATH:
+        return f"{raw[:100]!r}... is not a usable path (a NUL byte, or longer than {MAX_PATH})"
+    if not raw.startswith("/"):
+        return f"{raw!r} is not an absolute path"
+    places = forbidden_places()
+    bad = _clash(os.path.normpath(raw), places)
+    if bad:
+        return f"{raw!r} would expose {bad} to the sandbox"
+    try:
+        # bwrap follows a symlink in the source: judge where it really points too
+        real = os.path.realpath(raw, strict=True)
+    except (OSError, RuntimeError) as exc:  # missing, a symlink loop, or unreadable
+        return f"{raw!r} cannot be bound: {getattr(exc, 'strerror', None) or exc}"
+    bad = _clash(real, places)
+    return f"{raw!r} leads to {real!r}, which would expose {bad} to the sandbox" if bad else None
+
+
+def _clash(path: str, places: list[str]) -> str | None:
+    """The forbidden place that ``path`` is, lies below, or contains."""
+    for bad in places:
+        if path == bad or (bad != "/" and path.startswith(bad + "/")) or bad.startswith(path.rstrip("/") + "/"):
+            return bad
+    return None
+
+
+SESSION_PREFIX = "execbox-bwrap-"
+CGROUP_PREFIX = "execbox-"
+OWNER_FILE = "owner"
 # cgroup controllers execbox uses; each enforces the limit of the same name.
 _CONTROLLERS = ("memory", "pids", "cpu")
 
 
 class BubblewrapSettings(EnvSettings):
-    path: str = setting("CODE_EXEC_BWRAP_PATH", "bwrap", "The bwrap binary: a name on PATH or an absolute path")
+    path: str = setting("CODE_EXEC_BWRAP_PATH", "bwrap", "The bwrap binary: a name on PATH or an absolute path; "
+                        "root-owned and writable by nobody else when execbox runs as root", max_length=MAX_PATH)
     user: str = setting("CODE_EXEC_BWRAP_USER", "65534:65534",
                      "Host uid:gid the sandbox runs as when execbox runs as root (never 0)")
-    tmpfs_mb: int = setting("CODE_EXEC_BWRAP_TMPFS_MB", 512, "Size of the /tmp tmpfs (counts against memory), MiB", gt=0)
+    tmpfs_mb: int = setting("CODE_EXEC_BWRAP_TMPFS_MB", 512, "Size of the /tmp tmpfs (counts against memory), MiB",
+                            gt=0, le=1 << 20)
     cgroups: Literal["auto", "off"] = setting(
         "CODE_EXEC_BWRAP_CGROUPS", "auto", "auto: memory/pids/cpu limits through a cgroup per exec when the host "
         "lets execbox create one; off: rlimits only")
     cgroup_parent: str = setting(
         "CODE_EXEC_BWRAP_CGROUP_PARENT", "", "cgroup (path under the cgroup mount) in which execbox creates one "
-        "cgroup per exec; empty = execbox's own cgroup")
+        "cgroup per exec; empty = execbox's own cgroup", max_length=MAX_PATH)
     ro_binds: Annotated[list[str], NoDecode] = setting(
-        "CODE_EXEC_BWRAP_RO_BINDS", [], "Comma list of extra host paths bound read-only at the same place (e.g. /opt/python)")
+        "CODE_EXEC_BWRAP_RO_BINDS", [], "Comma list of extra host paths bound read-only at the same place (e.g. "
+        "/opt/python); system, home, temporary and per-process places are refused", max_length=64)
 
     _split_lists = field_validator("ro_binds", mode="before")(comma_list)
+
+    @field_validator("path")
+    @classmethod
+    def _binary(cls, value: str) -> str:
+        if "\0" in value or not value.strip():
+            raise ValueError("give the bwrap binary's name on PATH or its absolute path")
+        if "/" in value and not value.startswith("/"):
+            raise ValueError(f"{value!r} is neither a name on PATH nor an absolute path")
+        return value
 
     @field_validator("user")
     @classmethod
     def _uid_gid(cls, value: str) -> str:
         uid, sep, gid = value.partition(":")
-        if not (uid.isdigit() and (not sep or gid.isdigit())):
+        if not (_DIGITS.fullmatch(uid) and (not sep or _DIGITS.fullmatch(gid))):
             raise ValueError("give uid:gid as numbers, e.g. 65534:65534")
-        if int(uid) == 0 or (gid and int(gid) == 0):
+        ids = (int(uid), int(gid or uid))
+        if 0 in ids:
             raise ValueError("the sandbox must not run as root (uid or gid 0)")
-        return f"{uid}:{gid or uid}"
+        if max(ids) >= MAX_ID:  # (uid_t)-1 means "unchanged" to setresuid; above it does not fit
+            raise ValueError(f"uid and gid must be below {MAX_ID}")
+        return f"{ids[0]}:{ids[1]}"
+
+    @field_validator("cgroup_parent")
+    @classmethod
+    def _cgroup_path(cls, value: str) -> str:
+        # Joined under the cgroup mount and created as root: a ".." would make directories and write files
+        # anywhere on the host.
+        if value and (not value.startswith("/") or os.path.normpath(value) != value.rstrip("/") or "/." in value
+                      or not _CGROUP_NAME.fullmatch(value)):
+            raise ValueError(f"{value[:200]!r} is not a plain absolute cgroup path like /execbox (letters, digits, "
+                             "._-@:+ and /, no . or .. components)")
+        return value if value in ("", "/") else value.rstrip("/")
 
     @field_validator("ro_binds")
     @classmethod
     def _safe_binds(cls, paths: list[str]) -> list[str]:
         for raw in paths:
-            if not raw.startswith("/"):
-                raise ValueError(f"{raw!r} is not an absolute path")
-            # bwrap follows a symlink in the source: judge where it really points too
-            for path in {os.path.normpath(raw), os.path.realpath(raw)}:
-                for bad in FORBIDDEN:
-                    if path == bad or (bad != "/" and path.startswith(bad + "/")) or bad.startswith(path.rstrip("/") + "/"):
-                        raise ValueError(f"{raw!r} would expose {bad} to the sandbox")
+            reason = unsafe_bind(raw)
+            if reason:
+                raise ValueError(reason)
         return paths
 
     def host_identity(self) -> tuple[int, int] | None:
@@ -150,7 +243,7 @@ class RunCgroup:
     @classmethod
     def create(cls, plan: CgroupPlan, limits: Limits) -> RunCgroup:
         run = cls(plan)
-        name = f"execbox-{os.getpid()}-{uuid.uuid4().hex[:10]}"
+        name = f"{CGROUP_PREFIX}{owner_tag()}-{uuid.uuid4().hex[:10]}"
         try:
             for controller, parent in plan.parents.items():
                 path = os.path.join(parent, name)
@@ -313,8 +406,9 @@ def plan_cgroups(settings: BubblewrapSettings) -> tuple[CgroupPlan | None, str]:
                     # Fails (EBUSY) when the parent holds processes itself: the v2 no-internal-process rule.
                     _write(where, "cgroup.subtree_control", " ".join("+" + c for c in missing))
             except OSError as exc:
-                return None, (f"cgroup v2 at {where} does not let execbox create limited child cgroups ({exc.strerror}); "
-                              "give execbox a delegated cgroup without processes of its own via CODE_EXEC_BWRAP_CGROUP_PARENT")
+                return None, (f"cgroup v2 at {where} does not let execbox create limited child cgroups "
+                              f"({exc.strerror}); give execbox a delegated cgroup without processes of its own via "
+                              "CODE_EXEC_BWRAP_CGROUP_PARENT")
             parents = {c: where for c in wanted}
             version = 2
             break
@@ -324,9 +418,28 @@ def plan_cgroups(settings: BubblewrapSettings) -> tuple[CgroupPlan | None, str]:
     try:
         RunCgroup.create(plan, Limits(memory_mb=64, pids=16, cpus=0.5)).remove()
     except OSError as exc:
-        return None, (f"cannot create a cgroup under {sorted(set(parents.values()))[0]} ({exc.strerror}); run execbox "
+        return None, (f"cannot create a cgroup under {min(parents.values())} ({exc.strerror}); run execbox "
                       "as root, or point CODE_EXEC_BWRAP_CGROUP_PARENT at a cgroup delegated to this user")
     return plan, ""
+
+
+def cgroup_sweep_dirs(settings: BubblewrapSettings) -> list[str]:
+    """Every directory where this host's per-exec cgroups can be: below this process's own cgroup and below
+    CODE_EXEC_BWRAP_CGROUP_PARENT, in each v1 hierarchy of our controllers and in v2. Creates nothing, and
+    works with cgroups off (leftovers from an earlier configuration are still found)."""
+    try:
+        mounts, own = _mounts(), _own_cgroups()
+    except OSError:
+        return []
+    found = set()
+    for mount, root, fstype, opts in mounts:
+        keys = [c for c in _CONTROLLERS if c in opts] if fstype == "cgroup" else [""]
+        for key in keys:
+            for path in (own.get(key), settings.cgroup_parent):
+                where = _under(mount, root, path) if path else None
+                if where and os.path.isdir(where):
+                    found.add(where)
+    return sorted(found)
 
 
 # --- the host -------------------------------------------------------------------------------------
@@ -344,17 +457,26 @@ class HostReport:
     cgroup: CgroupPlan | None
     cgroup_reason: str
     seccomp_syscalls: tuple[str, ...]
+    # Why the workspace cannot be size-limited here; "" when it is (the disk limit).
+    disk_reason: str
+
+    @property
+    def sized_workspace(self) -> bool:
+        return not self.disk_reason
 
     def facts(self) -> dict[str, Any]:
         return {
             "bwrap": self.bwrap,
             "version": self.version,
-            "runs_as": ("uid %d gid %d (dropped from root)" % self.host_identity) if self.host_identity
+            "runs_as": (f"uid {self.host_identity[0]} gid {self.host_identity[1]} (dropped from root)")
+                       if self.host_identity
                        else f"uid {os.getuid()} (the caller)",
             "cgroup": f"v{self.cgroup.version}: " + ", ".join(sorted(self.cgroup.parents)) if self.cgroup
                       else f"none ({self.cgroup_reason})",
             "limits": sorted(self.capabilities.limits),
             "seccomp": "denies " + ", ".join(self.seccomp_syscalls),
+            "disk": f"not limited ({self.disk_reason})" if self.disk_reason
+                    else "workspace on a size-limited loop-mounted ext4",
             "disable_userns": "--disable-userns" in self.features,
             "tmpfs_size": "--size" in self.features,
             # run_code(language="python") needs the host's python3 under /usr (it is bound in)
@@ -364,6 +486,7 @@ class HostReport:
 
 
 _REPORTS: dict[tuple[Any, ...], HostReport] = {}
+_SWEPT_IN: int | None = None  # the pid of the process that swept (a forked child sweeps again)
 
 _USERNS_FIX = (
     "let unprivileged users create user namespaces: `sysctl -w user.max_user_namespaces=15000`; on Debian <= 10 "
@@ -393,13 +516,25 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> Host
         raise _unavailable(f"needs Linux namespaces; this is {sys.platform}", "use the docker backend")
     bwrap = shutil.which(settings.path)
     if not bwrap:
-        raise _unavailable(f"{settings.path!r} not found", "apt-get install bubblewrap (Fedora: dnf install bubblewrap; "
-                           "Arch: pacman -S bubblewrap) or set CODE_EXEC_BWRAP_PATH", "CODE_EXEC_BWRAP_PATH")
+        raise _unavailable(f"{settings.path!r} not found", "apt-get install bubblewrap (Fedora: dnf install "
+                           "bubblewrap; Arch: pacman -S bubblewrap) or set CODE_EXEC_BWRAP_PATH",
+                           "CODE_EXEC_BWRAP_PATH")
+    # Exec the file itself: a symlink on the way (PATH entries) may change after this check.
+    bwrap = os.path.realpath(bwrap)
+    untrusted = _untrusted_binary(bwrap)
+    if untrusted:
+        raise _unavailable(f"{bwrap} cannot be trusted to be the sandbox: {untrusted}",
+                           "point CODE_EXEC_BWRAP_PATH at the distribution's bwrap (e.g. /usr/bin/bwrap)",
+                           "CODE_EXEC_BWRAP_PATH")
     if os.stat(bwrap).st_mode & stat.S_ISUID:
         raise _unavailable(f"{bwrap} is setuid root; execbox supports only the unprivileged (user namespace) bwrap",
                            "use a bwrap without the setuid bit (Debian, Ubuntu and Fedora ship it so) via "
                            "CODE_EXEC_BWRAP_PATH", "CODE_EXEC_BWRAP_PATH")
     _, version = await _output(bwrap, "--version")
+    if not version.startswith("bubblewrap "):
+        raise _unavailable(f"{bwrap} --version says {version.strip()[:100]!r}, not bubblewrap",
+                           "point CODE_EXEC_BWRAP_PATH at the distribution's bwrap (e.g. /usr/bin/bwrap)",
+                           "CODE_EXEC_BWRAP_PATH")
     _, usage = await _output(bwrap, "--help")
     features = frozenset(f for f in ("--size", "--disable-userns", "--json-status-fd", "--args") if f in usage)
     if not {"--json-status-fd", "--args"} <= features:
@@ -410,14 +545,16 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> Host
     except bubblewrap_seccomp.SeccompUnavailable as exc:
         raise _unavailable(str(exc), "apt-get install libseccomp2 (Fedora: dnf install libseccomp)") from None
     plan, reason = await anyio.to_thread.run_sync(plan_cgroups, settings)
-    report = HostReport(_capabilities(plan), bwrap, version.strip(), features, settings.host_identity(), plan, reason,
-                        bubblewrap_seccomp.DENIED_SYSCALLS)
+    disk_reason = await anyio.to_thread.run_sync(_disk_reason, settings.host_identity())
+    report = HostReport(_capabilities(plan, not disk_reason), bwrap, version.strip(), features,
+                        settings.host_identity(), plan, reason, bubblewrap_seccomp.DENIED_SYSCALLS, disk_reason)
     # Prove it end to end: a real sandbox, with the cgroup and the seccomp filter, must run.
     result = await _probe(report, settings, core_limits)
     if result.exit_code != 0 and plan is not None:
         # A host that lets us create cgroups but not join them: fall back to rlimits only, and say so.
-        report = HostReport(_capabilities(None), bwrap, version.strip(), features, settings.host_identity(), None,
-                            f"joining the cgroup failed: {result.stderr.strip()[-300:]}", bubblewrap_seccomp.DENIED_SYSCALLS)
+        failed = f"joining the cgroup failed: {result.stderr.strip()[-300:]}"
+        report = HostReport(_capabilities(None, not disk_reason), bwrap, version.strip(), features,
+                            settings.host_identity(), None, failed, bubblewrap_seccomp.DENIED_SYSCALLS, disk_reason)
         result = await _probe(report, settings, core_limits)
     if result.exit_code != 0 or result.stdout.strip() != str(SANDBOX_UID):
         detail = (result.stderr or result.stdout).strip()[-500:]
@@ -441,9 +578,48 @@ async def _probe(report: HostReport, settings: BubblewrapSettings, limits: Limit
             await probe.close()
 
 
-def _capabilities(plan: CgroupPlan | None) -> Capabilities:
+def _capabilities(plan: CgroupPlan | None, sized_workspace: bool) -> Capabilities:
+    limits = frozenset({"wall_time"}) | (plan.limits if plan else frozenset())
     return BubblewrapBackend.capabilities.model_copy(
-        update={"limits": frozenset({"wall_time"}) | (plan.limits if plan else frozenset())})
+        update={"limits": limits | ({"disk"} if sized_workspace else set())})
+
+
+def _untrusted_binary(path: str) -> str | None:
+    """Why the bwrap at ``path`` may not be what it claims, or None. As root, execbox would hand every sandbox
+    to whoever can replace the file: it and each directory above it must be root's and writable by nobody
+    else (a sticky directory protects root's file). Not as root: root's or the caller's."""
+    allowed = {0} if os.geteuid() == 0 else {0, os.geteuid()}
+    current = path
+    while True:
+        try:
+            st = os.stat(current)
+        except OSError as exc:
+            return f"cannot stat {current}: {exc.strerror}"
+        if st.st_uid not in allowed:
+            return f"{current} belongs to uid {st.st_uid}"
+        if st.st_mode & 0o022 and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+            return f"{current} is writable by its group or by others"
+        if current == "/":
+            return None
+        current = os.path.dirname(current)
+
+
+def _disk_reason(owner: tuple[int, int] | None) -> str:
+    """Why a session's workspace cannot be size-limited here ("" when it can), proved by mounting a small one."""
+    reason = disk.unavailable_reason()
+    if reason:
+        return reason
+    trial = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-")  # named so that gc finds it after a crash
+    workspace = os.path.join(trial, "workspace")
+    try:
+        os.mkdir(workspace, 0o700)
+        disk.mount_sized(workspace, 8, owner or (os.getuid(), os.getgid()))
+        return ""
+    except OSError as exc:
+        return f"a size-limited workspace could not be mounted here: {exc}"
+    finally:
+        disk.release_sized(workspace)
+        remove_tree(trial)
 
 
 # --- the sandbox ----------------------------------------------------------------------------------
@@ -481,15 +657,22 @@ class BubblewrapSession(Session):
         self.settings = settings
         self.spec = spec
         self.owner = report.host_identity
-        self.root = tempfile.mkdtemp(prefix=f"execbox-bwrap-{os.getpid()}-")
+        self.root = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-")
         self.host_workspace = os.path.join(self.root, "workspace")
         self._closed = False
         try:
             # root: 0711 so the dropped uid can reach its workspace but list nothing else here
             os.chmod(self.root, 0o711)
+            self._write_private(OWNER_FILE, owner_id() + "\n", 0o644)
             os.mkdir(self.host_workspace, 0o700)
             if self.owner:
                 os.chown(self.host_workspace, *self.owner)
+            if report.sized_workspace and spec.limits.disk_mb:
+                try:
+                    disk.mount_sized(self.host_workspace, spec.limits.disk_mb, self.owner or (os.getuid(), os.getgid()))
+                except OSError as exc:
+                    raise SandboxError(f"cannot make the session's size-limited workspace: {exc}",
+                                       backend=BubblewrapBackend.name) from exc
             self._write_private("passwd", f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:"
                                           f"sandbox:{WORKSPACE}:/bin/sh\nnobody:x:65534:65534::/:/usr/sbin/nologin\n",
                                 0o644)
@@ -497,8 +680,13 @@ class BubblewrapSession(Session):
             self._write_private("hosts", "127.0.0.1 localhost\n::1 localhost\n", 0o644)
             self._write_private("filter.bpf", bubblewrap_seccomp.compiled_filter(), 0o600)
         except BaseException:
-            remove_tree(self.root)
+            self.destroy()
             raise
+
+    def destroy(self) -> None:
+        """Unmount the size-limited workspace (if any) and remove the whole session directory."""
+        disk.release_sized(self.host_workspace)
+        remove_tree(self.root)
 
     def _write_private(self, name: str, data: str | bytes, mode: int) -> str:
         path = os.path.join(self.root, name)
@@ -530,6 +718,10 @@ class BubblewrapSession(Session):
         args += (["--size", str(self.settings.tmpfs_mb << 20)] if sized else []) + ["--tmpfs", "/tmp"]
         args += ["--bind", self.host_workspace, WORKSPACE]
         for extra in self.settings.ro_binds:
+            unsafe = unsafe_bind(extra)
+            if unsafe:
+                raise ConfigError(f"CODE_EXEC_BWRAP_RO_BINDS: {unsafe}. Remove it from the variable",
+                                  backend=BubblewrapBackend.name, env_var="CODE_EXEC_BWRAP_RO_BINDS")
             args += ["--ro-bind", extra, extra]
         args += _masks(["/usr", *self.settings.ro_binds])
         args += ["--remount-ro", "/"]
@@ -559,13 +751,15 @@ class BubblewrapSession(Session):
                 try:
                     cgroup = await anyio.to_thread.run_sync(RunCgroup.create, self.report.cgroup, limits)
                 except OSError as exc:
-                    raise SandboxError(f"cannot create the run's cgroup: {exc}", backend=BubblewrapBackend.name) from exc
-            launch = [sys.executable, "-I", "-S", _LAUNCHER, f"bwrap={self.report.bwrap}", f"args={args_file}",
+                    raise SandboxError(f"cannot create the run's cgroup: {exc}",
+                                       backend=BubblewrapBackend.name) from exc
+            launch = [sys.executable, "-I", "-S", _LAUNCHER, f"parent={os.getpid()}", f"bwrap={self.report.bwrap}",
+                      f"args={args_file}",
                       f"seccomp={os.path.join(self.root, 'filter.bpf')}", f"status={status_file}"]
             launch += [f"rlimit={k}:{v}" for k, v in self._rlimits(request, cgroup).items()]
             launch += [f"cgroup={p}" for p in (cgroup.procs_files() if cgroup else [])]
             if self.owner:
-                launch.append("user=%d:%d" % self.owner)
+                launch.append(f"user={self.owner[0]}:{self.owner[1]}")
             outcome = await run_process(
                 [*launch, "--", *request.argv],
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
@@ -578,7 +772,8 @@ class BubblewrapSession(Session):
             started = await anyio.to_thread.run_sync(_sandbox_started, status_file)
             if not started and not outcome.timed_out:
                 raise SandboxError(
-                    f"bubblewrap did not start the sandbox (exit {outcome.exit_code}): {outcome.stderr.text().strip()[-500:]}",
+                    f"bubblewrap did not start the sandbox (exit {outcome.exit_code}): "
+                    f"{outcome.stderr.text().strip()[-500:]}",
                     backend=BubblewrapBackend.name)
             return outcome.to_result(oom_killed=oom)
         finally:
@@ -597,7 +792,7 @@ class BubblewrapSession(Session):
 
     async def close(self) -> None:
         self._closed = True
-        await anyio.to_thread.run_sync(remove_tree, self.root)
+        await anyio.to_thread.run_sync(self.destroy)
 
 
 def _sandbox_started(status_file: str) -> bool:
@@ -621,22 +816,24 @@ class BubblewrapBackend(ExecutionBackend):
         limits=frozenset({"memory", "pids", "cpu", "wall_time"}),
     )
 
-    def __init__(self, settings: Any) -> None:
-        super().__init__(settings)
-        self._bwrap_settings: BubblewrapSettings | None = None
+    settings_model = BubblewrapSettings
+
+    def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(settings, options)
         self.report: HostReport | None = None
 
     @property
     def bwrap_settings(self) -> BubblewrapSettings:
-        """Read when the backend is used (an invalid CODE_EXEC_BWRAP_* is a ConfigError then, not at listing)."""
-        if self._bwrap_settings is None:
-            self._bwrap_settings = BubblewrapSettings.from_env()
-        return self._bwrap_settings
+        return cast(BubblewrapSettings, self.options)
 
     async def check(self) -> Capabilities:
         core = self.settings
         self.report = await host_report(self.bwrap_settings, Limits(memory_mb=core.memory_mb, cpus=core.cpus,
                                                                     pids=core.pids_limit))
+        global _SWEPT_IN
+        if _SWEPT_IN != os.getpid():  # once per process: what dead callers left (the CLI's gc does the same)
+            _SWEPT_IN = os.getpid()
+            await self.gc()
         return self.report.capabilities
 
     def details(self) -> dict[str, Any]:
@@ -649,16 +846,19 @@ class BubblewrapBackend(ExecutionBackend):
         report, settings = self.report, self.bwrap_settings
         assert report is not None
         return await create_cleanly(lambda made: made.append(BubblewrapSession(report, settings, spec)),
-                                    lambda session: remove_tree(session.root))
+                                    lambda session: session.destroy())
 
     async def gc(self) -> list[str]:
-        return await anyio.to_thread.run_sync(_gc, self.report.cgroup if self.report else None)
+        """Session directories, size-limited workspaces and cgroups (v1 and v2) of execbox processes that are
+        gone; needs no ``check`` first."""
+        settings = self.bwrap_settings
+        plan = self.report.cgroup if self.report else None
 
+        def sweep() -> list[str]:
+            dirs = set(cgroup_sweep_dirs(settings)) | set(plan.parents.values() if plan else ())
+            return _gc(sorted(dirs))
 
-def _owner_pid(name: str, prefix: str) -> int | None:
-    rest = name[len(prefix):]
-    pid = rest.split("-", 1)[0]
-    return int(pid) if name.startswith(prefix) and pid.isdigit() else None
+        return await anyio.to_thread.run_sync(sweep)
 
 
 def _ours(path: str) -> bool:
@@ -670,26 +870,47 @@ def _ours(path: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
-def _gc(plan: CgroupPlan | None) -> list[str]:
-    """Workspaces and cgroups left by execbox processes that are gone (a crash, a SIGKILL)."""
+def _read_owner(root: str) -> str | None:
+    """The owner written into a session directory (older versions wrote none)."""
+    try:
+        fd = os.open(os.path.join(root, OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 512).decode("utf-8", "replace").strip() or None
+    finally:
+        os.close(fd)
+
+
+def _session_orphaned(root: str, pid: int, started: str) -> bool:
+    owner = _read_owner(root)
+    if owner:
+        return owner_alive(owner) is False  # None: another host's (a /tmp shared between containers)
+    return not pid_alive(pid, started)
+
+
+def _gc(cgroup_dirs: list[str]) -> list[str]:
+    """Session directories (and their size-limited workspaces) and cgroups left by execbox processes that are
+    gone (a crash, a SIGKILL); a cgroup's processes are killed first."""
     removed = []
     tmp = tempfile.gettempdir()
-    for name in os.listdir(tmp):
-        pid = _owner_pid(name, "execbox-bwrap-")
-        path = os.path.join(tmp, name)
-        # Only a real directory of ours: anyone can plant an execbox-bwrap-* name (a symlink, a directory)
-        # in a shared /tmp, and gc may run as root.
-        if pid is not None and pid != os.getpid() and _ours(path) and not pid_alive(pid):
-            remove_tree(path)
-            removed.append(path)
-    for parent in sorted(set(plan.parents.values())) if plan else []:
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp):
+            owner = name_owner(name, SESSION_PREFIX)
+            path = os.path.join(tmp, name)
+            # Only a real directory of ours: anyone can plant an execbox-bwrap-* name (a symlink, a directory)
+            # in a shared /tmp, and gc may run as root.
+            if owner and _ours(path) and _session_orphaned(path, *owner):
+                disk.release_sized(os.path.join(path, "workspace"))
+                remove_tree(path)
+                removed.append(path)
+    for parent in cgroup_dirs:
         with contextlib.suppress(OSError):
             for name in os.listdir(parent):
-                pid = _owner_pid(name, "execbox-")
+                owner = name_owner(name, CGROUP_PREFIX)
                 path = os.path.join(parent, name)
-                if pid is not None and _ours(path) and pid != os.getpid() and not pid_alive(pid):
-                    if _remove_cgroup(path):
-                        removed.append(path)
+                if owner and _ours(path) and not pid_alive(*owner) and _remove_cgroup(path):
+                    removed.append(path)
     return removed
 
 
