@@ -59,8 +59,13 @@ class TestSync:
 
     def test_a_closed_sandbox_says_how_to_use_it(self, local_mode: None) -> None:
         sb = execbox.sandbox()
-        with pytest.raises(RuntimeError, match="with execbox.sandbox"):
-            sb.exec(["true"])
+        with pytest.raises(execbox.SandboxError, match="with execbox.sandbox"):
+            sb.exec(["true"])  # never entered
+        with sb:
+            sb.write_file("a.txt", "x")
+        for use in (lambda: sb.exec(["true"]), lambda: sb.read_file("a.txt"), lambda: sb.write_file("b", "y")):
+            with pytest.raises(execbox.SandboxError, match="not open"):
+                use()  # after close: an execbox error, never another exception
 
     def test_the_sync_api_works_inside_a_running_event_loop(self, local_mode: None) -> None:
         async def main() -> tuple[str, str]:

@@ -69,27 +69,36 @@ __all__ = [
 
 def run(command: str | Sequence[str], **kw: Any) -> ExecResult:
     """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox. See AsyncRunner.run."""
-    return Runner().run(command, **kw)
+    with Runner() as runner:
+        return runner.run(command, **kw)
 
 
 def run_code(code: str, language: str = "python", **kw: Any) -> ExecResult:
     """Run Python or bash code in a fresh sandbox."""
-    return Runner().run_code(code, language, **kw)  # type: ignore[arg-type]
+    with Runner() as runner:
+        return runner.run_code(code, language, **kw)  # type: ignore[arg-type]
 
 
 def sandbox(backend: str | None = None, **kw: Any) -> Sandbox:
-    """A persistent sandbox: ``with execbox.sandbox() as sb: sb.exec(...)``."""
-    return Runner().sandbox(backend, **kw)
+    """A persistent sandbox: ``with execbox.sandbox() as sb: sb.exec(...)``; backend options as keywords
+    (``execbox.sandbox("docker", image="my-image")``)."""
+    inner = AsyncRunner().sandbox(backend, **kw)
+    inner.owns_runner = True
+    return Sandbox(inner)
 
 
 async def arun(command: str | Sequence[str], **kw: Any) -> ExecResult:
-    return await AsyncRunner().run(command, **kw)
+    async with AsyncRunner() as runner:
+        return await runner.run(command, **kw)
 
 
 async def arun_code(code: str, language: str = "python", **kw: Any) -> ExecResult:
-    return await AsyncRunner().run_code(code, language, **kw)  # type: ignore[arg-type]
+    async with AsyncRunner() as runner:
+        return await runner.run_code(code, language, **kw)  # type: ignore[arg-type]
 
 
 def asandbox(backend: str | None = None, **kw: Any) -> AsyncSandbox:
     """``async with execbox.asandbox() as sb: await sb.exec(...)``."""
-    return AsyncRunner().sandbox(backend, **kw)
+    inner = AsyncRunner().sandbox(backend, **kw)
+    inner.owns_runner = True
+    return inner

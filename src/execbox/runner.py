@@ -281,6 +281,8 @@ class AsyncSandbox:
     def __init__(self, runner: AsyncRunner, backend: str | None, *, network: NetworkMode | None, limits: Limits | None,
                  name: str | None, lifetime_s: float, options: Mapping[str, Any] | None = None) -> None:
         self.runner = runner
+        #: True when the sandbox was made by a module-level helper: it then closes its runner too.
+        self.owns_runner = False
         self._backend_name = backend
         self._options = dict(options or {})
         self._network = network or runner.settings.network
@@ -302,6 +304,8 @@ class AsyncSandbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+        if self.owns_runner:
+            await self.runner.aclose()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -349,10 +353,20 @@ class AsyncSandbox:
 
 
 class Runner:
-    """The sync facade of AsyncRunner: same methods, blocking."""
+    """The sync facade of AsyncRunner: same methods, blocking; ``with Runner() as runner:`` closes its backends."""
 
-    def __init__(self, settings: Settings | None = None) -> None:
-        self.aio = AsyncRunner(settings)
+    def __init__(self, settings: Settings | None = None, *,
+                 options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self.aio = AsyncRunner(settings, options=options)
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        run_blocking(self.aio.aclose)
 
     @property
     def settings(self) -> Settings:
@@ -397,8 +411,11 @@ class Sandbox:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        portal, self._portal = self._portal, None
         try:
-            self._portal.call(self.aio.close)
+            portal.call(self.aio.close)
+            if self.aio.owns_runner:
+                portal.call(self.aio.runner.aclose)
         finally:
             self._portal_cm.__exit__(*exc)
 
@@ -408,7 +425,8 @@ class Sandbox:
 
     def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
         if self._portal is None:
-            raise RuntimeError("the sandbox is not open: use it as `with execbox.sandbox() as sb:`")
+            raise SandboxError("this sandbox is not open (closed already, or never entered): use it as "
+                               "`with execbox.sandbox() as sb:` and call it inside that block")
         return self._portal.call(functools.partial(fn, *args, **kw))
 
     def exec(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
