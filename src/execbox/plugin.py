@@ -9,9 +9,11 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
     settings         BackendSettings (pydantic-settings, one variable per field), setting, comma_list
     sessions         HostWorkspaceSession (a local launcher in front of the command: override ``launcher``),
                      RemoteSession (a provider's sandbox: supply its exec, small command, file calls)
-    processes        run_process + reaped (output cap, deadline, whole-tree kill), ProcessOutcome
+    processes        run_process + reaped (output cap, deadline, whole-tree kill), ProcessOutcome, CommandEnv
+                     (the request env reaches only the final command, never a host-side launcher)
     results          build_result, failed_to_start, TIMEOUT_EXIT_CODE, BoundedCapture
-    env policy       sandbox_env (the whole environment of a sandboxed command), filter_env
+    env policy       sandbox_env (the whole environment of a sandboxed command), filter_env, host_env (the
+                     minimal environment of every host-side helper)
     workspace        normalize, safe_read, safe_write, remove_tree (never follow a link, bounded reads,
                      removal that survives any tree the code built)
     lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
@@ -22,7 +24,7 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
 from __future__ import annotations
 
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
-from execbox.core.envpolicy import filter_env, sandbox_env
+from execbox.core.envpolicy import filter_env, host_env, sandbox_env
 from execbox.core.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -38,7 +40,7 @@ from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.output import BoundedCapture
 from execbox.core.owner import owner_alive, owner_id, pid_alive
-from execbox.core.procs import ProcessOutcome, reaped, run_process
+from execbox.core.procs import CommandEnv, ProcessOutcome, reaped, run_process
 from execbox.core.remote import RemoteSession
 from execbox.core.results import TIMEOUT_EXIT_CODE, build_result, failed_to_start
 from execbox.core.settings import EnvSettings as BackendSettings
@@ -53,6 +55,7 @@ __all__ = [
     "BackendUnavailableError",
     "BoundedCapture",
     "Capabilities",
+    "CommandEnv",
     "ConfigError",
     "ExecRequest",
     "ExecResult",
@@ -76,6 +79,7 @@ __all__ = [
     "failed_to_start",
     "filter_env",
     "hookimpl",
+    "host_env",
     "normalize",
     "owner_alive",
     "owner_id",
