@@ -27,6 +27,7 @@ import pytest
 
 from execbox import Runner, Settings
 from execbox.backends import bubblewrap as bw
+from execbox.core import disk
 from execbox.core.errors import BackendUnavailableError
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
@@ -132,6 +133,8 @@ def place(monkeypatch: pytest.MonkeyPatch) -> Iterator[Place]:
             if name.startswith("execbox-"):
                 bw._remove_cgroup(os.path.join(d, name))
         bw._remove_cgroup(d)
+    for root in tmp.glob("execbox-bwrap-*"):  # what a failed test left: a mounted workspace blocks removal
+        disk.release_sized(str(root / "workspace"))
     shutil.rmtree(tmp, ignore_errors=True)
 
 
