@@ -16,7 +16,8 @@ Two more lie about what they run rather than how they isolate it: ``liar_unlimit
 pids limits and enforces none; ``liar_broken`` claims everything and runs nothing (every command "exits
 127"), so a check that passes on it passes vacuously.
 
-They are built from the public plugin kit only. NEVER use them outside these tests.
+``kit_honest`` is that sandbox with every wall in place: the whole kit passes on it. They are built from
+the public plugin kit only. NEVER use them outside these tests.
 """
 
 from __future__ import annotations
@@ -131,6 +132,14 @@ class BwrapSession(plugin.HostWorkspaceSession):
 
     async def write_file(self, path: str, data: bytes) -> None:
         await anyio.to_thread.run_sync(lambda: plugin.safe_write(self.workspace, path, data, owner=self.owner))
+
+
+class Honest(Liar):
+    """The reference the liars depart from: it holds every claim, so the whole kit passes on it."""
+
+    name = "kit_honest"
+    session = BwrapSession
+    needs = staticmethod(_bwrap)
 
 
 class MappedRootSession(BwrapSession):
@@ -268,7 +277,8 @@ class Broken(Liar):
     session = BrokenSession
 
 
-LIARS: list[type[Liar]] = [HostRoot, MappedRoot, Caps, NoNnp, Userns, HostFiles, HostProcs, EnvLeak, Unlimited, Broken]
+LIARS: list[type[Liar]] = [Honest, HostRoot, MappedRoot, Caps, NoNnp, Userns, HostFiles, HostProcs, EnvLeak, Unlimited,
+                           Broken]
 
 
 @plugin.hookimpl

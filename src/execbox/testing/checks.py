@@ -966,11 +966,12 @@ def check_sandbox_request_env_stays_inside(kit: Kit) -> str:
                          files={"execbox-probe.so": lib.read_bytes()})
         records = _probe_records(log.read_text() + "\n" + result.stderr, token)
     expect(result.stdout.strip().endswith("ran"), claim, "the run to happen ('ran')", shown(result))
-    host_side = [r for r in records if (r.get("mnt"), r.get("boot")) == (here["mnt"], here["boot"])]
+    # One line per process (a record can be both in the log and on stderr, and each copy of the library writes).
+    host_side = sorted({f"{r.get('comm')} (pid {r.get('pid')}, uid {r.get('uid')})" for r in records
+                        if (r.get("mnt"), r.get("boot")) == (here["mnt"], here["boot"])})
     expect(not host_side, claim, "no process in this host's mount namespace to load the library named by the "
-           "request's LD_PRELOAD", "; ".join(f"{r.get('comm')} (pid {r.get('pid')}, uid {r.get('uid')})"
-                                             for r in host_side))
-    inside = len(records) - len(host_side)
+           "request's LD_PRELOAD", "; ".join(host_side))
+    inside = len({r.get("pid") for r in records if r.get("mnt") != here["mnt"]})
     reached = "LD_PRELOAD" in result.stderr or inside > 0
     return (f"no host-side process loaded it; inside, {inside} process(es) did"
             + ("" if reached else " (the backend did not pass LD_PRELOAD to the code)"))

@@ -50,7 +50,7 @@ class BackendConformance:
 
     @pytest.fixture
     def runner(self) -> Runner:
-        return Runner(Settings.from_env())
+        return Runner(Settings.from_env(backend=self.backend_name))
 
     @pytest.fixture
     def kit(self, runner: Runner) -> Kit:
