@@ -5,6 +5,8 @@
 - bare `bwrap ... true` with the backend's own arguments, no launcher (what bwrap itself costs);
 - one-shot `true` and `python3 -c pass` through execbox (launcher, cgroup per exec, seccomp, capture);
 - `true` in an open session (no workspace set-up per exec);
+- where the disk limit holds (root): what the size-limited workspace adds to each one-shot run (mkfs, mount,
+  unmount of a CODE_EXEC_DISK_MB image);
 - the same commands on the host without any sandbox, for reference;
 - host responsiveness during a fork bomb held by the pids cgroup: how long a host `true` takes while the
   bomb runs (the test only checks that the host stays responsive at all; the number lives here).
@@ -21,12 +23,12 @@ import threading
 import time
 
 from _common import median_ms  # bench/_common.py (run from the repo: python bench/NAME.py)
+
 from execbox import Limits, Runner, Settings
 from execbox.backends import bubblewrap as bw
+from execbox.core import disk
 from execbox.core.models import ExecRequest
 from execbox.runner import run_blocking
-
-
 
 
 def bare_bwrap_argv(report: bw.HostReport, workspace: str) -> list[str]:
@@ -92,6 +94,17 @@ def main() -> None:
     host_py = median_ms(lambda: subprocess.run(["/usr/bin/python3", "-c", "pass"], check=True), runs)
     one_true = median_ms(lambda: runner.run(["true"]), runs)
     one_py = median_ms(lambda: runner.run(["python3", "-c", "pass"]), runs)
+    sized = None
+    if "disk" in caps.limits:
+        with tempfile.TemporaryDirectory() as root:
+            workspace = os.path.join(root, "workspace")
+            os.mkdir(workspace)
+
+            def mount_and_release() -> None:
+                disk.mount_sized(workspace, runner.settings.disk_mb, report.host_identity or (65534, 65534))
+                disk.release_sized(workspace)
+
+            sized = median_ms(mount_and_release, runs)
     with runner.sandbox("bubblewrap") as sb:
         sess_true = median_ms(lambda: sb.exec(["true"]), runs)
         sess_py = median_ms(lambda: sb.exec(["python3", "-c", "pass"]), runs)
@@ -102,6 +115,8 @@ def main() -> None:
     print(f"  bare bwrap `true` (backend's args)   {bare:7.1f}")
     print(f"  execbox one-shot `true`              {one_true:7.1f}")
     print(f"  execbox one-shot `python3 -c pass`   {one_py:7.1f}")
+    if sized is not None:
+        print(f"    of which the sized workspace      {sized:7.1f}  ({runner.settings.disk_mb} MiB image)")
     print(f"  execbox session exec `true`          {sess_true:7.1f}")
     print(f"  execbox session `python3 -c pass`    {sess_py:7.1f}")
     if "pids" in caps.limits:
