@@ -3,8 +3,8 @@
 The boundary, on every exec:
 
     namespaces     all unshared (user, pid, mount, ipc, uts, cgroup, and network unless 'host' is
-                   asked for); a new session (no TIOCSTI into the caller's terminal); the sandbox dies
-                   with bwrap and bwrap with execbox; no new user namespaces inside
+                   asked for); a new session (no TIOCSTI into the caller's terminal); no new user
+                   namespaces inside
     identity       uid/gid 1000 inside with no capabilities; when execbox runs as root the launcher
                    first drops to an unprivileged host uid (CODE_EXEC_BWRAP_USER, 65534:65534), since
                    bwrap started by root maps the sandbox user onto host root for file access
@@ -17,11 +17,19 @@ The boundary, on every exec:
                    namespaces and kernel-module/kexec calls fail (bubblewrap_seccomp.py)
     limits         rlimits always (no core dumps, 1 GiB files, CPU seconds); memory, pids and cpu
                    through a cgroup per exec where the host lets execbox create one (v1 or v2),
-                   decided by ``check``: the capabilities report only what is enforced here
-    time           at the deadline bwrap is killed; its PID namespace dies with every process in
-                   it, setsid and double-forked grandchildren included
+                   decided by ``check``: the capabilities report only what is enforced here; as
+                   root, the workspace is a size-limited filesystem of its own (core.disk: the disk
+                   limit, CODE_EXEC_DISK_MB), claimed only where ``check`` could mount one
+    time           at the deadline the launcher kills bwrap's pid 1: its PID namespace dies with every
+                   process in it, setsid and double-forked grandchildren included
+    caller's death the launcher (_bwrap_launch.py) stays beside bwrap as a subreaper with a
+                   parent-death signal: SIGKILL, SIGTERM or SIGHUP of execbox kills the sandbox at once,
+                   also in the start-up window that bwrap --die-with-parent leaves open
 
-A session is a workspace directory that lives until ``close``; each exec is a new sandbox over it.
+A session is a directory ``execbox-bwrap-PID-STARTTIME-*`` in the temp dir (with an ``owner`` file,
+core.owner) holding the workspace; it lives until ``close``; each exec is a new sandbox over it in a cgroup
+``execbox-PID-STARTTIME-*``. What a killed execbox leaves (the directory, a mounted workspace, empty cgroups)
+is removed by the first ``check`` of the next process that uses bubblewrap, and by `execbox gc`.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.owner import owner_alive, owner_id, pid_alive
 from execbox.core.procs import run_process
+from execbox.core.seccomp_policy import DENIED_SYSCALLS
 from execbox.core.settings import EnvSettings, Settings, comma_list, setting
 from execbox.core.workspace import remove_tree, safe_read, safe_write
 
@@ -547,14 +556,14 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> Host
     plan, reason = await anyio.to_thread.run_sync(plan_cgroups, settings)
     disk_reason = await anyio.to_thread.run_sync(_disk_reason, settings.host_identity())
     report = HostReport(_capabilities(plan, not disk_reason), bwrap, version.strip(), features,
-                        settings.host_identity(), plan, reason, bubblewrap_seccomp.DENIED_SYSCALLS, disk_reason)
+                        settings.host_identity(), plan, reason, DENIED_SYSCALLS, disk_reason)
     # Prove it end to end: a real sandbox, with the cgroup and the seccomp filter, must run.
     result = await _probe(report, settings, core_limits)
     if result.exit_code != 0 and plan is not None:
         # A host that lets us create cgroups but not join them: fall back to rlimits only, and say so.
         failed = f"joining the cgroup failed: {result.stderr.strip()[-300:]}"
         report = HostReport(_capabilities(None, not disk_reason), bwrap, version.strip(), features,
-                            settings.host_identity(), None, failed, bubblewrap_seccomp.DENIED_SYSCALLS, disk_reason)
+                            settings.host_identity(), None, failed, DENIED_SYSCALLS, disk_reason)
         result = await _probe(report, settings, core_limits)
     if result.exit_code != 0 or result.stdout.strip() != str(SANDBOX_UID):
         detail = (result.stderr or result.stdout).strip()[-500:]
