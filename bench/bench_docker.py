@@ -19,19 +19,20 @@ import subprocess
 import time
 
 import anyio
+from _common import (
+    median_ms,  # bench/_common.py (run from the repo: python bench/NAME.py)
+)
 
-from _common import median_ms  # bench/_common.py (run from the repo: python bench/NAME.py)
 from execbox import Runner, Settings
 from execbox.backends import docker_image
 from execbox.testing import PeakRss
 
 
-
-
 def cancel_ms(client) -> float:
     """Cancel a running `sleep` once its container runs; the time until the engine no longer lists it."""
     from execbox import AsyncRunner
-    from execbox.backends.docker import L_OWNER, owner_id
+    from execbox.backends.docker import L_OWNER
+    from execbox.core.owner import owner_id
 
     def ours(**filters) -> list:
         return client.containers.list(all=True, filters={"label": f"{L_OWNER}={owner_id()}", **filters})

@@ -31,8 +31,11 @@ from execbox import (
     Settings,
     WorkspacePathError,
 )
-from execbox.backends import docker as d
 from execbox.backends import docker_image
+from execbox.backends.docker import backend as db
+from execbox.backends.docker import engine as de
+from execbox.backends.docker import session as ds
+from execbox.core.owner import owner_id
 from execbox.runner import run_blocking
 from execbox.testing import PeakRss, engine_missing
 from execbox.testing.conformance import BackendConformance, Listener
@@ -44,7 +47,7 @@ pytestmark = pytest.mark.engine
 def engine() -> Any:
     """The real engine, with the sandbox image built when it is missing (as root; that takes a minute)."""
     try:
-        client, _, _ = d.connect()
+        client, _, _ = de.connect()
     except BackendUnavailableError as exc:
         engine_missing(f"no Docker engine: {exc}")
     import docker
@@ -65,7 +68,7 @@ def runner(engine: Any) -> Runner:
 
 def ours(engine: Any) -> list[Any]:
     """Containers this test process owns (by the owner label)."""
-    return engine.containers.list(all=True, filters={"label": f"{d.L_OWNER}={d.owner_id()}"})
+    return engine.containers.list(all=True, filters={"label": f"{ds.L_OWNER}={owner_id()}"})
 
 
 @pytest.fixture(autouse=True)
@@ -155,9 +158,9 @@ for target in sys.argv[1:]:
 
 def egress_gateway(engine: Any) -> str:
     """The host's address on the egress bridge: a network the docker backend created (labelled execbox)."""
-    name = d.DockerSettings.from_env().egress_network
+    name = db.DockerSettings.from_env().egress_network
     network = engine.networks.get(name)
-    assert (network.attrs["Labels"] or {}).get(d.LABEL) == "1", f"{name} was not created by execbox"
+    assert (network.attrs["Labels"] or {}).get(ds.LABEL) == "1", f"{name} was not created by execbox"
     return network.attrs["IPAM"]["Config"][0]["Gateway"]
 
 
@@ -417,8 +420,10 @@ def test_session_timeout_kills_the_run_but_not_the_session(runner: Runner) -> No
         result = sb.exec("sleep 300 & sleep 300", timeout=1)
         assert result.timed_out
         assert sb.exec(["cat", "state.txt"]).stdout == "kept\n"
+        # Every process of the sandbox user but the probe and its parent (the backstop's `timeout`).
         left = sb.run_code("import os\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit() and "
-                           "os.stat('/proc/' + p).st_uid == os.getuid() and int(p) != os.getpid()))")
+                           "os.stat('/proc/' + p).st_uid == os.getuid() and "
+                           "int(p) not in (os.getpid(), os.getppid())))")
         assert left.stdout == "[]\n", left
 
 
@@ -449,11 +454,22 @@ def test_missing_image_says_how_to_get_one(engine: Any, monkeypatch: pytest.Monk
     assert info.value.retryable is False
 
 
-def test_unknown_runtime_is_a_clear_error(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CODE_EXEC_DOCKER_RUNTIME", "execbox-no-such-runtime")
+def test_unregistered_runtime_is_a_clear_error(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = next(name for name in ("crun", "runsc", "kata-runtime") if name not in engine.info()["Runtimes"])
+    monkeypatch.setenv("CODE_EXEC_DOCKER_RUNTIME", runtime)
     with pytest.raises(BackendUnavailableError) as info:
         Runner(Settings.from_env(backend="docker")).run(["true"])
-    assert "CODE_EXEC_DOCKER_RUNTIME=execbox-no-such-runtime" in str(info.value) and "runc" in str(info.value)
+    assert f"CODE_EXEC_DOCKER_RUNTIME={runtime}" in str(info.value) and "runc" in str(info.value)
+
+
+@pytest.mark.parametrize("runtime", ["execbox-no-such-runtime", "nvidia", "io.containerd.runtime.v1.linux"])
+def test_a_runtime_execbox_does_not_know_is_not_a_sandbox(engine: Any, monkeypatch: pytest.MonkeyPatch,
+                                                          runtime: str) -> None:
+    """Registered in the engine or not (io.containerd.runtime.v1.linux is, here), a runtime outside the known
+    table may add devices, mounts or hooks the hardening table cannot see."""
+    monkeypatch.setenv("CODE_EXEC_DOCKER_RUNTIME", runtime)
+    with pytest.raises(NotASandboxError, match=f"CODE_EXEC_DOCKER_RUNTIME={runtime} is not a runtime execbox knows"):
+        Runner(Settings.from_env(backend="docker")).run(["true"])
 
 
 def test_known_runtime_is_used_and_reported(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -486,11 +502,11 @@ def test_gc_removes_orphans_and_expired_but_never_foreign_containers(engine: Any
     far = str(int(time.time()) + 3600)
     tag = uuid.uuid4().hex[:8]
     made = {
-        "orphan": {d.LABEL: "1", d.L_OWNER: f"{socket.gethostname()}:{dead.pid}:1", d.L_EXPIRES: far},
-        "expired": {d.LABEL: "1", d.L_OWNER: "elsewhere:1:1", d.L_EXPIRES: str(int(time.time()) - 5)},
-        "live": {d.LABEL: "1", d.L_OWNER: d.owner_id(), d.L_EXPIRES: far},
+        "orphan": {ds.LABEL: "1", ds.L_OWNER: f"{socket.gethostname()}:{dead.pid}:1", ds.L_EXPIRES: far},
+        "expired": {ds.LABEL: "1", ds.L_OWNER: "elsewhere:1:1", ds.L_EXPIRES: str(int(time.time()) - 5)},
+        "live": {ds.LABEL: "1", ds.L_OWNER: owner_id(), ds.L_EXPIRES: far},
         "foreign": {"com.example.app": "1"},
-        "lookalike": {d.LABEL: "yes-but-not-ours", d.L_OWNER: f"{socket.gethostname()}:{dead.pid}:1"},
+        "lookalike": {ds.LABEL: "yes-but-not-ours", ds.L_OWNER: f"{socket.gethostname()}:{dead.pid}:1"},
     }
     ids = {}
     try:

@@ -15,11 +15,15 @@ import anyio
 import pytest
 
 from execbox import Limits, Settings
-from execbox.backends import docker as d
 from execbox.backends import docker_image as di
+from execbox.backends.docker import backend as db
+from execbox.backends.docker import engine, stream
+from execbox.backends.docker import hardening as h
+from execbox.backends.docker import session as ds
 from execbox.core.backend import SessionSpec
 from execbox.core.errors import ConfigError
 from execbox.core.output import BoundedCapture
+from execbox.core.owner import owner_id
 from execbox.testing import engine_missing
 
 
@@ -31,17 +35,18 @@ def docker_py() -> Any:
     return docker
 
 
-def good_kwargs(tmp_path: Path) -> dict:
-    return dict(
-        image="img", command=["true"], user="1000:1000", cap_drop=["ALL"], security_opt=["no-new-privileges"],
-        read_only=True, init=True, ipc_mode="private", pids_limit=256, mem_limit="1024m", memswap_limit="1024m",
-        nano_cpus=10**9, mounts=[{"Target": "/workspace", "Source": str(tmp_path), "Type": "bind", "ReadOnly": False}],
-    )
+def good_kwargs(tmp_path: Path) -> dict[str, Any]:
+    return {
+        "image": "img", "command": ["true"], "user": "1000:1000", "cap_drop": ["ALL"], "security_opt": h.security_opt(),
+        "read_only": True, "init": True, "ipc_mode": "private", "pids_limit": 256, "mem_limit": "1024m",
+        "memswap_limit": "1024m", "nano_cpus": 10**9,
+        "mounts": [{"Target": "/workspace", "Source": str(tmp_path), "Type": "bind", "ReadOnly": False}],
+    }
 
 
 def test_hardened_accepts_the_table(tmp_path: Path) -> None:
     kw = good_kwargs(tmp_path)
-    assert d._hardened(kw, socket_path="/var/run/docker.sock") is kw
+    assert h.hardened(kw, socket_path="/var/run/docker.sock") is kw
 
 
 @pytest.mark.parametrize("change, words", [
@@ -49,6 +54,8 @@ def test_hardened_accepts_the_table(tmp_path: Path) -> None:
     ({"cap_add": ["SYS_ADMIN"]}, "added capabilities"),
     ({"cap_drop": ["NET_RAW"]}, "not all dropped"),
     ({"security_opt": []}, "no-new-privileges"),
+    ({"security_opt": ["no-new-privileges"]}, "seccomp profile"),
+    ({"security_opt": [*h.security_opt(), "apparmor=unconfined"]}, "seccomp profile"),
     ({"read_only": False}, "writable root"),
     ({"pid_mode": "host"}, "pid_mode=host"),
     ({"ipc_mode": "host"}, "ipc_mode=host"),
@@ -62,35 +69,35 @@ def test_hardened_accepts_the_table(tmp_path: Path) -> None:
 def test_hardened_refuses_each_weakening(tmp_path: Path, change: dict, words: str) -> None:
     kw = {**good_kwargs(tmp_path), **change}
     with pytest.raises(ConfigError, match="not be a sandbox") as info:
-        d._hardened(kw, socket_path=None)
+        h.hardened(kw, socket_path=None)
     assert words in str(info.value)
 
 
 @pytest.mark.parametrize("source", ["/var/run", "/", "HOME", "INSTALL"])
 def test_hardened_refuses_mounts_of_socket_home_or_install_dir(tmp_path: Path, source: str) -> None:
-    source = {"HOME": os.path.expanduser("~"), "INSTALL": str(d._install_dir())}.get(source, source)
+    source = {"HOME": os.path.expanduser("~"), "INSTALL": str(h.install_dir())}.get(source, source)
     kw = good_kwargs(tmp_path)
     kw["mounts"] = [{"Target": "/workspace", "Source": source, "Type": "bind", "ReadOnly": False}]
     with pytest.raises(ConfigError, match="exposes"):
-        d._hardened(kw, socket_path="/var/run/docker.sock")
+        h.hardened(kw, socket_path="/var/run/docker.sock")
 
 
 def test_hardened_refuses_a_second_writable_mount(tmp_path: Path) -> None:
     kw = good_kwargs(tmp_path)
     kw["mounts"].append({"Target": "/data", "Source": str(tmp_path), "Type": "bind", "ReadOnly": False})
     with pytest.raises(ConfigError, match="one writable mount"):
-        d._hardened(kw, socket_path=None)
+        h.hardened(kw, socket_path=None)
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o703], ids=oct)
 def test_hardened_refuses_a_workspace_other_users_can_write(tmp_path: Path, mode: int) -> None:
     tmp_path.chmod(mode)
     with pytest.raises(ConfigError, match="writable by other local users"):
-        d._hardened(good_kwargs(tmp_path), socket_path=None)
+        h.hardened(good_kwargs(tmp_path), socket_path=None)
 
 
 def workspaces() -> set[str]:
-    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(d.WORKSPACE_PREFIX)}
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith(ds.WORKSPACE_PREFIX)}
 
 
 def test_another_sandbox_uid_without_root_is_refused_before_any_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,7 +106,7 @@ def test_another_sandbox_uid_without_root_is_refused_before_any_workspace(monkey
     monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "2000:2000")
     # No engine is contacted: the refusal comes first, and names what to change.
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/execbox-test.sock")
-    backend = d.DockerBackend(Settings.from_env())
+    backend = db.DockerBackend(Settings.from_env())
     before = workspaces()
     with pytest.raises(ConfigError, match="CODE_EXEC_DOCKER_USER=2000:2000 is not you") as info:
         anyio.run(backend.open_session, SessionSpec("none", Limits(memory_mb=64, cpus=1, pids=64), True, 60))
@@ -114,18 +121,18 @@ def test_sandbox_uid_accepted_when_the_workspace_can_stay_private(monkeypatch: p
                                                                   user: str) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: euid)
     monkeypatch.setenv("CODE_EXEC_DOCKER_USER", user)
-    d.DockerBackend(Settings.from_env()).workspace_access()
+    db.DockerBackend(Settings.from_env()).workspace_access()
 
 
 def test_a_session_without_every_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """D6: no silent refill from settings: the runner passes effective limits, and one missing is refused."""
     docker_py()
     monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "1000:1000")
-    backend = d.DockerBackend(Settings.from_env())
+    backend = db.DockerBackend(Settings.from_env())
     for limits, missing in ((Limits(cpus=1, pids=64), "mem_limit unset"), (Limits(memory_mb=64, pids=64),
                             "nano_cpus unset"), (Limits(memory_mb=64, cpus=1), "pids_limit unset")):
         spec = SessionSpec("none", limits, True, 60)
-        session = d.DockerSession(backend, spec, backend.plan(spec))
+        session = ds.DockerSession(backend, spec, backend.plan(spec))
         try:
             with pytest.raises(ConfigError, match=missing):
                 session._create_kwargs(["true"], user="1000:1000", env={}, workdir="/workspace", expires_in=60,
@@ -133,7 +140,7 @@ def test_a_session_without_every_limit_is_refused(monkeypatch: pytest.MonkeyPatc
         finally:
             shutil.rmtree(session.host_workspace)
     spec = SessionSpec("none", Limits(memory_mb=64, cpus=0.5, pids=64), True, 60)
-    session = d.DockerSession(backend, spec, backend.plan(spec))
+    session = ds.DockerSession(backend, spec, backend.plan(spec))
     try:
         kw = session._create_kwargs(["true"], user="1000:1000", env={}, workdir="/workspace", expires_in=60,
                                     stdin=False)
@@ -150,7 +157,7 @@ def test_demux_splits_streams_across_any_chunking() -> None:
     wire = frame(1, b"hello ") + frame(2, b"oops") + frame(1, b"world") + frame(0, b"ignored")
     for size in (1, 3, 7, 8, 9, len(wire)):
         out, err = BoundedCapture(100), BoundedCapture(100)
-        demux = d._Demux(out, err)
+        demux = stream.Demux(out, err)
         for i in range(0, len(wire), size):
             demux.feed(memoryview(wire[i:i + size]))
         assert (out.getvalue(), err.getvalue()) == (b"hello world", b"oops"), size
@@ -163,7 +170,7 @@ def test_pump_feeds_stdin_and_stops_at_the_deadline() -> None:
     import time
 
     started = time.monotonic()
-    timed_out = d._pump(ours, b"", b"x" * 1000, time.monotonic() + 0.5, out, err)
+    timed_out = stream.pump(ours, b"", b"x" * 1000, time.monotonic() + 0.5, out, err)
     assert timed_out and 0.4 < time.monotonic() - started < 3
     assert out.getvalue() == b"out"
     assert theirs.recv(2000) == b"x" * 1000  # all of stdin, then EOF
@@ -174,19 +181,19 @@ def test_pump_feeds_stdin_and_stops_at_the_deadline() -> None:
 def test_settings_user_must_be_numeric(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "nobody")
     with pytest.raises(ConfigError, match="CODE_EXEC_DOCKER_USER"):
-        d.DockerSettings.from_env()
+        db.DockerSettings.from_env()
     monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "1000:1000")
-    assert d.DockerSettings.from_env().user == "1000:1000"
+    assert db.DockerSettings.from_env().user == "1000:1000"
     # A bare uid would run with gid 0 under docker: it is spelled out as uid:uid.
     monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "1000")
-    assert d.DockerSettings.from_env().user == "1000:1000"
+    assert db.DockerSettings.from_env().user == "1000:1000"
 
 
 def test_default_user_is_never_root() -> None:
-    uid, gid = d.parse_user(d.default_user())
+    uid, gid = h.parse_user(h.default_user())
     assert uid != 0 and gid != 0
     if os.geteuid() == 0:
-        assert d.default_user() == "65534:65534"
+        assert h.default_user() == "65534:65534"
 
 
 @pytest.mark.parametrize("endpoint, local", [
@@ -195,12 +202,12 @@ def test_default_user_is_never_root() -> None:
     ("tcp://10.0.0.5:2375", False), ("ssh://user@build-host", False), ("tcp://docker:2376", False),
 ])
 def test_local_engines_only(endpoint: str, local: bool) -> None:
-    assert d._is_local(endpoint) is local
+    assert engine.is_local(endpoint) is local
 
 
 def test_endpoint_follows_docker_host() -> None:
     docker_py()
-    endpoint, params, origin = d._resolve_endpoint({"DOCKER_HOST": "unix:///tmp/x.sock"})
+    endpoint, _, origin = engine.resolve_endpoint({"DOCKER_HOST": "unix:///tmp/x.sock"})
     assert (endpoint, origin) == ("unix:///tmp/x.sock", "DOCKER_HOST")
 
 
@@ -216,10 +223,10 @@ def test_endpoint_follows_a_docker_context(tmp_path: Path) -> None:
         (tmp_path / "config.json").write_text('{"currentContext": "execbox-test"}')
         ContextAPI.create_context("execbox-test", host="unix:///tmp/execbox-ctx.sock")
         assert (tmp_path / "contexts" / "meta").is_dir()
-        endpoint, _, origin = d._resolve_endpoint(env)
+        endpoint, _, origin = engine.resolve_endpoint(env)
         assert endpoint == "unix:///tmp/execbox-ctx.sock" and "execbox-test" in origin
-        endpoint, _, origin = d._resolve_endpoint({**env, "DOCKER_CONTEXT": "default"})
-        assert endpoint == d.DEFAULT_SOCKET
+        endpoint, _, origin = engine.resolve_endpoint({**env, "DOCKER_CONTEXT": "default"})
+        assert endpoint == engine.DEFAULT_SOCKET
     finally:
         if old is None:
             os.environ.pop("DOCKER_CONFIG")
@@ -246,3 +253,247 @@ def test_mirror_from_deb822_and_one_line_sources(tmp_path: Path) -> None:
     assert di.find_debian_mirror("bookworm", str(tmp_path)) == "http://other.example/debian"
     (tmp_path / "sources.list").unlink()
     assert di.find_debian_mirror("bookworm", str(tmp_path)) == di.DEFAULT_MIRROR
+
+
+# --- the container as built, against the contract ------------------------------------------------------
+
+
+def contract(workspace: str) -> h.Contract:
+    return h.Contract(user="1000:1000", network="none", workspace=workspace, memory_bytes=1024 << 20,
+                      nano_cpus=10**9, pids=256, runtime=None)
+
+
+def good_inspect(workspace: str) -> dict[str, Any]:
+    """What `docker inspect` reports for a container built as execbox asked (the fields the check reads)."""
+    return {
+        "Config": {"User": "1000:1000"},
+        "HostConfig": {
+            "NetworkMode": "none", "Privileged": False, "CapAdd": None, "CapDrop": ["ALL"], "PidMode": "",
+            "IpcMode": "private", "UTSMode": "", "UsernsMode": "", "CgroupnsMode": "private", "ReadonlyRootfs": True,
+            "Init": True, "Devices": [], "DeviceRequests": None, "DeviceCgroupRules": None, "Binds": None,
+            "VolumesFrom": None, "Links": None, "PortBindings": {}, "GroupAdd": None, "PublishAllPorts": False,
+            "OomKillDisable": False, "Memory": 1024 << 20, "MemorySwap": 1024 << 20, "NanoCpus": 10**9,
+            "PidsLimit": 256, "Tmpfs": {"/tmp": "rw,size=512m"}, "SecurityOpt": h.security_opt(),
+            "MaskedPaths": ["/proc/asound", "/proc/kcore", "/sys/firmware"],
+            "ReadonlyPaths": ["/proc/bus", "/proc/sys", "/proc/sysrq-trigger"], "Runtime": "runc",
+        },
+        "Mounts": [{"Type": "bind", "Source": workspace, "Destination": "/workspace", "Mode": "", "RW": True,
+                    "Propagation": "rprivate"}],
+    }
+
+
+def test_the_contract_accepts_what_was_asked_for() -> None:
+    assert h.built_problems(good_inspect("/tmp/ws"), contract("/tmp/ws")) == []
+
+
+@pytest.mark.parametrize("section, key, value, words", [
+    ("HostConfig", "NetworkMode", "host", "HostConfig.NetworkMode='host'"),
+    ("HostConfig", "NetworkMode", "bridge", "HostConfig.NetworkMode='bridge'"),
+    ("HostConfig", "Privileged", True, "HostConfig.Privileged=True"),
+    ("HostConfig", "CapAdd", ["SYS_ADMIN"], "HostConfig.CapAdd=['SYS_ADMIN']"),
+    ("HostConfig", "CapDrop", None, "HostConfig.CapDrop=None"),
+    ("Config", "User", "0:0", "Config.User='0:0'"),
+    ("Config", "User", "", "Config.User=''"),
+    ("HostConfig", "PidMode", "host", "HostConfig.PidMode='host'"),
+    ("HostConfig", "IpcMode", "host", "HostConfig.IpcMode='host'"),
+    ("HostConfig", "IpcMode", "shareable", "HostConfig.IpcMode='shareable'"),
+    ("HostConfig", "UTSMode", "host", "HostConfig.UTSMode='host'"),
+    ("HostConfig", "UsernsMode", "host", "HostConfig.UsernsMode='host'"),
+    ("HostConfig", "CgroupnsMode", "host", "HostConfig.CgroupnsMode='host'"),
+    ("HostConfig", "ReadonlyRootfs", False, "HostConfig.ReadonlyRootfs=False"),
+    ("HostConfig", "Init", False, "HostConfig.Init=False"),
+    ("HostConfig", "Devices", [{"PathOnHost": "/dev/kvm", "PathInContainer": "/dev/kvm"}], "HostConfig.Devices"),
+    ("HostConfig", "DeviceRequests", [{"Driver": "nvidia", "Count": -1}], "HostConfig.DeviceRequests"),
+    ("HostConfig", "DeviceCgroupRules", ["c 10:200 rwm"], "HostConfig.DeviceCgroupRules"),
+    ("HostConfig", "Binds", ["/:/host"], "HostConfig.Binds=['/:/host']"),
+    ("HostConfig", "VolumesFrom", ["other"], "HostConfig.VolumesFrom"),
+    ("HostConfig", "Sysctls", {"net.ipv4.ip_unprivileged_port_start": "0"}, "HostConfig.Sysctls"),
+    ("HostConfig", "PortBindings", {"80/tcp": [{"HostPort": "8080"}]}, "HostConfig.PortBindings"),
+    ("HostConfig", "OomKillDisable", True, "HostConfig.OomKillDisable=True"),
+    ("HostConfig", "Memory", 0, "HostConfig.Memory=0"),
+    ("HostConfig", "MemorySwap", -1, "HostConfig.MemorySwap=-1"),
+    ("HostConfig", "NanoCpus", 0, "HostConfig.NanoCpus=0"),
+    ("HostConfig", "PidsLimit", None, "HostConfig.PidsLimit=None"),
+    ("HostConfig", "PidsLimit", -1, "HostConfig.PidsLimit=-1"),
+    ("HostConfig", "Tmpfs", {"/tmp": "", "/run": ""}, "HostConfig.Tmpfs"),
+    ("HostConfig", "SecurityOpt", ["no-new-privileges"], "HostConfig.SecurityOpt=['no-new-privileges']"),
+    ("HostConfig", "SecurityOpt", ["no-new-privileges", "seccomp=unconfined"], "seccomp=unconfined"),
+    ("HostConfig", "SecurityOpt", ["no-new-privileges", 'seccomp={"defaultAction": "SCMP_ACT_ALLOW"}'],
+     "seccomp=<another profile>"),
+    ("HostConfig", "SecurityOpt", [*h.security_opt(), "apparmor=unconfined"], "apparmor=unconfined"),
+    ("HostConfig", "SecurityOpt", [*h.security_opt(), "label=disable"], "label=disable"),
+    ("HostConfig", "MaskedPaths", [], "MaskedPaths"),
+    ("HostConfig", "ReadonlyPaths", [], "ReadonlyPaths"),
+    ("HostConfig", "Runtime", "nvidia", "HostConfig.Runtime='nvidia'"),
+    (None, "Mounts", [], "Mounts=[]"),
+])
+def test_each_deviation_from_the_contract_is_refused_by_name(section: str | None, key: str, value: Any,
+                                                             words: str) -> None:
+    attrs = good_inspect("/tmp/ws")
+    (attrs[section] if section else attrs)[key] = value
+    problems = h.built_problems(attrs, contract("/tmp/ws"))
+    assert len(problems) == 1 and words in problems[0], problems
+
+
+@pytest.mark.parametrize("mount", [
+    {"Type": "volume", "Name": "x", "Source": "/var/lib/docker/volumes/x/_data", "Destination": "/data", "RW": True},
+    {"Type": "bind", "Source": "/var/run/docker.sock", "Destination": "/run/docker.sock", "RW": False},
+], ids=["anonymous-volume", "read-only-bind"])
+def test_any_mount_but_the_workspace_is_refused(mount: dict[str, Any]) -> None:
+    attrs = good_inspect("/tmp/ws")
+    attrs["Mounts"].append(mount)
+    (problem,) = h.built_problems(attrs, contract("/tmp/ws"))
+    assert problem.startswith("Mounts=") and mount["Destination"] in problem
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"Source": "/tmp/other"}, "/tmp/other"), ({"RW": False}, "False"), ({"Destination": "/work"}, "/work"),
+])
+def test_the_workspace_mount_must_be_the_one_asked_for(change: dict[str, Any], words: str) -> None:
+    attrs = good_inspect("/tmp/ws")
+    attrs["Mounts"][0].update(change)
+    (problem,) = h.built_problems(attrs, contract("/tmp/ws"))
+    assert problem.startswith("Mounts=") and words in problem
+
+
+def test_a_runtime_in_the_contract_must_be_the_one_built() -> None:
+    attrs = good_inspect("/tmp/ws")
+    pinned = h.Contract(**{**contract("/tmp/ws").__dict__, "runtime": "runsc"})
+    assert h.built_problems(attrs, pinned) == ["HostConfig.Runtime='runc' (the contract says 'runsc')"]
+
+
+# --- seccomp profile, runtimes, egress network, backstop -----------------------------------------------------
+
+
+@pytest.mark.parametrize("machine, arches", [
+    ("x86_64", {"SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"}),
+    ("aarch64", {"SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"}),
+])
+def test_the_seccomp_profile_is_the_shared_deny_list(machine: str, arches: set[str]) -> None:
+    import json
+
+    from execbox.core import seccomp_policy as policy
+
+    profile = json.loads(h.seccomp_profile(machine))
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and set(profile["architectures"]) == arches
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for rule in profile["syscalls"]:
+        assert rule["action"] == "SCMP_ACT_ERRNO"
+        for name in rule["names"]:
+            by_name.setdefault(name, []).append(rule)
+    for name in policy.DENIED_SYSCALLS:
+        assert [(r["errnoRet"], r.get("args")) for r in by_name[name]] == [(1, None)], name  # EPERM, always
+    for name in ("clone", "unshare"):
+        (rule,) = by_name[name]
+        assert rule["errnoRet"] == 1 and rule["args"] == [
+            {"index": 0, "value": 0x10000000, "valueTwo": 0x10000000, "op": "SCMP_CMP_MASKED_EQ"}]
+    (rule,) = by_name["socket"]
+    assert rule["args"] == [{"index": 0, "value": 40, "op": "SCMP_CMP_EQ"}]  # AF_VSOCK only
+    assert [r["errnoRet"] for r in by_name["clone3"]] == [38]  # ENOSYS: libc falls back to clone
+    assert set(by_name) == {*policy.DENIED_SYSCALLS, "clone", "unshare", "socket", "clone3"}
+
+
+@pytest.mark.parametrize("name, entry, refused", [
+    ("runc", {"path": "runc"}, None),
+    ("io.containerd.runc.v2", {"path": "runc"}, None),
+    ("runsc", {"path": "/usr/local/bin/runsc", "runtimeArgs": ["--platform=kvm"]}, None),
+    ("runsc", {"path": "/usr/bin/runc"}, "registered in the engine as runc, which is not runsc"),
+    ("runc", {"path": "/opt/nvidia-container-runtime"}, "registered in the engine as nvidia-container-runtime"),
+    ("nvidia", {"path": "nvidia-container-runtime"}, "not one execbox knows"),
+    ("io.containerd.runtime.v1.linux", {"path": "runc"}, "not one execbox knows"),
+])
+def test_runtimes_are_admitted_by_name_and_binary(name: str, entry: dict[str, Any], refused: str | None) -> None:
+    problem = h.runtime_problem(name, entry)
+    assert problem is None if refused is None else refused in (problem or ""), problem
+
+
+def request(network: str) -> Any:
+    from execbox.core.models import ExecRequest
+
+    return ExecRequest(argv=["true"], network=network)
+
+
+@pytest.mark.parametrize("name", ["host", "bridge", "none", "default", "container:abc"])
+def test_egress_on_a_network_of_the_engine_is_not_a_sandbox(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    monkeypatch.setenv("CODE_EXEC_DOCKER_EGRESS_NETWORK", name)
+    monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "1000:1000")
+    backend = db.DockerBackend(Settings.from_env())
+    verdict = backend.verdict(request("egress"))
+    assert not verdict.sandbox and f"CODE_EXEC_DOCKER_EGRESS_NETWORK={name}" in verdict.reason
+    assert backend.verdict(request("none")).sandbox  # a request without egress never uses it
+
+
+@pytest.mark.parametrize("attrs, words", [
+    ({"Driver": "bridge", "Labels": {"io.execbox": "1"}, "Options": {"com.docker.network.bridge.enable_icc": "false"}},
+     None),
+    ({"Driver": "bridge", "Labels": {}, "Options": {"com.docker.network.bridge.enable_icc": "false"}},
+     "no io.execbox label"),
+    ({"Driver": "bridge", "Labels": {"io.execbox": "1"}, "Options": {}}, "traffic between its containers"),
+    ({"Driver": "macvlan", "Labels": {"io.execbox": "1"}, "Options": {"com.docker.network.bridge.enable_icc": "false"}},
+     "driver macvlan"),
+])
+def test_an_existing_egress_network_must_be_one_execbox_made(attrs: dict[str, Any], words: str | None) -> None:
+    problem = db.egress_network_problem("execbox-egress", attrs)
+    assert problem is None if words is None else (words in (problem or "") and "CODE_EXEC_DOCKER_EGRESS_NETWORK"
+                                                   in (problem or "")), problem
+
+
+@pytest.mark.parametrize("runtime", ["nvidia", "sysbox-runc", "io.containerd.runtime.v1.linux"])
+def test_a_runtime_outside_the_table_is_not_a_sandbox(monkeypatch: pytest.MonkeyPatch, runtime: str) -> None:
+    monkeypatch.setenv("CODE_EXEC_DOCKER_RUNTIME", runtime)
+    monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "1000:1000")
+    verdict = db.DockerBackend(Settings.from_env()).verdict(request("none"))
+    assert not verdict.sandbox
+    assert f"CODE_EXEC_DOCKER_RUNTIME={runtime} is not a runtime execbox knows" in verdict.reason
+
+
+def test_every_command_runs_under_a_backstop_past_its_deadline() -> None:
+    assert ds.backstop(["sleep", "600"], 3 + ds.BACKSTOP_GRACE_S) == ["timeout", "-s", "KILL", "8", "sleep", "600"]
+    assert ds.backstop(["-x"], 1.2)[3:] == ["2", "-x"]  # whole seconds, rounded up; timeout stops parsing at argv
+
+
+# --- workspaces: named after their owner, so gc finds orphans without a container ----------------------------
+
+
+def uuid_hex() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:8]
+
+
+def dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_orphaned_workspaces_are_found_and_removed_but_never_a_live_ones() -> None:
+    tmp = tempfile.gettempdir()
+    dead = os.path.join(tmp, f"{ds.WORKSPACE_PREFIX}{dead_pid()}-1-{uuid_hex()}")
+    started = owner_id().rsplit(":", 1)[1]
+    alive = tempfile.mkdtemp(prefix=f"{ds.WORKSPACE_PREFIX}{os.getpid()}-{started}-")
+    stray_image = os.path.join(tmp, f"{ds.WORKSPACE_PREFIX}{dead_pid()}-1-{uuid_hex()}.disk")
+    lookalike = os.path.join(tmp, f"{ds.WORKSPACE_PREFIX}{uuid_hex()}")  # not named after an owner: not ours to judge
+    try:
+        os.makedirs(os.path.join(dead, "deep", "er"))
+        Path(dead, "deep", "er", "f").write_text("x")
+        Path(stray_image).write_bytes(b"")
+        os.mkdir(lookalike)
+        found = ds.orphaned_workspaces()
+        assert dead in found and stray_image.removesuffix(".disk") in found
+        assert lookalike not in found and alive not in found
+        for path in found:
+            if path in (dead, stray_image.removesuffix(".disk")):
+                assert ds.remove_workspace(path)
+        assert not os.path.exists(dead) and not os.path.exists(stray_image)
+        assert os.path.isdir(lookalike) and os.path.isdir(alive)
+    finally:
+        for path in (alive, lookalike):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("path", ["/etc", "/tmp", "/tmp/../etc/execbox-docker-1-1-x", "/var/tmp/execbox-docker-1-1-x"])
+def test_remove_workspace_touches_only_our_directories(path: str) -> None:
+    assert ds.remove_workspace(path) is False

@@ -87,8 +87,8 @@ def image_changes(user: str = DEFAULT_USER) -> list[str]:
         f"USER {user}",
         "WORKDIR /workspace",
         # HOME on the size-limited /tmp tmpfs: the root filesystem is read-only at run time.
-        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
-        "LANG=C.UTF-8 HOME=/tmp",
+        ("ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
+         "LANG=C.UTF-8 HOME=/tmp"),
         'CMD ["python3"]',
     ]
 
@@ -285,8 +285,7 @@ def build_image(
             log(f"importing {tarball.stat().st_size / 1e6:.0f} MB into the engine as {tag}")
             repository, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "")
             changes = image_changes(user) + [
-                f"LABEL {IMAGE_LABEL}=1 {RECIPE_LABEL}={recipe} "
-                f"io.execbox.image.suite={suite}"
+                f"LABEL {IMAGE_LABEL}=1 {RECIPE_LABEL}={recipe} io.execbox.image.suite={suite}",
             ]
             result = client.api.import_image(
                 src=str(tarball), repository=repository, tag=version or "latest", changes=changes

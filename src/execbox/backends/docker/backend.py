@@ -1,0 +1,333 @@
+"""The docker backend: settings, engine access, what it enforces here (``check``), whether a request is
+sandboxed as configured (``verdict``), sessions, and gc of everything it leaves behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+from pydantic import field_validator
+
+from execbox.backends.docker.engine import connect, is_local, unreachable
+from execbox.backends.docker.hardening import (
+    KNOWN_RUNTIMES,
+    default_user,
+    parse_user,
+    runtime_problem,
+)
+from execbox.backends.docker.session import (
+    L_EXPIRES,
+    L_OWNER,
+    L_WORKSPACE,
+    LABEL,
+    DockerSession,
+    Plan,
+    orphaned_workspaces,
+    remove_workspace,
+)
+from execbox.backends.docker_image import DEFAULT_TAG
+from execbox.core import disk
+from execbox.core.backend import ExecutionBackend, SessionSpec, Verdict
+from execbox.core.errors import BackendUnavailableError, ConfigError
+from execbox.core.models import Capabilities, ExecRequest
+from execbox.core.owner import owner_alive
+from execbox.core.settings import EnvSettings, Settings, setting
+
+_CHECK_TTL_S = 30.0
+_EGRESS_VAR = "CODE_EXEC_DOCKER_EGRESS_NETWORK"
+_RUNTIME_VAR = "CODE_EXEC_DOCKER_RUNTIME"
+# Networks the engine itself provides: never a network execbox created for egress.
+_ENGINE_NETWORKS = ("host", "bridge", "none", "default")
+_ICC = "com.docker.network.bridge.enable_icc"
+
+
+class DockerSettings(EnvSettings):
+    """Knobs of the docker backend (the limits are the core's CODE_EXEC_MEMORY_MB/CPUS/PIDS_LIMIT/DISK_MB)."""
+
+    image: str = setting("CODE_EXEC_DOCKER_IMAGE", DEFAULT_TAG,
+                      "Sandbox image; build the default with `execbox image build`; pin registry images by digest")
+    user: str | None = setting("CODE_EXEC_DOCKER_USER", None,
+                            "uid[:gid] inside the container; default: yours, or 65534:65534 when execbox runs as "
+                            "root; a uid other than yours needs execbox to run as root")
+    runtime: str | None = setting(_RUNTIME_VAR, None,
+                               "OCI runtime registered in the engine: runc, crun, runsc (gVisor) or a kata runtime; "
+                               "default: the engine's, which must be one of those")
+    tmpfs_mb: int = setting("CODE_EXEC_DOCKER_TMPFS_MB", 512, "Size of the /tmp tmpfs (counts against memory), MiB",
+                         gt=0)
+    egress_network: str = setting(_EGRESS_VAR, "execbox-egress",
+                               "Bridge network for network mode egress; only one execbox created (labelled, no "
+                               "traffic between containers); created when missing")
+
+    @field_validator("user")
+    @classmethod
+    def _numeric_user(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"\d+(:\d+)?", value):
+            raise ValueError("give a numeric uid or uid:gid such as 1000:1000 (names cannot be checked for root)")
+        if value is not None and ":" not in value:
+            value = f"{value}:{value}"  # docker would otherwise run a bare uid with gid 0
+        return value
+
+
+def egress_network_problem(name: str, attrs: dict[str, Any] | None) -> str | None:
+    """Why the network ``name`` (its inspect attrs; None when it does not exist yet) may not carry egress."""
+    if name in _ENGINE_NETWORKS or name.startswith("container:"):
+        return f"{_EGRESS_VAR}={name} is a network of the engine itself, not one execbox created"
+    if attrs is None:
+        return None
+    wrong = []
+    if attrs.get("Driver") != "bridge":
+        wrong.append(f"driver {attrs.get('Driver')}, not bridge")
+    if (attrs.get("Labels") or {}).get(LABEL) != "1":
+        wrong.append(f"no {LABEL} label")
+    if (attrs.get("Options") or {}).get(_ICC) != "false":
+        wrong.append("traffic between its containers is allowed")
+    if not wrong:
+        return None
+    return (f"{_EGRESS_VAR}={name} names an existing network that execbox did not create ({', '.join(wrong)}); "
+            "egress only uses a bridge execbox created itself. Unset the variable, or name a network that does not "
+            "exist yet and execbox creates it")
+
+
+_swept: set[str] = set()
+_swept_lock = threading.Lock()
+
+
+class DockerBackend(ExecutionBackend):
+    name = "docker"
+    extra = "docker"
+    sdk = "docker"
+    summary = "hardened containers on a Docker engine (DOCKER_HOST / context); gVisor via CODE_EXEC_DOCKER_RUNTIME"
+    capabilities = Capabilities(
+        sandbox=True,
+        isolation="container",
+        network_modes=frozenset({"none", "egress", "host"}),
+        persistent_sessions=True,
+        file_transfer=True,
+        limits=frozenset({"memory", "cpu", "pids", "disk", "wall_time"}),
+    )
+
+    def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(settings, options)
+        self.docker = DockerSettings.from_env()
+        self.user = self.docker.user or default_user()
+        self._client: Any = None
+        self.endpoint = ""
+        self.origin = ""
+        self.socket_path: str | None = None
+        self._checked: tuple[float, Capabilities] | None = None
+        self._lock = threading.Lock()
+
+    # -- engine access --
+
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                client, self.endpoint, self.origin = connect()
+                if not is_local(self.endpoint):
+                    client.close()
+                    raise BackendUnavailableError(
+                        f"the Docker engine at {self.endpoint} (from {self.origin}) is not on this machine, and the "
+                        "docker backend bind-mounts a local workspace directory", backend="docker",
+                        fix="use a local engine (unix socket), or a remote backend", env_var="DOCKER_HOST")
+                if self.endpoint.startswith("unix://"):
+                    self.socket_path = self.endpoint[len("unix://"):]
+                self._client = client
+            return self._client
+
+    def call(self, fn: Any) -> Any:
+        """Run ``fn(client)``; a dropped engine becomes one non-retryable error naming the endpoint."""
+        import docker
+        import requests
+
+        client = self.client()
+        try:
+            return fn(client)
+        except docker.errors.ImageNotFound as exc:
+            raise self._missing_image(exc) from None
+        except (requests.exceptions.ConnectionError, ConnectionRefusedError, FileNotFoundError) as exc:
+            raise unreachable(self.endpoint, self.origin, exc) from None
+
+    def _missing_image(self, exc: BaseException) -> BackendUnavailableError:
+        built = self.docker.image == DEFAULT_TAG
+        fix = ("build it from Debian's packages, no registry needed (as root): execbox image build"
+               if built else f"docker pull/load {self.docker.image}, or unset CODE_EXEC_DOCKER_IMAGE and run "
+                             "`execbox image build` for the default image")
+        return BackendUnavailableError(f"the sandbox image {self.docker.image} is not on the engine at "
+                                       f"{self.endpoint}", backend="docker", fix=fix,
+                                       env_var="CODE_EXEC_DOCKER_IMAGE")
+
+    # -- contract --
+
+    async def check(self) -> Capabilities:
+        cached = self._checked
+        if cached and time.monotonic() - cached[0] < _CHECK_TTL_S:
+            return cached[1]
+        caps = await anyio.to_thread.run_sync(self._check_blocking)
+        self._checked = (time.monotonic(), caps)
+        return caps
+
+    def _check_blocking(self) -> Capabilities:
+        self.workspace_access()
+        info = self.call(lambda c: c.info())
+        runtimes = info.get("Runtimes") or {}
+        runtime = self.docker.runtime
+        if runtime and runtime not in runtimes:
+            raise BackendUnavailableError(
+                f"{_RUNTIME_VAR}={runtime} is not a runtime of the engine at {self.endpoint} "
+                f"(it has: {', '.join(sorted(runtimes))})", backend="docker", env_var=_RUNTIME_VAR,
+                fix=f"register {runtime} in /etc/docker/daemon.json \"runtimes\" and restart dockerd "
+                    f"(gVisor: runsc install), or unset {_RUNTIME_VAR}")
+        used = runtime or str(info.get("DefaultRuntime") or "runc")
+        problem = runtime_problem(used, runtimes.get(used))
+        if problem:
+            which = f"{_RUNTIME_VAR}={runtime}" if runtime else f"the engine's default runtime ({_RUNTIME_VAR} unset)"
+            raise BackendUnavailableError(
+                f"{which} is not a sandbox execbox admits: {problem}", backend="docker", env_var=_RUNTIME_VAR,
+                fix=f"set {_RUNTIME_VAR} to one of: {', '.join(sorted(KNOWN_RUNTIMES))} (registered under that name "
+                    "in the engine)")
+        self.call(lambda c: c.images.get(self.docker.image))
+        limits = set(self.capabilities.limits)
+        for limit, flag in (("memory", "MemoryLimit"), ("pids", "PidsLimit"), ("cpu", "CpuCfsQuota")):
+            if info.get(flag) is False:
+                limits.discard(limit)
+        if disk.unavailable_reason() is not None:
+            limits.discard("disk")
+        self._sweep_once()
+        isolation = KNOWN_RUNTIMES[used][0] if used in KNOWN_RUNTIMES else self.capabilities.isolation
+        return self.capabilities.model_copy(update={"isolation": isolation, "limits": frozenset(limits)})
+
+    def _egress_attrs(self) -> dict[str, Any] | None:
+        import docker
+
+        try:
+            return self.call(lambda c: c.api.inspect_network(self.docker.egress_network))  # type: ignore[no-any-return]
+        except docker.errors.NotFound:
+            return None
+
+    def _sweep_once(self) -> None:
+        with _swept_lock:
+            if self.endpoint in _swept:
+                return
+            _swept.add(self.endpoint)
+        with contextlib.suppress(Exception):  # a start-up sweep must never stop a run
+            self._gc_blocking()
+
+    def workspace_access(self) -> None:
+        """Refuse a sandbox user this process cannot give a private workspace to. A non-root caller can only
+        let another uid write a directory in /tmp by opening it to every local user, and any of them could
+        then swap the code file between our write and the run."""
+        me = os.geteuid()
+        uid, _ = parse_user(self.user)
+        if me != 0 and uid != me:
+            raise ConfigError(
+                f"CODE_EXEC_DOCKER_USER={self.user} is not you (uid {me}): without root, execbox cannot hand "
+                "another uid a workspace that other local users cannot also write. Unset CODE_EXEC_DOCKER_USER "
+                f"(the code then runs as {me}:{os.getegid()}), set it to your own uid, or run execbox as root "
+                "(the workspace is then given to that uid)", backend="docker", env_var="CODE_EXEC_DOCKER_USER")
+
+    def verdict(self, request: ExecRequest) -> Verdict:
+        """Every docker setting that moves the boundary, as the settings say it: the network, the user, the
+        runtime, the egress network. What the engine has behind a name is checked where the engine is asked:
+        the runtime's binary in ``check``, the egress network when a session opens, every container as built."""
+        if request.network == "host":
+            return Verdict(False, "network mode 'host' shares the host's network with the container")
+        uid, gid = parse_user(self.user)
+        if uid == 0 or gid == 0:
+            return Verdict(False, f"CODE_EXEC_DOCKER_USER={self.user} runs the code as root (uid or gid 0) in the "
+                                  "container; unset it or give a non-root uid:gid")
+        runtime = self.docker.runtime
+        if runtime and runtime not in KNOWN_RUNTIMES:
+            return Verdict(False, f"{_RUNTIME_VAR}={runtime} is not a runtime execbox knows to isolate at least "
+                                  f"as well as runc (known: {', '.join(sorted(KNOWN_RUNTIMES))}); unset it or "
+                                  "name one of those")
+        if request.network == "egress":
+            problem = egress_network_problem(self.docker.egress_network, None)
+            if problem:
+                return Verdict(False, problem)
+        shown = f", runtime {runtime}" if runtime else ""
+        return Verdict(True, f"hardened container as {self.user}{shown}")
+
+    def plan(self, spec: SessionSpec) -> Plan:
+        uid, _ = parse_user(self.user)
+        keeper = "65533:65533" if uid != 65533 else "65532:65532"
+        caps = self._checked[1] if self._checked else None
+        return Plan(image=self.docker.image, user=self.user, keeper=keeper, limits=spec.limits, network=spec.network,
+                    runtime=self.docker.runtime, tmpfs_mb=self.docker.tmpfs_mb,
+                    egress_network=self.docker.egress_network,
+                    disk=caps is not None and "disk" in caps.limits)
+
+    async def open_session(self, spec: SessionSpec) -> DockerSession:
+        if spec.network not in self.capabilities.network_modes:
+            raise ConfigError(f"the docker backend cannot enforce network mode {spec.network!r}",
+                              backend="docker", env_var="CODE_EXEC_NETWORK")
+        self.workspace_access()
+        session = DockerSession(self, spec, self.plan(spec))
+        try:
+            await anyio.to_thread.run_sync(session.prepare)
+            if spec.network == "egress":
+                await anyio.to_thread.run_sync(self._ensure_egress_network)
+            if not spec.oneshot:
+                await anyio.to_thread.run_sync(session.start)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await session.close()
+            raise
+        return session
+
+    def _ensure_egress_network(self) -> None:
+        """The egress bridge, created when missing; an existing network is used only if execbox made it."""
+        import docker
+
+        name = self.docker.egress_network
+        attrs = self._egress_attrs()
+        if attrs is None and egress_network_problem(name, None) is None:
+            with contextlib.suppress(docker.errors.APIError):  # another process created it meanwhile
+                self.call(lambda c: c.networks.create(
+                    name, driver="bridge", labels={LABEL: "1"}, check_duplicate=True,
+                    # no traffic between sandboxes on the same bridge
+                    options={_ICC: "false"}))
+            attrs = self._egress_attrs()
+        problem = egress_network_problem(name, attrs)
+        if problem:
+            raise ConfigError(f"refused: {problem}", backend="docker", env_var=_EGRESS_VAR)
+
+    async def gc(self) -> list[str]:
+        return await anyio.to_thread.run_sync(self._gc_blocking)
+
+    def _gc_blocking(self) -> list[str]:
+        """Remove what execbox left behind: containers that expired or whose owner process is gone (a killed
+        caller's container has stopped by itself at its deadline), then the workspaces of dead owners, sized
+        mounts unmounted first. Only ours: a container without our label is never touched. The egress network
+        stays: it holds no process and no data, and removing it would race with a session about to use it."""
+        import docker
+
+        removed = []
+        now = time.time()
+        for item in self.call(lambda c: c.api.containers(all=True, filters={"label": LABEL})):
+            labels = item.get("Labels") or {}
+            if labels.get(LABEL) != "1":
+                continue
+            reason = None
+            with contextlib.suppress(ValueError):
+                if float(labels.get(L_EXPIRES, "inf")) < now:
+                    reason = "expired"
+            if reason is None and owner_alive(labels.get(L_OWNER, "")) is False:
+                reason = "orphaned"
+            if reason is None:
+                continue
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                self.call(lambda c, cid=item["Id"]: c.api.remove_container(cid, force=True))
+            if owner_alive(labels.get(L_OWNER, "")) is not None:
+                remove_workspace(labels.get(L_WORKSPACE, ""))
+            name = (item.get("Names") or [item["Id"][:12]])[0].lstrip("/")
+            removed.append(f"docker container {name} ({reason})")
+        for path in orphaned_workspaces():
+            if remove_workspace(path):
+                removed.append(f"docker workspace {path} (orphaned)")
+        return removed

@@ -1,0 +1,73 @@
+"""Which Docker engine, and errors that say which: DOCKER_HOST, then the docker context, then the default
+socket, like the docker CLI; one BackendUnavailableError naming the endpoint when it does not answer."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from execbox.core.errors import BackendUnavailableError
+
+DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+
+
+def resolve_endpoint(environ: dict[str, str] | None = None) -> tuple[str, dict[str, Any], str]:
+    """(endpoint URL, DockerClient kwargs, where it came from), following DOCKER_HOST, then the docker
+    context (DOCKER_CONTEXT or ~/.docker/config.json), then the default socket; like the docker CLI."""
+    import docker
+    from docker.context import ContextAPI
+
+    env = dict(os.environ if environ is None else environ)
+    params = docker.utils.kwargs_from_env(environment=env)
+    if "base_url" in params:
+        return params["base_url"], params, "DOCKER_HOST"
+    name = env.get("DOCKER_CONTEXT")
+    try:
+        ctx = ContextAPI.get_context(name)
+    except docker.errors.DockerException as exc:
+        raise BackendUnavailableError(f"docker context {name!r} cannot be loaded: {exc}", backend="docker",
+                                      fix="docker context ls; set DOCKER_CONTEXT to one of them or unset it") from None
+    if ctx is None and name:
+        raise BackendUnavailableError(f"docker context {name!r} does not exist", backend="docker",
+                                      fix="docker context ls; set DOCKER_CONTEXT to one of them or unset it")
+    if ctx is not None and ctx.Host and ctx.name != "default":
+        # docker-py stores hosts it wrote itself as http+unix://; the CLI writes unix://
+        host = re.sub(r"^http\+(unix|npipe)://", r"\1://", ctx.Host)
+        params = {"base_url": host}
+        if ctx.TLSConfig is not None:
+            params["tls"] = ctx.TLSConfig
+        return host, params, f"docker context {ctx.name!r}"
+    return DEFAULT_SOCKET, {"base_url": DEFAULT_SOCKET}, "the default socket"
+
+
+def is_local(endpoint: str) -> bool:
+    if endpoint.startswith(("unix://", "npipe://", "/")):
+        return True
+    host = re.sub(r"^[a-z+]+://", "", endpoint).split("/")[0].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "127.0.0.1", "::1")
+
+
+def unreachable(endpoint: str, origin: str, exc: BaseException) -> BackendUnavailableError:
+    return BackendUnavailableError(
+        f"cannot reach the Docker engine at {endpoint} (from {origin}): {exc}", backend="docker",
+        fix="start the engine (as root: scripts/bootstrap.sh starts dockerd) or point DOCKER_HOST / "
+            "DOCKER_CONTEXT at a running one; retrying will not help until then", env_var="DOCKER_HOST")
+
+
+def connect(environ: dict[str, str] | None = None) -> tuple[Any, str, str]:
+    """(docker.DockerClient, endpoint, origin) for the engine the environment selects; raises one
+    BackendUnavailableError naming the endpoint when docker-py is missing or the engine does not answer."""
+    try:
+        import docker
+        import requests
+    except ImportError:
+        raise BackendUnavailableError("docker-py is not installed", backend="docker",
+                                      fix="pip install 'execbox[docker]'") from None
+    endpoint, params, origin = resolve_endpoint(environ)
+    try:
+        client = docker.DockerClient(timeout=60, **params)  # version=None: negotiated, contacts the engine
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        raise unreachable(endpoint, origin, exc) from None
+    return client, endpoint, origin

@@ -1,0 +1,225 @@
+"""The hardening table: checked on the create arguments before the engine sees them (``hardened``), and on the
+container as the engine built it (``built_problems``), so neither a future edit nor an engine default, plugin
+or daemon.json setting can weaken one container unnoticed. Also the seccomp profile and the runtimes admitted.
+
+Seccomp. The engine's own default profile cannot be extended: a profile given with ``--security-opt seccomp=``
+replaces it, and Docker 20.10 offers no way to name the built-in one and add to it. Copying Moby's 800-line
+allowlist would mean owning and tracking a file we did not write. So the profile is execbox's own: allow by
+default, deny the shared list of ``execbox.core.seccomp_policy`` (the one bubblewrap loads), with EPERM, and
+``clone3`` with ENOSYS so libc falls back to ``clone``, whose CLONE_NEWUSER flag an argument filter sees. What
+the engine's default denies beyond that list are calls the kernel already refuses to a process with no
+capabilities under no-new-privileges (clock and time setting, module loading, ``vhangup``, NUMA policy of other
+processes...), which every execbox container is. The profile lists the native architecture and its compat ABIs
+(i386 and x32 on x86_64, arm on aarch64) so the same names are denied through ``int 0x80`` too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from execbox.core.errors import ConfigError
+from execbox.core.seccomp_policy import (
+    CLONE_NEWUSER,
+    DENIED_SOCKET_FAMILIES,
+    DENIED_SYSCALLS,
+    DENIED_WITH_NEWUSER,
+    DENY_ERRNO,
+    ENOSYS_SYSCALLS,
+)
+
+WORKSPACE = "/workspace"
+TMPFS = "/tmp"
+NOBODY = "65534:65534"
+
+# OCI runtimes execbox admits, by the name registered in the engine: the isolation each gives, and the
+# binaries that name may point at (a name is only trusted when the engine runs what it says). Anything else
+# (nvidia, sysbox, a wrapper script) may add devices, mounts or hooks the table cannot see, and is refused.
+KNOWN_RUNTIMES: dict[str, tuple[str, frozenset[str]]] = {
+    "runc": ("container", frozenset({"runc"})),
+    "io.containerd.runc.v2": ("container", frozenset({"runc", "io.containerd.runc.v2", "containerd-shim-runc-v2"})),
+    "crun": ("container", frozenset({"crun"})),
+    "runsc": ("gvisor", frozenset({"runsc"})),
+    "kata-runtime": ("microvm", frozenset({"kata-runtime"})),
+    "io.containerd.kata.v2": ("microvm", frozenset({"io.containerd.kata.v2", "containerd-shim-kata-v2"})),
+}
+
+# Native architecture -> the seccomp architectures a process on it can issue system calls in.
+_ARCHES = {
+    "x86_64": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+    "aarch64": ["SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"],
+}
+
+
+def parse_user(user: str) -> tuple[int, int]:
+    uid, _, gid = user.partition(":")
+    return int(uid), int(gid or uid)
+
+
+def default_user() -> str:
+    return NOBODY if os.geteuid() == 0 else f"{os.geteuid()}:{os.getegid()}"  # who owns what mkdtemp makes
+
+
+def install_dir() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def runtime_problem(name: str, entry: dict[str, Any] | None) -> str | None:
+    """Why the engine's runtime ``name`` (its entry in ``docker info`` Runtimes) is not admitted, or None."""
+    known = KNOWN_RUNTIMES.get(name)
+    if known is None:
+        return (f"runtime {name} is not one execbox knows to isolate at least as well as runc "
+                f"(known: {', '.join(sorted(KNOWN_RUNTIMES))})")
+    entry = entry or {}
+    binary = os.path.basename(str(entry.get("path") or entry.get("runtimeType") or name))
+    if binary not in known[1]:
+        return f"runtime {name} is registered in the engine as {binary}, which is not {name}"
+    return None
+
+
+@functools.cache
+def seccomp_profile(machine: str | None = None) -> str:
+    """The profile as the JSON string ``--security-opt seccomp=`` takes (the engine stores it verbatim)."""
+    rules: list[dict[str, Any]] = [
+        {"names": sorted(DENIED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": DENY_ERRNO},
+        {"names": sorted(DENIED_WITH_NEWUSER), "action": "SCMP_ACT_ERRNO", "errnoRet": DENY_ERRNO,
+         "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]},
+        *({"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": DENY_ERRNO,
+           "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]} for family in DENIED_SOCKET_FAMILIES),
+        {"names": sorted(ENOSYS_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+    ]
+    profile = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": _ARCHES.get(machine or platform.machine(), []),
+               "syscalls": rules}
+    return json.dumps(profile, sort_keys=True, separators=(",", ":"))
+
+
+def security_opt() -> list[str]:
+    return ["no-new-privileges", f"seccomp={seccomp_profile()}"]
+
+
+def _contains(outer: Path, inner: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def hardened(kw: dict[str, Any], *, socket_path: str | None) -> dict[str, Any]:
+    """Refuse create arguments that break the hardening table. Returns ``kw`` unchanged."""
+    problems = []
+    if kw.get("privileged"):
+        problems.append("privileged mode")
+    if kw.get("cap_add"):
+        problems.append(f"added capabilities {kw['cap_add']}")
+    if kw.get("cap_drop") != ["ALL"]:
+        problems.append("capabilities not all dropped")
+    if sorted(kw.get("security_opt") or []) != sorted(security_opt()):
+        problems.append("security options other than no-new-privileges and execbox's seccomp profile")
+    if not kw.get("read_only"):
+        problems.append("a writable root filesystem")
+    for ns in ("pid_mode", "ipc_mode", "userns_mode", "uts_mode", "cgroupns"):
+        if str(kw.get(ns) or "").startswith(("host", "container:")):
+            problems.append(f"{ns}={kw[ns]}")
+    if kw.get("devices") or kw.get("device_requests") or kw.get("volumes_from") or kw.get("volumes"):
+        problems.append("devices or extra volumes")
+    if not kw.get("init"):
+        problems.append("no init process")
+    uid, gid = parse_user(str(kw.get("user") or "0"))
+    if uid == 0 or gid == 0:
+        problems.append(f"user {kw.get('user')} (root)")
+    for key in ("pids_limit", "mem_limit", "nano_cpus"):
+        if not kw.get(key):
+            problems.append(f"{key} unset")
+    if kw.get("memswap_limit") != kw.get("mem_limit"):
+        problems.append("swap headroom (memswap_limit != mem_limit)")
+    mounts = kw.get("mounts") or []
+    writable = [m for m in mounts if not m.get("ReadOnly")]
+    if len(writable) != 1 or writable[0].get("Target") != WORKSPACE or writable[0].get("Type") != "bind":
+        problems.append("the one writable mount must be the workspace bind at /workspace")
+    for m in writable:
+        with contextlib.suppress(OSError):  # a missing source is the engine's error to report
+            if os.stat(m.get("Source") or "/").st_mode & 0o022:
+                problems.append(f"workspace {m.get('Source')} is writable by other local users")
+    forbidden = [Path(os.path.expanduser("~")).resolve(), install_dir()]
+    if socket_path:
+        forbidden.append(Path(socket_path).resolve())
+    forbidden.append(Path("/var/run/docker.sock").resolve())
+    for m in mounts:
+        source = Path(m.get("Source") or "/").resolve()
+        for bad in forbidden:
+            if _contains(source, bad):
+                problems.append(f"mount of {source} exposes {bad}")
+    if problems:
+        raise ConfigError("refused: this container would not be a sandbox: " + "; ".join(problems)
+                          + ". The docker backend only starts containers that match its hardening table")
+    return kw
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What the engine must have built, in the terms ``docker inspect`` reports it."""
+
+    user: str
+    network: str  # HostConfig.NetworkMode: "none", "host" or the egress network's name
+    workspace: str  # the host directory bound at /workspace
+    memory_bytes: int
+    nano_cpus: int
+    pids: int
+    runtime: str | None  # None: whatever the engine's default is, if it is a runtime execbox knows
+
+
+def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
+    """How the container the engine built (``container.attrs``) differs from the contract; [] when it does not.
+    Each problem names the inspect field, so a refusal says what the engine changed."""
+    hc = attrs.get("HostConfig") or {}
+    config = attrs.get("Config") or {}
+    problems = []
+
+    def want(field: str, value: Any, expected: Any) -> None:
+        if value != expected:
+            problems.append(f"{field}={value!r} (the contract says {expected!r})")
+
+    want("HostConfig.NetworkMode", hc.get("NetworkMode"), c.network)
+    want("HostConfig.Privileged", hc.get("Privileged"), False)
+    want("HostConfig.CapAdd", hc.get("CapAdd") or [], [])
+    want("HostConfig.CapDrop", hc.get("CapDrop"), ["ALL"])
+    want("Config.User", config.get("User"), c.user)
+    for field, expected in (("PidMode", ""), ("IpcMode", "private"), ("UTSMode", ""), ("UsernsMode", ""),
+                            ("CgroupnsMode", "private")):
+        want(f"HostConfig.{field}", hc.get(field), expected)
+    want("HostConfig.ReadonlyRootfs", hc.get("ReadonlyRootfs"), True)
+    want("HostConfig.Init", hc.get("Init"), True)
+    for field in ("Devices", "DeviceRequests", "DeviceCgroupRules", "Binds", "VolumesFrom", "Links", "Sysctls",
+                  "PortBindings", "GroupAdd"):
+        want(f"HostConfig.{field}", hc.get(field) or None, None)
+    want("HostConfig.PublishAllPorts", bool(hc.get("PublishAllPorts")), False)
+    want("HostConfig.OomKillDisable", bool(hc.get("OomKillDisable")), False)
+    want("HostConfig.Memory", hc.get("Memory"), c.memory_bytes)
+    want("HostConfig.MemorySwap", hc.get("MemorySwap"), c.memory_bytes)
+    want("HostConfig.NanoCpus", hc.get("NanoCpus"), c.nano_cpus)
+    want("HostConfig.PidsLimit", hc.get("PidsLimit"), c.pids)
+    want("HostConfig.Tmpfs", sorted(hc.get("Tmpfs") or {}), [TMPFS])
+    options = sorted(hc.get("SecurityOpt") or [])
+    if options != sorted(security_opt()):
+        # A profile is a page of JSON: named, not printed.
+        shown = ["seccomp=<execbox's profile>" if o == f"seccomp={seccomp_profile()}" else
+                 "seccomp=<another profile>" if o.startswith("seccomp=") and len(o) > 40 else o for o in options]
+        problems.append(f"HostConfig.SecurityOpt={shown} (the contract says no-new-privileges and execbox's "
+                        "seccomp profile, nothing else)")
+    # systempaths=unconfined empties these: /proc/kcore, /proc/sys and friends would be open.
+    if "/proc/kcore" not in (hc.get("MaskedPaths") or []):
+        problems.append("HostConfig.MaskedPaths does not mask /proc/kcore")
+    if "/proc/sys" not in (hc.get("ReadonlyPaths") or []):
+        problems.append("HostConfig.ReadonlyPaths does not hold /proc/sys")
+    runtime = hc.get("Runtime")
+    if c.runtime is not None:
+        want("HostConfig.Runtime", runtime, c.runtime)
+    elif runtime not in KNOWN_RUNTIMES:
+        problems.append(f"HostConfig.Runtime={runtime!r} (not a runtime execbox knows)")
+    mounts = [(m.get("Type"), m.get("Source"), m.get("Destination"), m.get("RW")) for m in attrs.get("Mounts") or []]
+    want("Mounts", mounts, [("bind", c.workspace, WORKSPACE, True)])
+    return problems

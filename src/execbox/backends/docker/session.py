@@ -1,0 +1,393 @@
+"""A docker session: one container per run (one-shot), or one long-lived container that every exec enters.
+
+The deadline is kept twice. On the host: at the deadline the container (one-shot) or every process of the
+sandbox user (session) is SIGKILLed, and ``timed_out`` is what execbox saw, never guessed from an exit code.
+In the container, so that it holds when the caller is gone (SIGKILL, a crash, a lost machine): every command
+runs under coreutils ``timeout -s KILL`` set a few seconds past the deadline (a one-shot container's init
+exits with it, and every process with the init), and a session's keep-alive sleeps only for the session's
+lifetime. A killed caller's container therefore stops by itself; the next sweep or ``execbox gc`` removes it.
+
+The workspace is a host directory, named after its owner process (``execbox-docker-<pid>-<start>-*``) so that
+gc can tell an orphan from a live session even when no container points at it; where the ``disk`` limit is
+available (root), a size-limited filesystem is mounted on it before the container starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from execbox.backends.docker.hardening import (
+    TMPFS,
+    WORKSPACE,
+    Contract,
+    built_problems,
+    hardened,
+    parse_user,
+    security_opt,
+)
+from execbox.backends.docker.stream import close, drain, hijacked, pump
+from execbox.core import disk
+from execbox.core.backend import Session, SessionSpec
+from execbox.core.envpolicy import sandbox_env
+from execbox.core.errors import BackendUnavailableError, NotASandboxError, SandboxError
+from execbox.core.models import ExecRequest, ExecResult, Limits
+from execbox.core.output import BoundedCapture
+from execbox.core.owner import owner_id, pid_alive
+from execbox.core.results import build_result, failed_to_start
+from execbox.core.workspace import remove_tree, safe_read, safe_write
+
+if TYPE_CHECKING:
+    from execbox.backends.docker.backend import DockerBackend
+
+LABEL = "io.execbox"
+L_OWNER = "io.execbox.owner"
+L_SESSION = "io.execbox.session"
+L_CREATED = "io.execbox.created"
+L_EXPIRES = "io.execbox.expires"
+L_WORKSPACE = "io.execbox.workspace"
+
+HOME = "/tmp"
+WORKSPACE_PREFIX = "execbox-docker-"
+_GRACE_S = 3.0  # after a kill: how long the stream may take to close
+# How long past its deadline the in-container backstop kills a command. Long enough that the host's own
+# deadline always comes first while the caller lives (results keep their timed_out), short enough that a
+# dead caller's run ends soon after its deadline.
+BACKSTOP_GRACE_S = 5
+
+
+def backstop(argv: list[str], seconds: float) -> list[str]:
+    """``argv`` under a deadline the container enforces without the caller: coreutils timeout, SIGKILL."""
+    return ["timeout", "-s", "KILL", str(math.ceil(seconds)), *argv]
+
+
+def workspace_owner(path: str) -> tuple[int, str] | None:
+    """(pid, start time) of the process a workspace was made for, from its name; None if not one of ours."""
+    name = os.path.basename(path)
+    match = re.fullmatch(re.escape(WORKSPACE_PREFIX) + r"(\d+)-(\d+)-[^-]+", name)
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
+def remove_workspace(path: str) -> bool:
+    """Unmount (a sized workspace) and remove a workspace directory, and its disk image. Only a directory we
+    would have made: directly in the temp dir, with our prefix, not a link. True if there was one."""
+    if not path:
+        return False
+    p = os.path.abspath(path)
+    if os.path.realpath(os.path.dirname(p)) != os.path.realpath(tempfile.gettempdir()) \
+            or workspace_owner(p) is None or os.path.islink(p):
+        return False
+    existed = os.path.exists(p) or os.path.exists(p + disk.IMAGE_SUFFIX)
+    disk.release_sized(p)
+    remove_tree(p)
+    return existed
+
+
+def orphaned_workspaces() -> list[str]:
+    """Workspaces (and bare disk images) in the temp dir whose owner process is gone."""
+    tmp = os.path.realpath(tempfile.gettempdir())
+    found = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp):
+            base = name.removesuffix(disk.IMAGE_SUFFIX)
+            owner = workspace_owner(base)
+            if owner is not None and not pid_alive(*owner) and os.path.join(tmp, base) not in found:
+                found.append(os.path.join(tmp, base))
+    return found
+
+
+@dataclass
+class Plan:
+    """What every container of a session is made of."""
+
+    image: str
+    user: str
+    keeper: str  # PID 1 of a persistent session: a second uid the sandbox user cannot signal
+    limits: Limits
+    network: str
+    runtime: str | None
+    tmpfs_mb: int
+    egress_network: str
+    disk: bool  # mount a size-limited workspace (limits.disk_mb)
+
+
+class DockerSession(Session):
+    workspace = WORKSPACE
+
+    def __init__(self, backend: DockerBackend, spec: SessionSpec, plan: Plan) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.plan = plan
+        self.id = uuid.uuid4().hex[:12]
+        pid = os.getpid()
+        self.host_workspace = tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{pid}-{owner_id(pid).rsplit(':', 1)[1]}-")
+        self._owner = parse_user(plan.user)
+        # As root: hand the workspace to the sandbox user. Otherwise the sandbox user is the caller
+        # (DockerBackend.workspace_access refuses any other), and mkdtemp's 0700 is already right.
+        if os.geteuid() == 0:
+            os.chown(self.host_workspace, *self._owner)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sized = False
+        self._containers: set[str] = set()
+        self._keeper_id: str | None = None
+        self._oom_seen = 0
+
+    def prepare(self) -> None:
+        """Before any container: the size-limited workspace, when the disk limit is enforced here."""
+        if self.plan.disk and self.plan.limits.disk_mb:
+            self._sized = True  # set first: close() releases whatever part of the mount was made
+            disk.mount_sized(self.host_workspace, self.plan.limits.disk_mb, self._owner)
+
+    # -- container arguments --
+
+    def _labels(self, expires_in: float) -> dict[str, str]:
+        now = int(time.time())
+        return {LABEL: "1", L_OWNER: owner_id(), L_SESSION: self.id, L_CREATED: str(now),
+                L_EXPIRES: str(int(now + expires_in)), L_WORKSPACE: self.host_workspace}
+
+    def _create_kwargs(self, command: list[str], *, user: str, env: dict[str, str], workdir: str,
+                       expires_in: float, stdin: bool) -> dict[str, Any]:
+        from docker.types import LogConfig, Mount, Ulimit
+
+        p = self.plan
+        # The runner passes the effective limits; one missing is left unset, and hardened() refuses it.
+        memory = f"{p.limits.memory_mb}m" if p.limits.memory_mb else None
+        kw: dict[str, Any] = {
+            "image": p.image, "command": command, "user": user, "environment": env, "working_dir": workdir,
+            "hostname": "sandbox", "labels": self._labels(expires_in),
+            "name": f"execbox-{self.id}-{uuid.uuid4().hex[:6]}",
+            "cap_drop": ["ALL"], "security_opt": security_opt(), "read_only": True, "init": True,
+            "ipc_mode": "private", "cgroupns": "private",
+            "tmpfs": {TMPFS: f"rw,exec,nosuid,nodev,size={p.tmpfs_mb}m,mode=1777"},
+            "mounts": [Mount(WORKSPACE, self.host_workspace, type="bind", read_only=False)],
+            "pids_limit": p.limits.pids, "mem_limit": memory, "memswap_limit": memory,
+            "nano_cpus": int(p.limits.cpus * 1e9) if p.limits.cpus else None,
+            "ulimits": [Ulimit(name="core", soft=0, hard=0)],
+            "log_config": LogConfig(type=LogConfig.types.NONE), "stdin_open": stdin,
+        }
+        if p.network == "egress":
+            kw["network"] = p.egress_network
+        else:
+            kw["network_mode"] = p.network  # "none" or "host" (the guard has judged host already)
+        if p.runtime:
+            kw["runtime"] = p.runtime
+        return hardened(kw, socket_path=self.backend.socket_path)
+
+    def contract(self, user: str) -> Contract:
+        p = self.plan
+        return Contract(user=user, network=p.egress_network if p.network == "egress" else p.network,
+                        workspace=self.host_workspace, memory_bytes=(p.limits.memory_mb or 0) << 20,
+                        nano_cpus=int((p.limits.cpus or 0) * 1e9), pids=p.limits.pids or 0, runtime=p.runtime)
+
+    def _create(self, kw: dict[str, Any]) -> Any:
+        container = self.backend.call(lambda c: c.containers.create(**kw))
+        with self._lock:
+            self._containers.add(container.id)
+            closed = self._closed
+        if closed:  # the caller gave up while we were creating: leave nothing behind
+            self._remove(container.id)
+            raise SandboxError("the session was closed while its container was being created", backend="docker")
+        # docker-py's create inspects the new container: its attrs are what the engine built, before it runs.
+        problems = built_problems(container.attrs, self.contract(kw["user"]))
+        if problems:
+            self._remove(container.id)
+            raise NotASandboxError(
+                "refused: the Docker engine built a container that differs from execbox's hardening table: "
+                + "; ".join(problems) + f". Check the engine at {self.backend.endpoint} (daemon.json defaults, "
+                "authorization plugins, the runtime); the container was removed before it ran", backend="docker")
+        return container
+
+    def _remove(self, container_id: str) -> None:
+        import docker
+
+        with contextlib.suppress(docker.errors.APIError):  # gone already, or its removal is in progress
+            self.backend.call(lambda c: c.api.remove_container(container_id, force=True))
+        with self._lock:
+            self._containers.discard(container_id)
+
+    # -- persistent session --
+
+    def start(self) -> None:
+        # The keep-alive ends with the session's lifetime: a session whose caller died stops by itself.
+        keeper = ["sleep", str(math.ceil(self.spec.lifetime_s))]
+        kw = self._create_kwargs(keeper, user=self.plan.keeper, env=sandbox_env({}, home=HOME),
+                                 workdir=WORKSPACE, expires_in=self.spec.lifetime_s, stdin=False)
+        container = self._create(kw)
+        self.backend.call(lambda c: container.start())
+        self._keeper_id = container.id
+
+    # -- running --
+
+    async def exec(self, request: ExecRequest) -> ExecResult:
+        run = self._exec_oneshot if self.spec.oneshot else self._exec_in_session
+        # Abandon the worker thread on cancellation: close() (shielded, in the runner) kills the container,
+        # which ends the thread's stream.
+        return await anyio.to_thread.run_sync(self._guarded, run, request, abandon_on_cancel=True)
+
+    def _guarded(self, run: Any, request: ExecRequest) -> ExecResult:
+        import docker
+
+        try:
+            return run(request)
+        except docker.errors.NotFound as exc:
+            raise SandboxError(f"the sandbox container is gone (removed or killed from outside?): "
+                               f"{exc.explanation or exc}", backend="docker") from None
+        except docker.errors.APIError as exc:
+            if "is not running" in str(exc.explanation or exc):
+                raise SandboxError(f"the session's container has stopped: its lifetime of "
+                                   f"{self.spec.lifetime_s:g} s is over, or it was stopped from outside. Open a "
+                                   "new sandbox (lifetime_s sets how long one lives)", backend="docker") from None
+            raise SandboxError(f"the Docker engine refused: {exc.explanation or exc}", backend="docker") from None
+
+    def _exec_oneshot(self, request: ExecRequest) -> ExecResult:
+        assert request.argv and request.timeout and request.max_output_bytes
+        env = sandbox_env(request.env, home=HOME)
+        command = backstop(request.argv, request.timeout + BACKSTOP_GRACE_S)
+        kw = self._create_kwargs(command, user=self.plan.user, env=env, workdir=request.workdir or WORKSPACE,
+                                 expires_in=request.timeout + 60, stdin=True)
+        out, err = BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes)
+        container = self._create(kw)
+        try:
+            # Attach before start: not one byte of output can be missed, and stdin is ours from the start.
+            sock_io = self.backend.call(lambda c: c.api.attach_socket(
+                container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}))
+            sock, leftover = hijacked(sock_io)
+            try:
+                started = time.monotonic()
+                failed = self._start(container)
+                if failed is not None:
+                    return failed
+                timed_out = pump(sock, leftover, request.stdin, started + request.timeout, out, err)
+                if timed_out:
+                    with contextlib.suppress(Exception):
+                        self.backend.call(lambda c: container.kill())
+                    drain(sock, out, err, _GRACE_S)
+            finally:
+                close(sock_io, sock)
+            state = self._final_state(container)
+            duration = time.monotonic() - started
+        finally:
+            self._remove(container.id)
+        return build_result(exit_code=state.get("ExitCode"), stdout=out, stderr=err, timed_out=timed_out,
+                            oom_killed=bool(state.get("OOMKilled")), duration_s=duration)
+
+    def _start(self, container: Any) -> ExecResult | None:
+        """Start the container; a command that cannot be executed is a result (127/126), like a shell's."""
+        import docker
+
+        try:
+            self.backend.call(lambda c: container.start())
+        except docker.errors.APIError as exc:
+            message = str(exc.explanation or exc)
+            if "timeout" in message and ("not found" in message or "no such file" in message):
+                raise BackendUnavailableError(
+                    f"the image {self.plan.image} has no `timeout` (coreutils), which execbox runs every command "
+                    f"under so that it ends even when the caller dies: {message}", backend="docker",
+                    fix="add coreutils to the image, or unset CODE_EXEC_DOCKER_IMAGE for the default image",
+                    env_var="CODE_EXEC_DOCKER_IMAGE") from None
+            if "executable file not found" in message or "no such file or directory" in message:
+                return failed_to_start(127, f"execbox: command not found in the image: {message}")
+            if "permission denied" in message:
+                return failed_to_start(126, f"execbox: command not executable: {message}")
+            raise SandboxError(f"the engine could not start the container: {message}", backend="docker") from None
+        return None
+
+    def _final_state(self, container: Any) -> dict[str, Any]:
+        import requests
+
+        try:
+            self.backend.call(lambda c: c.api.wait(container.id, timeout=10))
+        except requests.exceptions.RequestException:
+            with contextlib.suppress(Exception):
+                self.backend.call(lambda c: container.kill())
+        container.reload()
+        return container.attrs.get("State", {})
+
+    def _exec_in_session(self, request: ExecRequest) -> ExecResult:
+        assert request.argv and request.timeout and request.max_output_bytes and self._keeper_id
+        cid = self._keeper_id
+        env = sandbox_env(request.env, home=HOME)
+        out, err = BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes)
+        command = backstop(request.argv, request.timeout + BACKSTOP_GRACE_S)
+        exec_id = self.backend.call(lambda c: c.api.exec_create(
+            cid, command, stdin=True, stdout=True, stderr=True, user=self.plan.user, environment=env,
+            workdir=request.workdir or WORKSPACE))["Id"]
+        sock_io = self.backend.call(lambda c: c.api.exec_start(exec_id, socket=True))
+        started = time.monotonic()
+        sock, leftover = hijacked(sock_io)
+        try:
+            timed_out = pump(sock, leftover, request.stdin, started + request.timeout, out, err)
+            if timed_out:
+                self._kill_sandbox_user()
+                drain(sock, out, err, _GRACE_S)
+        finally:
+            close(sock_io, sock)
+        exit_code = self._exec_exit_code(exec_id)
+        duration = time.monotonic() - started
+        oom = exit_code == 137 and not timed_out and self._new_oom_kills()
+        return build_result(exit_code=exit_code, stdout=out, stderr=err, timed_out=timed_out, oom_killed=oom,
+                            duration_s=duration)
+
+    def _quick_exec(self, argv: list[str], user: str) -> bytes:
+        cid = self._keeper_id
+        result = self.backend.call(lambda c: c.containers.get(cid).exec_run(argv, user=user, demux=False))
+        return result.output or b""
+
+    def _kill_sandbox_user(self) -> None:
+        # Every process of the sandbox uid, setsid'd grandchildren and fork bombs included (kill(-1) is atomic
+        # against fork). PID 1 and the keep-alive run as another uid, so the session survives.
+        self._quick_exec(["/bin/sh", "-c", "kill -9 -1"], self.plan.user)
+
+    def _exec_exit_code(self, exec_id: str) -> int:
+        deadline = time.monotonic() + _GRACE_S
+        while True:
+            info = self.backend.call(lambda c: c.api.exec_inspect(exec_id))
+            if not info.get("Running") or time.monotonic() > deadline:
+                code = info.get("ExitCode")
+                return 137 if code is None else int(code)
+            time.sleep(0.05)
+
+    def _new_oom_kills(self) -> bool:
+        """Did the memory cgroup kill something since we last looked? (cgroup v1 oom_control, v2 memory.events)"""
+        script = "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null"
+        text = self._quick_exec(["/bin/sh", "-c", script], self.plan.keeper).decode()
+        match = re.search(r"^oom_kill (\d+)", text, re.MULTILINE)
+        if not match:
+            return False
+        count = int(match.group(1))
+        new, self._oom_seen = count > self._oom_seen, count
+        return new
+
+    # -- files: the workspace is a host directory; never follow a link the sandbox planted --
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        owner = self._owner if os.geteuid() == 0 else None
+        await anyio.to_thread.run_sync(lambda: safe_write(self.host_workspace, path, data, owner=owner))
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        return await anyio.to_thread.run_sync(lambda: safe_read(self.host_workspace, path, max_bytes=max_bytes))
+
+    async def close(self) -> None:
+        await anyio.to_thread.run_sync(self._close_blocking)
+
+    def _close_blocking(self) -> None:
+        with self._lock:
+            self._closed = True
+            containers = list(self._containers)
+        for cid in containers:
+            with contextlib.suppress(Exception):
+                self._remove(cid)
+        if self._sized:  # the containers are gone: nothing holds the mount any more
+            disk.release_sized(self.host_workspace)
+        remove_tree(self.host_workspace)
