@@ -301,7 +301,9 @@ def gc(only: str | None, as_json: bool) -> None:
         for name in names:
             try:
                 # No check() first: a backend's own start-up sweep would remove the orphans before gc counts them.
-                removed[name] = await runner.backend(name).gc()
+                backend = runner.backend(name)
+                backend.require_sdk()
+                removed[name] = await backend.gc()
             except BackendUnavailableError as exc:
                 skipped[name] = exc.reason
             except ExecboxError as exc:  # e.g. a backend setting is invalid: that backend only

@@ -221,6 +221,7 @@ class DaytonaBackend(ExecutionBackend):
     )
 
     settings_model = DaytonaSettings
+    sdk = "daytona"
 
     @property
     def daytona_settings(self) -> DaytonaSettings:
@@ -234,7 +235,6 @@ class DaytonaBackend(ExecutionBackend):
 
     async def probe(self) -> Capabilities:
         self.daytona_settings  # noqa: B018 - an invalid setting is a ConfigError here
-        _remote.require_sdk("daytona", "daytona", "daytona")
         await _remote.blocking(self._client)  # reads the credentials; makes no request
         return self.capabilities
 

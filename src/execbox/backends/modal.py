@@ -164,6 +164,7 @@ class ModalBackend(ExecutionBackend):
     )
 
     settings_model = ModalSettings
+    sdk = "modal"
 
     @property
     def modal_settings(self) -> ModalSettings:
@@ -177,7 +178,6 @@ class ModalBackend(ExecutionBackend):
 
     async def probe(self) -> Capabilities:
         self.modal_settings  # noqa: B018 - an invalid setting is a ConfigError here
-        _remote.require_sdk("modal", "modal", "modal")
         token = os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")
         oauth = os.environ.get("MODAL_OAUTH_REFRESH_TOKEN")
         config = Path(os.environ.get("MODAL_CONFIG_PATH") or Path.home() / ".modal.toml")

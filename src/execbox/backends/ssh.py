@@ -601,6 +601,7 @@ class SshBackend(ExecutionBackend):
     )
 
     settings_model = SshSettings
+    sdk = "paramiko"
 
     def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(settings, options)

@@ -141,6 +141,7 @@ class VercelSandboxBackend(ExecutionBackend):
     )
 
     settings_model = VercelSettings
+    sdk = "vercel.sandbox.sync"
 
     @property
     def vercel_settings(self) -> VercelSettings:
@@ -169,7 +170,6 @@ class VercelSandboxBackend(ExecutionBackend):
         import os
 
         self.vercel_settings  # noqa: B018 - an invalid setting is a ConfigError here
-        _remote.require_sdk("vercel.sandbox.sync", "vercel_sandbox", "vercel")
         oidc = os.environ.get("VERCEL_OIDC_TOKEN") or os.environ.get("VERCEL_OIDC_TOKEN_FILE")
         token = all(os.environ.get(v) for v in ("VERCEL_TOKEN", "VERCEL_PROJECT_ID", "VERCEL_TEAM_ID"))
         if not (oidc or token):

@@ -8,23 +8,17 @@ The runner places files, applies the policy and the guard; backends only run wha
 
 from __future__ import annotations
 
+import importlib.util
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-import time
 from functools import cached_property
 from typing import Any, ClassVar
 
-from execbox.core.errors import ConfigError
-from execbox.core.models import (
-    Capabilities,
-    ExecRequest,
-    ExecResult,
-    Limits,
-    NetworkMode,
-)
+from execbox.core.errors import BackendUnavailableError, ConfigError
+from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits, NetworkMode
 from execbox.core.settings import EnvSettings, Settings
-
 
 #: How long a successful ``check()`` answer is trusted, per backend instance.
 CHECK_TTL_S = 30.0
@@ -88,6 +82,9 @@ class ExecutionBackend(ABC):
     capabilities: ClassVar[Capabilities]
     #: The extra that installs this backend's SDK, for `pip install 'execbox[<extra>]'` hints.
     extra: ClassVar[str | None] = None
+    #: The module this backend cannot work without (its SDK), imported lazily and only by the backend itself.
+    #: Missing, the backend is listed as unavailable with the pip hint; nothing else of execbox needs it.
+    sdk: ClassVar[str | None] = None
     #: One line for `execbox backends`.
     summary: ClassVar[str] = ""
     #: The backend's own knobs: a BackendSettings subclass, one environment variable per field. Read with
@@ -129,9 +126,23 @@ class ExecutionBackend(ABC):
         cached = self._checked
         if cached is not None and time.monotonic() - cached[0] < CHECK_TTL_S:
             return cached[1]
+        self.require_sdk()
         caps = await self.probe()
         self._checked = (time.monotonic(), caps)
         return caps
+
+    def require_sdk(self) -> None:
+        """BackendUnavailableError with the pip command when the backend's SDK is not importable."""
+        if self.sdk is None:
+            return
+        try:
+            found = importlib.util.find_spec(self.sdk) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            hint = f"pip install 'execbox[{self.extra}]'" if self.extra else f"install the {self.sdk!r} package"
+            raise BackendUnavailableError(f"the {self.name} backend needs the `{self.sdk}` package, which is not "
+                                          "installed", backend=self.name, fix=hint)
 
     async def probe(self) -> Capabilities:
         """Find out whether this backend can run here and what it enforces; override this, not ``check``.

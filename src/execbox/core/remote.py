@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import posixpath
 import time
 import uuid
@@ -49,18 +48,6 @@ TIMEOUT_EXIT = 137
 async def blocking(fn: Callable[..., T], *args: object) -> T:
     """Run a blocking SDK call in a worker thread; cancellation does not wait for it (see module doc)."""
     return await anyio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
-
-
-def require_sdk(module: str, backend: str, extra: str) -> None:
-    """BackendUnavailableError with the pip command when the SDK is not importable."""
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise BackendUnavailableError(
-            f"the {backend} backend needs the `{module}` package, which is not installed",
-            backend=backend, fix=f"pip install 'execbox[{extra}]'")
 
 
 def missing_credentials(backend: str, what: str, fix: str, env_var: str) -> BackendUnavailableError:
