@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_docker.py [--runs 20] [--gigabytes 1]
 
+- the disk limit: what a size-limited workspace (as root) adds to each sandbox;
 - one-shot `true`: execbox docker (create, attach, start, wait, remove, with the whole hardening table)
   against a bare `docker run --rm` of the same image, and against docker-py's containers.run;
 - an exec in a persistent session (`execbox.sandbox(backend="docker")`);
@@ -14,8 +15,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
+import tempfile
 import time
 
 import anyio
@@ -25,6 +28,7 @@ from _common import (
 
 from execbox import Runner, Settings
 from execbox.backends import docker_image
+from execbox.core import disk
 from execbox.testing import PeakRss
 
 
@@ -73,6 +77,20 @@ def main() -> None:
     sdk = median_ms(lambda: client.containers.run(image, ["true"], remove=True), args.runs)
     line += f", docker-py containers.run {sdk:.0f} ms — median of {args.runs}"
     print(line)
+
+    if disk.unavailable_reason() is None:
+        def sized() -> None:
+            path = tempfile.mkdtemp(prefix="execbox-bench-")
+            try:
+                disk.mount_sized(path, Settings.from_env().disk_mb, (65534, 65534))
+            finally:
+                disk.release_sized(path)
+                os.rmdir(path)
+        added = median_ms(sized, args.runs)
+        print(f"disk limit: a size-limited workspace (mkfs + loop mount + unmount) adds {added:.0f} ms to every "
+              "sandbox, included above")
+    else:
+        print(f"disk limit: not available here ({disk.unavailable_reason()})")
 
     with runner.sandbox("docker") as sb:
         sb.exec(["true"])
