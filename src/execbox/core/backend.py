@@ -153,7 +153,7 @@ class ExecutionBackend(ABC):
         """
         return self.capabilities
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - optional: most backends hold nothing between calls
         """Release what the instance holds (engine clients, connections); the runner calls it when it closes."""
 
     def verdict(self, request: ExecRequest) -> Verdict:
