@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from execbox.core.errors import BackendUnavailableError, ExecboxError
 
@@ -134,7 +135,7 @@ def find_debian_mirror(suite: str = DEFAULT_SUITE, etc_apt: str = "/etc/apt") ->
     return DEFAULT_MIRROR
 
 
-def _docker_client():
+def _docker_client() -> Any:
     # The same engine the backend uses: DOCKER_HOST, then the docker context, then the default socket.
     from execbox.backends.docker import connect
 
@@ -144,7 +145,7 @@ def _docker_client():
         raise ImageBuildError(exc.message, backend="docker") from None
 
 
-def _existing(client, tag: str):
+def _existing(client: Any, tag: str) -> Any:
     import docker
 
     try:
@@ -201,9 +202,9 @@ def _trim(rootfs: Path) -> None:
             else:
                 os.unlink(path)
     doc = rootfs / "usr/share/doc"
-    for path in doc.rglob("*") if doc.is_dir() else ():
-        if path.is_file() and not path.is_symlink() and path.name != "copyright":
-            path.unlink()
+    for file in doc.rglob("*") if doc.is_dir() else ():
+        if file.is_file() and not file.is_symlink() and file.name != "copyright":
+            file.unlink()
     # Docker provides /dev, /proc, /sys, /etc/hosts and resolv.conf at run time.
     for sub in ("dev", "proc", "sys", "run"):
         d = rootfs / sub
@@ -224,7 +225,7 @@ def build_image(
     packages: tuple[str, ...] = DEFAULT_PACKAGES,
     user: str = DEFAULT_USER,
     force: bool = False,
-    client=None,
+    client: Any = None,
     log: Log = _stderr_log,
 ) -> BuildResult:
     """Build (or find up to date) the sandbox image ``tag``; returns what happened and its size.
@@ -236,7 +237,7 @@ def build_image(
     client = client or _docker_client()
     recipe = recipe_hash(suite, packages, user)
 
-    def up_to_date():
+    def up_to_date() -> Any:
         image = _existing(client, tag)
         if image is None:
             return None

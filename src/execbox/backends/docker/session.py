@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -235,7 +236,7 @@ class DockerSession(Session):
         # which ends the thread's stream.
         return await anyio.to_thread.run_sync(self._guarded, run, request, abandon_on_cancel=True)
 
-    def _guarded(self, run: Any, request: ExecRequest) -> ExecResult:
+    def _guarded(self, run: Callable[[ExecRequest], ExecResult], request: ExecRequest) -> ExecResult:
         import docker
 
         try:
@@ -312,7 +313,8 @@ class DockerSession(Session):
             with contextlib.suppress(Exception):
                 self.backend.call(lambda c: container.kill())
         container.reload()
-        return container.attrs.get("State", {})
+        state: dict[str, Any] = container.attrs.get("State", {})
+        return state
 
     def _exec_in_session(self, request: ExecRequest) -> ExecResult:
         assert request.argv and request.timeout and request.max_output_bytes and self._keeper_id
