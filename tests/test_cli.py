@@ -55,6 +55,14 @@ class TestRun:
         assert set(data) >= {"exit_code", "stdout", "stderr", "timed_out", "truncated", "oom_killed", "duration_s",
                              "backend", "filtered_env"}
 
+    def test_stdin_is_bounded_and_a_larger_one_refused_not_cut(self, local_mode: None,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("CODE_EXEC_MAX_STDIN_BYTES", "10")
+        assert cli("run", "--stdin", "--", "wc", "-c", input=b"x" * 10).stdout.strip() == "10"
+        refused = cli("run", "--json", "--stdin", "--", "wc", "-c", input=b"x" * 11)
+        assert refused.exit_code == 2
+        assert error_of(refused)["env_var"] == "CODE_EXEC_MAX_STDIN_BYTES"
+
     def test_code_and_language(self, local_mode: None) -> None:
         assert cli("run", "--code", "print(6 * 7)").stdout == "42\n"
         assert cli("run", "--language", "bash", "--code", "echo $((6 * 7))").stdout == "42\n"

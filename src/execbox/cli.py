@@ -53,6 +53,14 @@ def _interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
 
+def _read_stdin(cap: int, as_json: bool) -> bytes:
+    data = sys.stdin.buffer.read(cap + 1)
+    if len(data) > cap:
+        _fail(ConfigError(f"--stdin holds more than {cap} bytes (CODE_EXEC_MAX_STDIN_BYTES); pass large data as a "
+                          "file in the workspace, or raise the cap", env_var="CODE_EXEC_MAX_STDIN_BYTES"), as_json)
+    return data
+
+
 def _usage(message: str, as_json: bool) -> NoReturn:
     if as_json:
         click.echo(json.dumps({"error": {"type": "UsageError", "message": message, "retryable": False,
@@ -105,10 +113,13 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
         env[name] = value
     settings = _settings(as_json)
     runner = Runner(settings)
-    # SIGTERM (timeout(1), systemd, kubernetes) must clean up like Ctrl-C: the sandbox is removed on the way out.
-    signal.signal(signal.SIGTERM, _interrupt)
-    # Only on request: an inherited pipe that never closes must not hang a run.
-    stdin = sys.stdin.buffer.read() if pass_stdin and sys.stdin is not None else None
+    # SIGTERM (timeout(1), systemd, kubernetes) and SIGHUP (a closed terminal or ssh session) must clean up like
+    # Ctrl-C: the sandbox is removed on the way out.
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, _interrupt)
+    # Only on request: an inherited pipe that never closes must not hang a run. Bounded: never more than the cap
+    # in memory, and a larger input is refused, not cut.
+    stdin = _read_stdin(settings.max_stdin_bytes, as_json) if pass_stdin and sys.stdin is not None else None
     fields: dict[str, Any] = {"network": network, "timeout": timeout, "max_output_bytes": max_output_bytes,
                               "workdir": workdir, "env": env, "stdin": stdin or None}
     fields = {k: v for k, v in fields.items() if v is not None}

@@ -120,6 +120,9 @@ class Settings(EnvSettings):
     pids_limit: int = setting("CODE_EXEC_PIDS_LIMIT", 256, "Process limit per sandbox", gt=0, le=1 << 22)
     disk_mb: int = setting("CODE_EXEC_DISK_MB", 2048, "Disk limit per sandbox (workspace + writable scratch), MiB",
                         gt=0, le=1 << 24)
+    max_stdin_bytes: int = setting("CODE_EXEC_MAX_STDIN_BYTES", 64 << 20,
+                                   "Largest stdin the CLI passes on (--stdin), in bytes; more is refused", gt=0,
+                                   le=1 << 40)
     max_read_bytes: int = setting("CODE_EXEC_MAX_READ_BYTES", 64 << 20,
                                "Largest file read_file returns, in bytes; a larger one is refused", gt=0, le=1 << 40)
     load_plugins: Annotated[list[str] | None, NoDecode] = setting(

@@ -167,7 +167,9 @@ def _open_subdir(parent: int, name: str) -> int | None:
         return None
     try:
         os.chmod(f"/proc/self/fd/{fd}", 0o700)
-        return os.open(f"/proc/self/fd/{fd}", flags)
+        # Not O_NOFOLLOW here: the /proc link is itself a symlink, to exactly the directory the O_PATH
+        # descriptor pins (opened with O_NOFOLLOW above).
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
     finally:
