@@ -39,7 +39,6 @@ from execbox.core.models import Capabilities, ExecRequest
 from execbox.core.owner import owner_alive
 from execbox.core.settings import EnvSettings, Settings, setting
 
-_CHECK_TTL_S = 30.0
 _EGRESS_VAR = "CODE_EXEC_DOCKER_EGRESS_NETWORK"
 _RUNTIME_VAR = "CODE_EXEC_DOCKER_RUNTIME"
 # Networks the engine itself provides: never a network execbox created for egress.
@@ -102,6 +101,7 @@ class DockerBackend(ExecutionBackend):
     name = "docker"
     extra = "docker"
     sdk = "docker"
+    sdk = "docker"
     summary = "hardened containers on a Docker engine (DOCKER_HOST / context); gVisor via CODE_EXEC_DOCKER_RUNTIME"
     capabilities = Capabilities(
         sandbox=True,
@@ -120,7 +120,6 @@ class DockerBackend(ExecutionBackend):
         self.endpoint = ""
         self.origin = ""
         self.socket_path: str | None = None
-        self._checked: tuple[float, Capabilities] | None = None
         self._lock = threading.Lock()
 
     # -- engine access --
@@ -164,13 +163,14 @@ class DockerBackend(ExecutionBackend):
 
     # -- contract --
 
-    async def check(self) -> Capabilities:
-        cached = self._checked
-        if cached and time.monotonic() - cached[0] < _CHECK_TTL_S:
-            return cached[1]
-        caps = await anyio.to_thread.run_sync(self._check_blocking)
-        self._checked = (time.monotonic(), caps)
-        return caps
+    async def probe(self) -> Capabilities:
+        return await anyio.to_thread.run_sync(self._check_blocking)
+
+    async def aclose(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            await anyio.to_thread.run_sync(client.close)
 
     def _check_blocking(self) -> Capabilities:
         self.workspace_access()
