@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 import anyio
 import click
@@ -22,7 +22,7 @@ from execbox.core.errors import (
     RefusedError,
     WorkspacePathError,
 )
-from execbox.core.models import NETWORK_MODES, ExecRequest
+from execbox.core.models import NETWORK_MODES, ExecRequest, Language
 from execbox.core.settings import Settings
 from execbox.runner import AsyncRunner, Runner, run_blocking
 
@@ -124,7 +124,8 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
                               "workdir": workdir, "env": env, "stdin": stdin or None}
     fields = {k: v for k, v in fields.items() if v is not None}
     try:
-        request = ExecRequest(argv=list(command), **fields) if command else ExecRequest(code=code, language=language, **fields)
+        request = (ExecRequest(argv=list(command), **fields) if command
+                   else ExecRequest(code=code, language=cast(Language, language), **fields))
     except ValueError as exc:
         _usage(str(exc), as_json)
     try:

@@ -427,7 +427,8 @@ class Sandbox:
         if self._portal is None:
             raise SandboxError("this sandbox is not open (closed already, or never entered): use it as "
                                "`with execbox.sandbox() as sb:` and call it inside that block")
-        return self._portal.call(functools.partial(fn, *args, **kw))
+        result: T = self._portal.call(functools.partial(fn, *args, **kw))
+        return result
 
     def exec(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
         return self._call(self.aio.exec, command, **kw)

@@ -10,6 +10,7 @@ their own declare a subclass (``execbox.plugin.BackendSettings``) as their ``set
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -71,10 +72,12 @@ def _alias(cls: type[BaseSettings], key: str) -> str:
         raise ConfigError(f"{cls.__name__} has no setting {key!r}; known: {', '.join(sorted(cls.model_fields))}. "
                           "Fix the keyword's spelling")
     alias = field.validation_alias
-    return alias.choices[0] if isinstance(alias, AliasChoices) else key
+    first = alias.choices[0] if isinstance(alias, AliasChoices) else key
+    return first if isinstance(first, str) else key
 
 
-def describe_validation_error(cls: type[BaseSettings], exc: ValidationError, given: set[str] = frozenset()) -> str:
+def describe_validation_error(cls: type[BaseSettings], exc: ValidationError,
+                              given: AbstractSet[str] = frozenset()) -> str:
     names = {key: _alias(cls, key) for key in cls.model_fields}
     by_var = {var: key for key, var in names.items()}
     parts = []
