@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -991,28 +991,21 @@ class CheckResult:
     duration_s: float = 0.0
 
 
-@dataclass
-class _Clock:
-    started: float = field(default_factory=time.monotonic)
-
-    def __call__(self) -> float:
-        return round(time.monotonic() - self.started, 2)
-
-
 def run_check(one: Check, kit: Kit) -> CheckResult:
     """Run one check, turning its outcome into a CheckResult (an unexpected error is a failure)."""
-    clock = _Clock()
+    started = time.monotonic()
+    status: Literal["pass", "fail", "skip"] = "pass"
     try:
-        note = one.body(kit)
+        message = one.body(kit) or ""
     except NotClaimed as exc:
-        return CheckResult(one.name, one.claim, "skip", f"not claimed: {exc}", clock())
+        status, message = "skip", f"not claimed: {exc}"
     except Unavailable as exc:
-        return CheckResult(one.name, one.claim, "skip", f"cannot run here: {exc}", clock())
+        status, message = "skip", f"cannot run here: {exc}"
     except AssertionError as exc:
-        return CheckResult(one.name, one.claim, "fail", str(exc), clock())
+        status, message = "fail", str(exc)
     except Exception as exc:  # noqa: BLE001 - a broken sandbox is a failed check, reported, not a crash
-        return CheckResult(one.name, one.claim, "fail", f"{type(exc).__name__}: {exc}", clock())
-    return CheckResult(one.name, one.claim, "pass", note or "", clock())
+        status, message = "fail", f"{type(exc).__name__}: {exc}"
+    return CheckResult(one.name, one.claim, status, message, round(time.monotonic() - started, 2))
 
 
 def self_check(backend_name: str, settings: Settings | None = None, *,
