@@ -835,7 +835,7 @@ class BubblewrapBackend(ExecutionBackend):
     def bwrap_settings(self) -> BubblewrapSettings:
         return cast(BubblewrapSettings, self.options)
 
-    async def check(self) -> Capabilities:
+    async def probe(self) -> Capabilities:
         core = self.settings
         self.report = await host_report(self.bwrap_settings, Limits(memory_mb=core.memory_mb, cpus=core.cpus,
                                                                     pids=core.pids_limit))

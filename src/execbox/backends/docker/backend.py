@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from pydantic import field_validator
@@ -101,7 +101,7 @@ class DockerBackend(ExecutionBackend):
     name = "docker"
     extra = "docker"
     sdk = "docker"
-    sdk = "docker"
+    settings_model = DockerSettings
     summary = "hardened containers on a Docker engine (DOCKER_HOST / context); gVisor via CODE_EXEC_DOCKER_RUNTIME"
     capabilities = Capabilities(
         sandbox=True,
@@ -114,13 +114,19 @@ class DockerBackend(ExecutionBackend):
 
     def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(settings, options)
-        self.docker = DockerSettings.from_env()
-        self.user = self.docker.user or default_user()
         self._client: Any = None
         self.endpoint = ""
         self.origin = ""
         self.socket_path: str | None = None
         self._lock = threading.Lock()
+
+    @property
+    def docker(self) -> DockerSettings:
+        return cast(DockerSettings, self.options)
+
+    @property
+    def user(self) -> str:
+        return self.docker.user or default_user()
 
     # -- engine access --
 
