@@ -212,6 +212,25 @@ class TestBackends:
 
 
 class TestDoctor:
+    def test_lists_the_variables_of_execbox_and_of_each_backend(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("CODE_EXEC_MEMORY_MB", "512")
+        report = json.loads(cli("doctor", "--json").stdout)
+        core = {v["variable"]: v for v in report["settings"]}
+        assert core["CODE_EXEC_MEMORY_MB"]["set"] == "512" and core["CODE_EXEC_MEMORY_MB"]["default"] == 1024
+        assert core["CODE_EXEC_CPUS"]["set"] is None
+        assert all(row["settings"] == [] for row in report["backends"])  # the fakes declare no settings model
+
+    def test_self_check_catches_a_backend_that_only_claims_to_be_a_sandbox(self,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("CODE_EXEC_BACKEND", "fake_sandbox")  # a host process that claims container isolation
+        result = cli("doctor", "--json", "--self-check")
+        report = json.loads(result.stdout)
+        failed = {c["name"] for c in report["self_check"] if c["status"] == "fail"}
+        assert {"sandbox_host_files_hidden", "sandbox_host_processes_hidden"} <= failed
+        assert ("sandbox_not_host_root" in failed) == (os.geteuid() == 0)
+        assert all(c["backend"] == "fake_sandbox" for c in report["self_check"])
+        assert result.exit_code == 1 and report["ok"] is False
+
     def test_only_local_subprocess_is_not_ok(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from tests.core import support
 

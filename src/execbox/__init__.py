@@ -29,7 +29,7 @@ from execbox.core.errors import (
 from execbox.core.hookspecs import PluginWarning, hookimpl
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
 from execbox.core.settings import Settings
-from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox
+from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox, run_blocking
 
 __all__ = [
     "AsyncRunner",
@@ -62,6 +62,7 @@ __all__ = [
     "asandbox",
     "hookimpl",
     "run",
+    "run_blocking",
     "run_code",
     "sandbox",
 ]

@@ -6,7 +6,9 @@ refused; 126 if the backend is unavailable; 2 for a usage or configuration error
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import signal
 import sys
 from typing import Any, NoReturn, TypeVar, cast
@@ -23,7 +25,7 @@ from execbox.core.errors import (
     WorkspacePathError,
 )
 from execbox.core.models import NETWORK_MODES, ExecRequest, Language
-from execbox.core.settings import Settings
+from execbox.core.settings import EnvSettings, Settings
 from execbox.runner import AsyncRunner, Runner, run_blocking
 
 T = TypeVar("T")
@@ -240,16 +242,41 @@ def _guard_verdict(runner: AsyncRunner, backend: ExecutionBackend, row: dict[str
     return True, f"admitted: {kind}; {verdict.reason}"
 
 
+def _variables(model: type[EnvSettings] | None) -> list[dict[str, Any]]:
+    """A settings model's variables, each with its default and the value this environment sets (if any)."""
+    if model is None:
+        return []
+    return [{"variable": var, "default": default, "set": os.environ.get(var), "meaning": meaning}
+            for var, default, meaning in model.env_vars()]
+
+
+def _self_check(runner: AsyncRunner, name: str | None, as_json: bool) -> list[dict[str, Any]]:
+    from execbox.testing.checks import self_check  # the kit's checks, run outside pytest
+
+    if name is None:
+        try:
+            name = run_blocking(runner.select)[0].name
+        except ExecboxError as exc:
+            _fail(exc, as_json)
+    return [{"backend": name, **dataclasses.asdict(r)} for r in self_check(name, runner.settings)]
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
-def doctor(as_json: bool) -> None:
-    """Check every backend here: can it run, what it enforces, the guard's verdict, how to fix what is missing.
+@click.option("--self-check", "run_self_check", is_flag=True,
+              help="Also run the conformance kit's checks against one backend (--backend, default: auto's pick).")
+@click.option("--backend", "check_backend", help="The backend --self-check runs against.")
+def doctor(as_json: bool, run_self_check: bool, check_backend: str | None) -> None:
+    """Check every backend here: can it run, what it enforces, the guard's verdict, how to fix what is missing,
+    and which variables configure it.
 
-    Exits 0 when at least one sandbox backend can run here, 1 otherwise.
+    Exits 0 when at least one sandbox backend can run here (and, with --self-check, every check that ran
+    passed), 1 otherwise.
     """
     runner = AsyncRunner(_settings(as_json))
     rows = _probe_all(runner)
     for row in rows:
+        row["settings"] = _variables(runner.registry.get(row["name"]).cls.settings_model)
         row["guard_admits"], row["guard_verdict"], row["sandbox_here"] = False, row["reason"], False
         if row["available"]:
             backend = runner.backend(row["name"])
@@ -261,9 +288,12 @@ def doctor(as_json: bool) -> None:
         auto = run_blocking(runner.select)[0].name if runner.settings.backend == "auto" else runner.settings.backend
     except ExecboxError:
         auto = None
-    ok = any(r["sandbox_here"] for r in rows)
-    report = {"ok": ok, "selected_backend": auto, "local_mode": runner.settings.local, "network": runner.settings.network,
-              "backends": rows, "plugin_problems": runner.registry.problems}
+    checks = _self_check(runner, check_backend, as_json) if run_self_check else []
+    core_settings = _variables(Settings)
+    ok = any(r["sandbox_here"] for r in rows) and not any(c["status"] == "fail" for c in checks)
+    report = {"ok": ok, "selected_backend": auto, "local_mode": runner.settings.local,
+              "network": runner.settings.network, "settings": core_settings, "backends": rows,
+              "plugin_problems": runner.registry.problems, "self_check": checks}
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -284,6 +314,14 @@ def doctor(as_json: bool) -> None:
                 click.echo(f"      {key}: {value}")
             for note in row["notes"]:
                 click.echo(f"      note: {note}")
+            for var in row["settings"]:
+                if var["set"] is not None:
+                    click.echo(f"      set: {var['variable']}={var['set']}")
+        for var in core_settings:
+            if var["set"] is not None:
+                click.echo(f"set: {var['variable']}={var['set']}")
+        for check in checks:
+            click.echo(f"self-check {check['backend']}: {check['status']:<4} {check['name']}: {check['message']}")
         for problem in runner.registry.problems:
             click.echo(f"warning: {problem}")
         click.echo("")

@@ -36,8 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from anyio.from_thread import start_blocking_portal
-
 from execbox import (
     BackendUnavailableError,
     Capabilities,
@@ -47,6 +45,7 @@ from execbox import (
     Sandbox,
     Settings,
     WorkspacePathError,
+    run_blocking,
 )
 from execbox.plugin import TIMEOUT_EXIT_CODE
 
@@ -99,8 +98,7 @@ class Kit:
         """What ``backend`` claims on this machine (its ``check()``); Unavailable when it cannot run here."""
         impl = runner.aio.backend(backend)
         try:
-            with start_blocking_portal() as portal:
-                caps = portal.call(impl.check)
+            caps = run_blocking(impl.check)
         except BackendUnavailableError as exc:
             raise Unavailable(f"backend {backend} cannot run here: {exc}") from exc
         return cls(runner, backend, caps)
