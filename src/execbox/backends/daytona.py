@@ -44,6 +44,7 @@ from execbox.core.errors import (
     UnsupportedPolicyError,
     WorkspacePathError,
 )
+from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 from execbox.core.results import build_result
@@ -257,7 +258,7 @@ class DaytonaBackend(ExecutionBackend):
                                          backend=self.name, env_var="CODE_EXEC_DAYTONA_IMAGE")
         persist = self.daytona_settings.persist and not spec.oneshot
         where: dict[str, str] = {}
-        sandbox = await _remote.create_cleanly(lambda made: self._open(spec, cpus, gib, persist, made, where),
+        sandbox = await create_cleanly(lambda made: self._open(spec, cpus, gib, persist, made, where),
                                                _stop if persist else _delete)
         return DaytonaSession(self, sandbox, where["workspace"], oneshot=spec.oneshot, persist=persist)
 

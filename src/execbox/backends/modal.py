@@ -39,6 +39,7 @@ from execbox.core.errors import (
     UnsupportedPolicyError,
     WorkspacePathError,
 )
+from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 from execbox.core.results import build_result
@@ -116,7 +117,8 @@ class ModalSession(_remote.RemoteSession):
         return proc.wait(), data.decode(errors="replace")
 
     def read_bytes(self, target: str) -> bytes:
-        return self.sb.filesystem.read_bytes(target)
+        data: bytes = self.sb.filesystem.read_bytes(target)
+        return data
 
     def write_bytes(self, target: str, data: bytes) -> None:
         self.sb.filesystem.write_bytes(data, target)  # data first, then the path (unlike vercel)
@@ -201,7 +203,7 @@ class ModalBackend(ExecutionBackend):
         if spec.lifetime_s > MAX_LIFETIME_S:
             raise UnsupportedPolicyError(f"refused: a Modal sandbox lives at most {MAX_LIFETIME_S} s; ask for a "
                                          "shorter lifetime", backend=self.name)
-        sandbox = await _remote.create_cleanly(lambda made: self._create(spec, made), _terminate)
+        sandbox = await create_cleanly(lambda made: self._create(spec, made), _terminate)
         return ModalSession(self, sandbox, spec.oneshot)
 
     def _create(self, spec: SessionSpec, created: list[Any]) -> None:

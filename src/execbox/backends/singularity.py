@@ -216,11 +216,11 @@ class SingularityBackend(ExecutionBackend):
         env.update({prefix + k: v for k, v in inner.items()})
         return env
 
-    async def run_binary(self, args: list[str], *, timeout: float) -> subprocess.CompletedProcess:
+    async def run_binary(self, args: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
         """A short control command (probe, instance start/stop): output is small, timeout enforced."""
         return await anyio.to_thread.run_sync(lambda: self.call_binary(args, timeout=timeout))
 
-    def call_binary(self, args: list[str], *, timeout: float) -> subprocess.CompletedProcess:
+    def call_binary(self, args: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
         """``run_binary``, blocking."""
         argv = [self.binary, *args]
         try:
@@ -312,7 +312,7 @@ class SingularityBackend(ExecutionBackend):
         for path in root.glob("execbox-sing-*-*"):
             match = re.fullmatch(r"execbox-sing-(\d+)-.+", path.name)
             if match and path.is_dir() and not path.is_symlink() and not _alive(int(match.group(1))):
-                remove_tree(path)
+                remove_tree(str(path))
                 removed.append(str(path))
         return removed
 

@@ -173,14 +173,16 @@ class SshSettings(EnvSettings):
     key_file: Path | None = setting(
         "CODE_EXEC_SSH_KEY_FILE", None, "Private key for key authentication; default: ssh-agent and ~/.ssh/id_*")
     known_hosts: Path | None = setting(
-        "CODE_EXEC_SSH_KNOWN_HOSTS", None, "known_hosts file the host key is checked against; default ~/.ssh/known_hosts")
+        "CODE_EXEC_SSH_KNOWN_HOSTS", None,
+        "known_hosts file the host key is checked against; default ~/.ssh/known_hosts")
     sandboxed: bool = setting(
         "CODE_EXEC_SSH_SANDBOXED", False,
         "Operator's attestation that the remote host is disposable, so the guard treats it as a sandbox")
     auto_add_host_key: bool = setting(
         "CODE_EXEC_SSH_AUTO_ADD_HOST_KEY", False,
         "Trust an unknown host key on first use and save it to the known_hosts file (a changed key is still refused)")
-    connect_timeout: float = setting("CODE_EXEC_SSH_CONNECT_TIMEOUT", 10.0, "TCP connect and handshake timeout, seconds", gt=0)
+    connect_timeout: float = setting(
+        "CODE_EXEC_SSH_CONNECT_TIMEOUT", 10.0, "TCP connect and handshake timeout, seconds", gt=0)
     remote_tmp: str = setting("CODE_EXEC_SSH_REMOTE_TMP", "/tmp", "Remote directory the per-run workspaces are made in")
 
     @property
@@ -246,7 +248,8 @@ class _Connection:
             raise BackendUnavailableError(
                 f"the known_hosts file {known} does not exist, so the host key of {s.host} cannot be verified",
                 backend=NAME, env_var="CODE_EXEC_SSH_KNOWN_HOSTS",
-                fix=f"check the host's key fingerprint out of band, then `ssh-keyscan -p {s.port} {s.host} >> {known}`; "
+                fix=f"check the host's key fingerprint out of band, then "
+                    f"`ssh-keyscan -p {s.port} {s.host} >> {known}`; "
                     "or point CODE_EXEC_SSH_KNOWN_HOSTS at the right file")
         client.set_missing_host_key_policy(self._policy(paramiko, known))
         key_kw: dict[str, Any] = {"allow_agent": True, "look_for_keys": True}
@@ -265,7 +268,7 @@ class _Connection:
     def _policy(self, paramiko: Any, known: Path) -> Any:
         conn = self
 
-        class Policy(paramiko.MissingHostKeyPolicy):
+        class Policy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # paramiko has no types: an Any base
             def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
                 if not conn.settings.auto_add_host_key:
                     raise _UnknownHostKey(hostname, key)
@@ -316,7 +319,8 @@ class _Connection:
                 fix="check the host and port, a firewall in between, or raise CODE_EXEC_SSH_CONNECT_TIMEOUT")
         if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError):
             return BackendUnavailableError(
-                f"cannot read the key file {s.key_file}: {exc.strerror}", backend=NAME, env_var="CODE_EXEC_SSH_KEY_FILE",
+                f"cannot read the key file {s.key_file}: {exc.strerror}", backend=NAME,
+                env_var="CODE_EXEC_SSH_KEY_FILE",
                 fix="point CODE_EXEC_SSH_KEY_FILE at a readable private key")
         if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
             return BackendUnavailableError(
@@ -485,7 +489,7 @@ class SshSession(Session):
             run.out.write(chan.recv(_CHUNK))
         while chan.recv_stderr_ready():
             run.err.write(chan.recv_stderr(_CHUNK))
-        code = chan.recv_exit_status()
+        code: int = chan.recv_exit_status()
         chan.close()
         if code < 0:  # paramiko's value when the channel closed without an exit status
             if not self.conn.alive():
@@ -551,7 +555,7 @@ class SshSession(Session):
             if (opened.st_size, opened.st_mtime, opened.st_mode) != (st.st_size, st.st_mtime, st.st_mode):
                 raise WorkspacePathError(f"refused {rel!r}: it changed while it was being opened")
             fh.prefetch(opened.st_size)
-            data = fh.read(max_bytes + 1)
+            data: bytes = fh.read(max_bytes + 1)
         if len(data) > max_bytes:
             raise FileTooLargeError(rel, None, max_bytes, backend=NAME)
         return data
@@ -588,7 +592,8 @@ class SshSession(Session):
 class SshBackend(ExecutionBackend):
     name = NAME
     extra = "ssh"
-    summary = "runs code on a remote host over SSH (paramiko); not a sandbox unless CODE_EXEC_SSH_SANDBOXED=true attests it"
+    summary = ("runs code on a remote host over SSH (paramiko); "
+               "not a sandbox unless CODE_EXEC_SSH_SANDBOXED=true attests it")
     capabilities = Capabilities(
         sandbox=False,
         isolation="process",
@@ -646,16 +651,18 @@ class SshBackend(ExecutionBackend):
         if self.ssh.sandboxed:
             return Verdict(True, f"the operator attests that {self.ssh.host} is a disposable host "
                                  "(CODE_EXEC_SSH_SANDBOXED=true); execbox does not isolate code there", attested=True)
-        return Verdict(False, f"code runs on {self.ssh.host or '(no host set)'} with the full privileges of the SSH user; "
-                              "set CODE_EXEC_SSH_SANDBOXED=true only if that host is disposable")
+        return Verdict(False, f"code runs on {self.ssh.host or '(no host set)'} with the full privileges of the "
+                              "SSH user; set CODE_EXEC_SSH_SANDBOXED=true only if that host is disposable")
 
     def notes(self) -> list[str]:
         notes = []
         if self.ssh.sandboxed:
             notes.append(f"ssh: sandbox status is attested by the operator (CODE_EXEC_SSH_SANDBOXED=true), "
-                         f"not enforced: code runs on {self.ssh.host or '(no host set)'} with the SSH user's full privileges")
+                         f"not enforced: code runs on {self.ssh.host or '(no host set)'} "
+                         "with the SSH user's full privileges")
         else:
-            notes.append(f"ssh: not a sandbox: code runs on {self.ssh.host or '(no host set)'} with the SSH user's full privileges")
+            notes.append(f"ssh: not a sandbox: code runs on {self.ssh.host or '(no host set)'} "
+                         "with the SSH user's full privileges")
         if self.ssh.auto_add_host_key:
             accepted = f" (accepted: {'; '.join(self._accepted_keys)})" if self._accepted_keys else ""
             notes.append("ssh: unknown host keys are trusted on first use (CODE_EXEC_SSH_AUTO_ADD_HOST_KEY=true)"

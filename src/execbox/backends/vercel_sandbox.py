@@ -38,6 +38,7 @@ from execbox.core.errors import (
     UnsupportedPolicyError,
     WorkspacePathError,
 )
+from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult
 from execbox.core.results import build_result
 from execbox.core.settings import EnvSettings, setting
@@ -107,7 +108,8 @@ class VercelSession(_remote.RemoteSession):
         return done.returncode, done.stdout or ""
 
     def read_bytes(self, target: str) -> bytes:
-        return self.sb.fs.read_bytes(target)
+        data: bytes = self.sb.fs.read_bytes(target)
+        return data
 
     def write_bytes(self, target: str, data: bytes) -> None:
         self.sb.fs.write_bytes(target, data)  # the path first, then the data (unlike modal)
@@ -185,7 +187,7 @@ class VercelSandboxBackend(ExecutionBackend):
             raise UnsupportedPolicyError(
                 f"refused: Vercel allocates whole vCPUs and cannot enforce {cpus} CPUs. Ask for a whole number "
                 "(limits.cpus or CODE_EXEC_CPUS)", backend=self.name, env_var="CODE_EXEC_CPUS")
-        sandbox = await _remote.create_cleanly(lambda made: self._create(spec, made), _finish)
+        sandbox = await create_cleanly(lambda made: self._create(spec, made), _finish)
         return VercelSession(self, sandbox, spec.oneshot)
 
     def _create(self, spec: SessionSpec, made: list[Any]) -> None:

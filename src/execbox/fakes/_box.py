@@ -200,7 +200,7 @@ class Box:
 
     def destroy(self) -> None:
         self.stop()
-        remove_tree(self.dir)
+        remove_tree(str(self.dir))
 
     # --- commands ---------------------------------------------------------------------------------------
 
@@ -248,12 +248,12 @@ def collect(proc: subprocess.Popen[bytes], *, input: bytes | None = None, timeou
     Pipes still held open by an escaped process do not hang the caller past the grace period."""
     out, err = bytearray(), bytearray()
     sel = selectors.DefaultSelector()
-    buffers = {}
+    buffers: dict[int, bytearray] = {}  # by fd
     for pipe, buf in ((proc.stdout, out), (proc.stderr, err)):
         if pipe is not None:
             os.set_blocking(pipe.fileno(), False)
             sel.register(pipe, selectors.EVENT_READ)
-            buffers[pipe] = buf
+            buffers[pipe.fileno()] = buf
     pending = memoryview(input or b"")
     if proc.stdin is not None:
         os.set_blocking(proc.stdin.fileno(), False)
@@ -290,7 +290,7 @@ def collect(proc: subprocess.Popen[bytes], *, input: bytes | None = None, timeou
                 continue
             chunk = os.read(key.fd, 65536)
             if chunk:
-                buffers[key.fileobj] += chunk
+                buffers[key.fd] += chunk
             else:
                 sel.unregister(key.fileobj)
     for key in list(sel.get_map().values()):

@@ -53,6 +53,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 LOG_ENV = "EXECBOX_FAKE_APPTAINER_LOG"
 STATE_ENV = "EXECBOX_FAKE_APPTAINER_STATE"
@@ -137,9 +138,9 @@ def fail(message: str, code: int = 255) -> int:
     return code
 
 
-def parse_flags(args: list[str]) -> tuple[dict, list[str]]:
+def parse_flags(args: list[str]) -> tuple[dict[str, Any], list[str]]:
     """Split leading flags from the positional rest, the way cobra does for exec."""
-    opts: dict = {"bind": [], "env": []}
+    opts: dict[str, Any] = {"bind": [], "env": []}
     i = 0
     while i < len(args):
         arg = args[i]
@@ -168,8 +169,11 @@ def parse_flags(args: list[str]) -> tuple[dict, list[str]]:
     return opts, args[i:]
 
 
-def parse_binds(specs: list[str]) -> list[tuple[str, str, bool]]:
-    binds = []
+Bind = tuple[str, str, bool]  # (host source, container destination, read-only)
+
+
+def parse_binds(specs: list[str]) -> list[Bind]:
+    binds: list[Bind] = []
     from_env = [v for var in BIND_VARS for v in os.environ.get(var, "").split(",") if v]
     for spec in [*from_env, *specs]:
         parts = spec.split(":")
@@ -191,7 +195,7 @@ def check_image(image: str) -> None:
                         f"lstat {os.path.abspath(image)}: no such file or directory")
 
 
-def container_env(opts: dict) -> dict[str, str]:
+def container_env(opts: dict[str, Any]) -> dict[str, str]:
     prefix_vars = {}
     for key, value in os.environ.items():
         for prefix in ("APPTAINERENV_", "SINGULARITYENV_"):
@@ -217,11 +221,12 @@ def bwrap_usable() -> bool:
     return probe.returncode == 0
 
 
-def wants_pidns(opts: dict) -> bool:
+def wants_pidns(opts: dict[str, Any]) -> bool:
     return bool(opts.get("containall") or opts.get("pid")) and os.environ.get(DENY_PIDNS_ENV) != "1"
 
 
-def bwrap_argv(opts: dict, binds, cmd: list[str], env: dict[str, str], *, instance: bool = False) -> list[str]:
+def bwrap_argv(opts: dict[str, Any], binds: list[Bind], cmd: list[str], env: dict[str, str], *,
+               instance: bool = False) -> list[str]:
     # an instance outlives the command that started it; a plain exec dies with its caller
     argv = ["bwrap", "--new-session"] if instance else ["bwrap", "--die-with-parent", "--new-session"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc"):
@@ -250,14 +255,14 @@ def bwrap_argv(opts: dict, binds, cmd: list[str], env: dict[str, str], *, instan
     return argv + ["--", *cmd]
 
 
-def translate(path: str, binds) -> str:
+def translate(path: str, binds: list[Bind]) -> str:
     for src, dst, _ in binds:
         if path == dst or path.startswith(dst.rstrip("/") + "/"):
             return src + path[len(dst.rstrip("/")):]
     return path
 
 
-def network_refused(opts: dict) -> str | None:
+def network_refused(opts: dict[str, Any]) -> str | None:
     if opts.get("net") and opts.get("network", "bridge") != "none":
         return "the fake supports only --net --network none"
     if opts.get("net") and os.environ.get(DENY_NET_ENV) == "1":
@@ -265,7 +270,7 @@ def network_refused(opts: dict) -> str | None:
     return None
 
 
-def run_in_container(opts: dict, image: str, cmd: list[str]) -> int:
+def run_in_container(opts: dict[str, Any], image: str, cmd: list[str]) -> int:
     if not cmd:
         return fail("no command given to exec", 255)
     binds = parse_binds(opts["bind"])
@@ -302,11 +307,12 @@ def instance_file(name: str) -> Path:
     return state_dir() / f"{name}.json"
 
 
-def load_instance(name: str) -> dict:
+def load_instance(name: str) -> dict[str, Any]:
     path = instance_file(name)
     if not path.exists():
         raise FakeError(f"no instance found with name {name}")
-    return json.loads(path.read_text())
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
 
 
 def start_time(pid: int) -> str | None:
@@ -320,11 +326,11 @@ def start_time(pid: int) -> str | None:
     return None if len(fields) < 20 or fields[0] == b"Z" else fields[19].decode()
 
 
-def instance_running(data: dict) -> bool:
+def instance_running(data: dict[str, Any]) -> bool:
     return bool(data.get("init_start")) and start_time(data["pid"]) == data["init_start"]
 
 
-def launch_instance(opts: dict, data: dict) -> None:
+def launch_instance(opts: dict[str, Any], data: dict[str, Any]) -> None:
     """Start the instance's container, detached, with INSTANCE_INIT as its command; record its init."""
     binds = parse_binds(opts["bind"])
     init_opts = {**opts, "pwd": opts.get("pwd") or "/"}  # the init's own cwd: execs choose theirs
@@ -360,7 +366,7 @@ def owner_userns(ns_path: str) -> int:
         os.close(fd)
 
 
-def enter_instance(data: dict, opts: dict, cmd: list[str]) -> int:
+def enter_instance(data: dict[str, Any], opts: dict[str, Any], cmd: list[str]) -> int:
     """exec in a running instance: join each namespace its init does not share with us, run ``cmd`` there."""
     if not instance_running(data):
         return fail(f"instance {data['name']} is not running", 255)
@@ -385,7 +391,7 @@ def enter_instance(data: dict, opts: dict, cmd: list[str]) -> int:
     return 255  # not reached
 
 
-def stop_instance(data: dict) -> None:
+def stop_instance(data: dict[str, Any]) -> None:
     """SIGKILL the instance's init (in a PID namespace, the kernel then kills everything in it) and wait."""
     if not instance_running(data):
         return
@@ -395,7 +401,7 @@ def stop_instance(data: dict) -> None:
         time.sleep(0.02)
 
 
-def stop_all(state: str | os.PathLike) -> list[str]:
+def stop_all(state: str | os.PathLike[str]) -> list[str]:
     """Stop every instance recorded in ``state`` (a test's clean-up: the fake's instances outlive tests)."""
     stopped = []
     for path in sorted(Path(state).glob("*.json")):
@@ -406,7 +412,7 @@ def stop_all(state: str | os.PathLike) -> list[str]:
     return stopped
 
 
-def instance_record(data: dict) -> dict:
+def instance_record(data: dict[str, Any]) -> dict[str, Any]:
     return {"instance": data["name"], "pid": data["pid"], "img": data["image"], "ip": "",
             "logErrPath": data["log_err"], "logOutPath": data["log_out"]}
 
@@ -430,7 +436,7 @@ def cmd_instance(args: list[str]) -> int:
         refused = network_refused(opts)
         if refused:
             return fail(refused)
-        data = {"name": name, "image": os.path.abspath(image) if "://" not in image else image,
+        data: dict[str, Any] = {"name": name, "image": os.path.abspath(image) if "://" not in image else image,
                 "opts": opts, "args": pos[2:], "pid": os.getpid(),
                 "log_err": str(logs / f"{name}.err"), "log_out": str(logs / f"{name}.out")}
         Path(data["log_err"]).touch()
@@ -530,8 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc))
 
 
-def install(bin_dir: str | os.PathLike, name: str = "apptainer", log_file: str | os.PathLike | None = None,
-            state: str | os.PathLike | None = None, python: str | None = None, deny_net: bool = False,
+def install(bin_dir: str | os.PathLike[str], name: str = "apptainer", log_file: str | os.PathLike[str] | None = None,
+            state: str | os.PathLike[str] | None = None, python: str | None = None, deny_net: bool = False,
             deny_pidns: bool = False, start_delay: float = 0) -> Path:
     """Write an executable ``name`` into ``bin_dir`` that runs this fake; returns its path.
 

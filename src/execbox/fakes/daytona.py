@@ -193,6 +193,32 @@ _BASE_FIELDS = (
 
 class _Params:
     _extra: tuple[str, ...] = ()
+    # Every name in _BASE_FIELDS (and the subclass's _extra) is set by __init__, None when not given; the types
+    # are the SDK's (CreateSandboxBaseParams).
+    name: str | None
+    language: str | None
+    os_user: str | None
+    env_vars: dict[str, str] | None
+    labels: dict[str, str] | None
+    public: bool | None
+    auto_stop_interval: int | None
+    auto_pause_interval: int | None
+    auto_archive_interval: int | None
+    auto_delete_interval: int | None
+    ttl_minutes: int | None
+    queue_timeout: int | None
+    volumes: list[Any] | None
+    secrets: dict[str, str] | None
+    network_block_all: bool | None
+    kvm: bool | None
+    network_allow_list: str | None
+    domain_allow_list: str | None
+    outbound_proxy_url: str | None
+    otel_endpoint_override: str | None
+    ephemeral: bool | None
+    spot: bool | None
+    linked_sandbox: str | None
+    target: str | None
 
     def __init__(self, **kwargs: Any) -> None:
         known = set(_BASE_FIELDS) | set(self._extra)
@@ -219,10 +245,13 @@ class _Params:
 
 class CreateSandboxFromSnapshotParams(_Params):
     _extra = ("snapshot",)
+    snapshot: str | None
 
 
 class CreateSandboxFromImageParams(_Params):
     _extra = ("image", "resources")
+    image: Any  # a name or a daytona Image
+    resources: Resources | None
 
     def __init__(self, **kwargs: Any) -> None:
         if "image" not in kwargs:

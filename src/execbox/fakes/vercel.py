@@ -539,12 +539,12 @@ def _stream(proc: subprocess.Popen[bytes], data: bytes | None, out: _Target, err
     import selectors
 
     sel = selectors.DefaultSelector()
-    targets = {}
+    targets: dict[int, _Target] = {}  # by fd
     for pipe, target in ((proc.stdout, out), (proc.stderr, err)):
         assert pipe is not None
         os.set_blocking(pipe.fileno(), False)
         sel.register(pipe, selectors.EVENT_READ)
-        targets[pipe] = target
+        targets[pipe.fileno()] = target
     if proc.stdin is not None:
         threading.Thread(target=_feed, args=(proc.stdin, data or b""), daemon=True).start()
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -562,7 +562,7 @@ def _stream(proc: subprocess.Popen[bytes], data: bytes | None, out: _Target, err
         for key, _ in sel.select(0.1):
             chunk = os.read(key.fd, 65536)
             if chunk:
-                targets[key.fileobj].feed(chunk)
+                targets[key.fd].feed(chunk)
             else:
                 sel.unregister(key.fileobj)
                 key.fileobj.close()  # type: ignore[union-attr]
