@@ -12,8 +12,8 @@ is a real sandbox with one wall taken out, so that exactly one check fails on it
     liar_host_procs    the host's PID namespace and /proc
     liar_env_leak      the request's environment also set on the host-side launcher (``env K=V setpriv ...``)
 
-Two more lie about what they run rather than how they isolate it: ``liar_unlimited`` claims memory, cpu and
-pids limits and enforces none; ``liar_broken`` claims everything and runs nothing (every command "exits
+Two more lie about what they run rather than how they isolate it: ``liar_unlimited`` claims memory, cpu,
+pids and disk limits and enforces none; ``liar_broken`` claims everything and runs nothing (every command "exits
 127"), so a check that passes on it passes vacuously.
 
 ``kit_honest`` is that sandbox with every wall in place: the whole kit passes on it. They are built from
@@ -245,7 +245,7 @@ class NoNnp(Liar):
 
 # --- limits claimed, not enforced; nothing run at all -------------------------------------------------------
 
-EVERYTHING = CLAIMS.model_copy(update={"limits": frozenset({"memory", "cpu", "pids", "wall_time"})})
+EVERYTHING = CLAIMS.model_copy(update={"limits": frozenset({"memory", "cpu", "pids", "disk", "wall_time"})})
 
 
 class UnlimitedSession(plugin.HostWorkspaceSession):

@@ -98,13 +98,17 @@ def test_a_backend_that_runs_nothing_passes_no_check(liars: None) -> None:
 def test_limits_claimed_but_not_enforced_fail(liars: None) -> None:
     # Not the cpu check: on a machine busy with other work an unthrottled probe may get under 1.6 CPU-seconds
     # (a busy machine can only make it pass, never fail a real limit).
-    results = {r.name: r for r in self_check("liar_unlimited", checks=["memory_limit_holds", "pids_limit_holds"])}
+    results = {r.name: r for r in self_check("liar_unlimited", checks=["memory_limit_holds", "pids_limit_holds",
+                                                                         "disk_limit_holds"])}
     assert results["memory_limit_holds"].status == "fail"
     assert results["memory_limit_holds"].message.startswith(
         "the memory limit (128 MiB): expected a 768 MiB allocation to fail or be killed; saw exit 0")
     assert results["pids_limit_holds"].status == "fail"
     assert results["pids_limit_holds"].message.startswith(
         "the pids limit (32): expected fork to fail before 32 processes; saw 500 forks, stopped by never")
+    assert results["disk_limit_holds"].status == "fail"
+    assert results["disk_limit_holds"].message.startswith(
+        "the disk limit (16 MiB): expected writing 64 MiB to fail with ENOSPC (or EDQUOT); saw stopped by never")
 
 
 def test_self_check_reports_each_broken_claim_of_host_root(liars: None) -> None:

@@ -27,7 +27,6 @@ import anyio
 
 from execbox.core.backend import Session
 from execbox.core.errors import BackendUnavailableError, ExecboxError, FileTooLargeError, WorkspacePathError
-from execbox.core.lifecycle import create_cleanly  # noqa: F401  (the remote backends call it from here)
 from execbox.core.models import ExecRequest, ExecResult
 from execbox.core.output import BoundedCapture
 from execbox.core.owner import owner_alive, owner_id

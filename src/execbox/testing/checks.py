@@ -731,6 +731,35 @@ def check_pids_limit_holds(kit: Kit) -> None:
            f"{words[1]} forks, stopped by {words[2]}")
 
 
+@check("a claimed disk limit holds")
+def check_disk_limit_holds(kit: Kit) -> None:
+    kit.require(limit="disk")
+    claim = "the disk limit (16 MiB)"
+    # Writes 64 MiB into the workspace and syncs each MiB (a write that only reached the page cache has not
+    # hit the filesystem's limit yet); reports how far it got and why it stopped.
+    code = textwrap.dedent("""
+        import errno, os
+        written, stopped = 0, "never"
+        fd = os.open("fill.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            for _ in range(64):
+                written += os.write(fd, b"x" * (1 << 20))
+                os.fsync(fd)
+        except OSError as exc:
+            stopped = errno.errorcode.get(exc.errno, str(exc.errno))
+        os.close(fd)
+        print("WROTE", os.stat("fill.bin").st_blocks * 512, stopped)
+    """)
+    result = kit.code(code, limits=Limits(disk_mb=16), timeout=30)
+    words = result.stdout.split()
+    expect(words[:1] == ["WROTE"] and len(words) == 3, claim, "the probe to report how much it wrote",
+           shown(result))
+    expect(words[2] in ("ENOSPC", "EDQUOT"), claim, "writing 64 MiB to fail with ENOSPC (or EDQUOT)",
+           f"stopped by {words[2]} after {words[1]} bytes on disk")
+    expect(int(words[1]) <= 17 << 20, claim, "at most 16 MiB (+1 MiB of slack) on disk",
+           f"{words[1]} bytes on disk")
+
+
 # --- sandbox=True ----------------------------------------------------------------------------------------------
 
 
