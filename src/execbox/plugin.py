@@ -37,7 +37,7 @@ from execbox.core.errors import (
 from execbox.core.hookspecs import hookimpl
 from execbox.core.hostsession import HostWorkspaceSession
 from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
+from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits, NetworkMode
 from execbox.core.output import BoundedCapture
 from execbox.core.owner import owner_alive, owner_id, pid_alive
 from execbox.core.procs import CommandEnv, ProcessOutcome, reaped, run_process
@@ -64,6 +64,7 @@ __all__ = [
     "FileTooLargeError",
     "HostWorkspaceSession",
     "Limits",
+    "NetworkMode",
     "ProcessOutcome",
     "RemoteSession",
     "SandboxError",

@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 import anyio
-from tests.support.waiting import wait_until
 import pytest
 
 from execbox import BackendUnavailableError, Limits, NotASandboxError, Runner, SandboxError, Settings
@@ -19,6 +18,7 @@ from execbox.backends.singularity import SingularityBackend
 from execbox.core.backend import SessionSpec
 from execbox.fakes import apptainer as fake
 from execbox.testing import engine_missing
+from tests.support.waiting import wait_until
 
 
 class Fake:
@@ -54,6 +54,8 @@ class Fake:
 
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    if os.geteuid() == 0:  # started by root apptainer is not a sandbox (its verdict): these tests use local mode
+        monkeypatch.setenv("CODE_EXEC_LOCAL", "true")
     fake_env = Fake(tmp_path, monkeypatch)
     yield fake_env
     fake.stop_all(fake_env.state)  # the fake's instances are real processes; a failed test must not leak them
@@ -86,7 +88,7 @@ def test_oneshot_command_line_is_exact(apptainer: Fake) -> None:
 
 def test_network_host_has_no_net_flags_and_is_not_a_sandbox(apptainer: Fake) -> None:
     with pytest.raises(NotASandboxError):
-        apptainer.runner().run(["true"], network="host")
+        apptainer.runner(local=False).run(["true"], network="host")
     assert apptainer.runner(local=True).run(["true"], network="host").exit_code == 0
     (run,) = [a for a in apptainer.argvs() if a[1] == "exec" and "--pwd" in a]
     assert "--net" not in run and "--network" not in run

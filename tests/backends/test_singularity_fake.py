@@ -142,3 +142,16 @@ def test_spython_drives_the_fake(fake_bin, monkeypatch) -> None:
     assert Client.execute(inst, ["echo", "inside"]).strip() == "inside"
     assert inst.stop(timeout=5) == 0
     assert ["singularity", "--quiet", "instance", "stop", "-t", "5", "sp1"] in logged(fake_bin["singularity_log"])
+
+
+def test_started_by_root_it_is_not_a_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Apptainer runs the code as the calling user: as root that is host root with its capabilities."""
+    from execbox import ExecRequest, Settings
+    from execbox.backends.singularity import SingularityBackend
+
+    backend = SingularityBackend(Settings())
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    verdict = backend.verdict(ExecRequest(argv=["true"], network="none"))
+    assert not verdict.sandbox and "unprivileged user" in verdict.reason
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert backend.verdict(ExecRequest(argv=["true"], network="none")).sandbox

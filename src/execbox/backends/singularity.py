@@ -46,7 +46,7 @@ from typing import Any, cast
 import anyio
 
 from execbox.core import remote as _remote
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import BackendUnavailableError, SandboxError
 from execbox.core.lifecycle import create_cleanly
@@ -273,6 +273,14 @@ class SingularityBackend(ExecutionBackend):
 
     def notes(self) -> list[str]:
         return list(self._notes)
+
+    def verdict(self, request: ExecRequest) -> Verdict:
+        if os.geteuid() == 0:
+            # Apptainer runs the code as the calling user: started by root, that is host root with root's
+            # capabilities (the conformance kit shows it). Not a sandbox; run execbox as an unprivileged user.
+            return Verdict(False, "apptainer started by root runs the code as host root with its capabilities; "
+                                  "run execbox as an unprivileged user")
+        return super().verdict(request)
 
     async def open_session(self, spec: SessionSpec) -> SingularitySession:
         # a bad setting or a missing binary is raised here, before anything is made

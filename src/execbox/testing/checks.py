@@ -47,7 +47,7 @@ from execbox import (
     WorkspacePathError,
     run_blocking,
 )
-from execbox.plugin import TIMEOUT_EXIT_CODE
+from execbox.plugin import TIMEOUT_EXIT_CODE, ExecRequest, NetworkMode, Verdict
 
 # How long past its timeout a run may take to come back (kill, clean-up, a slow shared machine).
 DEADLINE_SLACK_S = 20.0
@@ -92,6 +92,7 @@ class Kit:
     runner: Runner
     backend: str
     caps: Capabilities
+    verdict: Verdict | None = None
 
     @classmethod
     def open(cls, runner: Runner, backend: str) -> Kit:
@@ -101,10 +102,14 @@ class Kit:
             caps = run_blocking(impl.check)
         except BackendUnavailableError as exc:
             raise Unavailable(f"backend {backend} cannot run here: {exc}") from exc
-        return cls(runner, backend, caps)
+        kit = cls(runner, backend, caps)
+        # The sandbox claim is conditional on how the backend is configured here (e.g. not when started by
+        # root): its verdict says which, and the guard refuses what the verdict disowns.
+        kit.verdict = impl.verdict(ExecRequest(argv=["true"], network=kit.net))
+        return kit
 
     @property
-    def net(self) -> str:
+    def net(self) -> NetworkMode:
         """The network mode the checks run with: none when the backend enforces it."""
         return "none" if "none" in self.caps.network_modes else min(self.caps.network_modes)
 
@@ -126,6 +131,8 @@ class Kit:
         caps = self.caps
         if sandbox and not caps.sandbox:
             raise NotClaimed(f"the backend does not claim {SANDBOX}")
+        if sandbox and self.verdict is not None and not self.verdict.sandbox:
+            raise NotClaimed(f"configured as it is here, the backend says it is not a sandbox: {self.verdict.reason}")
         if local and caps.remote:
             raise NotClaimed("the code runs on another machine (remote=True): its uid, capabilities and namespaces "
                              "there are the provider's boundary, not this host's")
