@@ -32,9 +32,12 @@ class Guard:
     def check_verdict(self, backend: ExecutionBackend, request: ExecRequest) -> Verdict:
         verdict = backend.verdict(request)
         if not verdict.sandbox and not self.settings.local:
-            fix = ("Ask for another network mode (--network none, or egress where the backend has it)"
-                   if request.network == "host" and backend.capabilities.sandbox
-                   else "Use a sandbox backend (docker, bubblewrap; `execbox doctor` lists what runs here)")
+            if not backend.capabilities.sandbox:
+                fix = "Use a sandbox backend (docker, bubblewrap; `execbox doctor` lists what runs here)"
+            elif request.network == "host":
+                fix = "Ask for another network mode (--network none, or egress where the backend has it)"
+            else:  # a sandbox backend that its own settings made something else: the reason names the setting
+                fix = "Change the setting the reason names (or unset it)"
             raise NotASandboxError(
                 f"refused: backend {backend.name!r} is not a sandbox for this request ({verdict.reason}). "
                 f"{fix}, or, only on your own machine for yourself, set CODE_EXEC_LOCAL=true",
