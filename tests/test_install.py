@@ -1,0 +1,87 @@
+"""Installed as users install it: the bare package, and each extra alone, in a fresh virtual environment.
+
+Without an SDK its backends are listed as unavailable with the `pip install 'execbox[...]'` hint; `backends`,
+`doctor`, `gc` and `run` never print a traceback. The suite's own venv has every extra, so only this catches
+an SDK imported where it must not be.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXTRAS = ["", "docker", "ssh", "singularity", "modal", "daytona", "vercel"]
+# The backend each extra's SDK serves (singularity drives the apptainer binary; its extra only adds spython).
+BACKEND_OF = {"docker": "docker", "ssh": "ssh", "modal": "modal", "daytona": "daytona", "vercel": "vercel_sandbox"}
+ROOT = os.geteuid() == 0
+
+
+def _pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args], check=True,
+                   stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def environments(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """extra -> the bin directory of a fresh venv with execbox[extra] (built as a wheel, installed by pip)."""
+    root = tmp_path_factory.mktemp("install")
+    _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"), str(REPO))
+    wheel = next((root / "dist").glob("execbox-*.whl"))
+
+    def make(extra: str) -> Path:
+        target = root / (extra or "bare")
+        venv.create(target, with_pip=False)  # this pip installs into it: no pip bootstrap per venv
+        spec = f"{wheel}[{extra}]" if extra else str(wheel)
+        _pip("--python", str(target / "bin" / "python"), "install", spec)
+        return target / "bin"
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        bins = dict(zip(EXTRAS, pool.map(make, EXTRAS), strict=True))
+    yield bins
+
+
+def _execbox(bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CODE_EXEC_", "EXECBOX_", "VIRTUAL_ENV"))}
+    env["PATH"] = f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"
+    done = subprocess.run([str(bin_dir / "execbox"), *args], capture_output=True, text=True, env=env, timeout=180,
+                          stdin=subprocess.DEVNULL, cwd=bin_dir.parent)
+    assert "Traceback" not in done.stderr + done.stdout, f"execbox {' '.join(args)}:\n{done.stderr}"
+    return done
+
+
+@pytest.mark.parametrize("extra", EXTRAS, ids=[e or "bare" for e in EXTRAS])
+def test_each_command_works_with_only_this_extra(environments: dict[str, Path], extra: str) -> None:
+    bin_dir = environments[extra]
+    rows = {row["name"]: row for row in json.loads(_execbox(bin_dir, "backends", "--json").stdout)}
+    for other, backend in BACKEND_OF.items():
+        if other == extra:
+            assert "not installed" not in (rows[backend]["reason"] or ""), rows[backend]
+        else:
+            assert rows[backend]["available"] is False, rows[backend]
+            assert rows[backend]["fix"] == f"pip install 'execbox[{other}]'", rows[backend]
+
+    doctor = _execbox(bin_dir, "doctor", "--json")
+    assert {row["name"] for row in json.loads(doctor.stdout)["backends"]} == set(rows)
+
+    gc = json.loads(_execbox(bin_dir, "gc", "--json").stdout)
+    for other, backend in BACKEND_OF.items():
+        if other != extra:
+            assert "not installed" in gc["skipped"][backend], gc
+
+    ran = _execbox(bin_dir, "run", "--json", "--", "echo", "hi")
+    if ROOT:  # the engines are installed (bubblewrap needs no SDK; docker with its extra): a sandbox runs it
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        result = json.loads(ran.stdout)
+        assert result["stdout"] == "hi\n"
+        assert result["backend"] == ("docker" if extra == "docker" else "bubblewrap")
+    else:  # a clear refusal or a run, never a crash
+        assert ran.returncode in (0, 125, 126), ran.stdout + ran.stderr
