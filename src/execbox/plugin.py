@@ -4,7 +4,8 @@ A backend, built-in or third-party, imports from here and from ``execbox`` only.
 use exactly these pieces. ``KIT_VERSION`` changes its major number when a name here changes meaning or
 goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's contract.
 
-    the contract     ExecutionBackend, Session, SessionSpec, Verdict, Capabilities, ExecRequest, ExecResult,
+    the contract     ExecutionBackend, Session, SessionSpec, ExecSpec (what Session.exec runs), Verdict,
+                     Capabilities, ExecRequest, ExecResult,
                      Limits, hookimpl (the one hook: ``execbox_register_backends(register)``)
     settings         BackendSettings (pydantic-settings, one variable per field), setting, comma_list
     sessions         HostWorkspaceSession (a local launcher in front of the command: override ``launcher``),
@@ -37,7 +38,7 @@ from execbox.core.errors import (
 from execbox.core.hookspecs import hookimpl
 from execbox.core.hostsession import HostWorkspaceSession
 from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits, NetworkMode
+from execbox.core.models import Capabilities, ExecRequest, ExecResult, ExecSpec, Limits, NetworkMode
 from execbox.core.output import BoundedCapture
 from execbox.core.owner import owner_alive, owner_id, pid_alive
 from execbox.core.procs import CommandEnv, ProcessOutcome, reaped, run_process
@@ -59,6 +60,7 @@ __all__ = [
     "ConfigError",
     "ExecRequest",
     "ExecResult",
+    "ExecSpec",
     "ExecboxError",
     "ExecutionBackend",
     "FileTooLargeError",

@@ -19,7 +19,16 @@ from pydantic import ValidationError
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import filter_env
 from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError, UnsupportedPolicyError
-from execbox.core.models import ISOLATION_STRENGTH, Capabilities, ExecRequest, ExecResult, Language, Limits, NetworkMode
+from execbox.core.models import (
+    ISOLATION_STRENGTH,
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    ExecSpec,
+    Language,
+    Limits,
+    NetworkMode,
+)
 from execbox.core.settings import Settings
 from execbox.core.workspace import normalize
 from execbox.guard.guard import Guard
@@ -268,8 +277,11 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
         # the sandbox, the same way on every backend.
         argv = ["/bin/sh", "-c", 'mkdir -p -- "$1" && cd -- "$1" && shift && exec "$@"', "execbox-workdir", workdir,
                 *argv]
-    ready = request.model_copy(update={"argv": argv, "code": None, "files": {}, "workdir": session.workspace})
-    result = await session.exec(ready)
+    assert request.timeout and request.max_output_bytes and request.network and request.limits  # prepare() set them
+    spec = ExecSpec(argv=argv, env=request.env, stdin=request.stdin, workdir=session.workspace,
+                    timeout=request.timeout, max_output_bytes=request.max_output_bytes, network=request.network,
+                    limits=request.limits)
+    result = await session.exec(spec)
     return result.model_copy(update={
         "backend": backend.name, "filtered_env": dropped, "notes": [*result.notes, *backend.notes()],
     })

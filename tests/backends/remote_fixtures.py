@@ -153,7 +153,7 @@ def check_session_file_calls(sdk: str, backend: str, service: Any) -> None:
     from execbox import Settings
     from execbox.core.backend import SessionSpec
     from execbox.core.errors import WorkspacePathError
-    from execbox.core.models import ExecRequest, Limits
+    from execbox.core.models import ExecSpec, Limits
     from execbox.runner import AsyncRunner
 
     def path_checks() -> int:
@@ -168,8 +168,8 @@ def check_session_file_calls(sdk: str, backend: str, service: Any) -> None:
             with pytest.raises(WorkspacePathError, match="no such file in the workspace: 'nope.txt'"):
                 await session.read_file("nope.txt", 1000)
             assert path_checks() == 0
-            request = ExecRequest(argv=["cat", "a.txt"], timeout=30, max_output_bytes=1000, network="none",
-                                  limits=Limits())
+            request = ExecSpec(argv=["cat", "a.txt"], timeout=30, max_output_bytes=1000, network="none",
+                               limits=Limits(), workdir=session.workspace)
             assert (await session.exec(request)).stdout == "one"
             await session.write_file("a.txt", b"two")
             assert await session.read_file("a.txt", 1000) == b"two"

@@ -17,12 +17,21 @@ from pathlib import Path
 import anyio
 import pytest
 
-from execbox import BackendUnavailableError, ExecRequest, Limits, NotASandboxError, Runner, SandboxError, Settings
-from execbox import WorkspacePathError
+from execbox import (
+    BackendUnavailableError,
+    ExecRequest,
+    Limits,
+    NotASandboxError,
+    Runner,
+    SandboxError,
+    Settings,
+    WorkspacePathError,
+)
 from execbox.backends.ssh import SshBackend
 from execbox.core.backend import SessionSpec
-from tests.support.waiting import wait_until
+from execbox.plugin import ExecSpec
 from tests.support.sshd import SshServer, paramiko_installed, remote_processes, sshd_server  # noqa: F401  (fixtures)
+from tests.support.waiting import wait_until
 
 # every test here needs paramiko: missing, it is a skip on a laptop and a failure in CI (engine_missing)
 pytestmark = pytest.mark.usefixtures("paramiko_installed")
@@ -274,8 +283,8 @@ def test_dropped_connection_raises_and_leaves_nothing_behind(sshd_server: SshSer
     async def main() -> None:
         session = await backend.open_session(SessionSpec("host", Limits(), True, 600))
         state["workspace"] = session.workspace
-        request = ExecRequest(argv=["sh", "-c", f"sleep 300; : {marker}"], timeout=120, max_output_bytes=1000,
-                              limits=Limits(), workdir=session.workspace)
+        request = ExecSpec(argv=["sh", "-c", f"sleep 300; : {marker}"], timeout=120, max_output_bytes=1000,
+                           network="host", limits=Limits(), workdir=session.workspace)
 
         async def cut() -> None:
             await anyio.sleep(1.5)

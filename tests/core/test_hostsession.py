@@ -23,7 +23,7 @@ from execbox import Runner, Settings
 from execbox import registry as plugins
 from execbox.core.envpolicy import host_env, sandbox_env
 from execbox.core.hostsession import HostWorkspaceSession
-from execbox.core.models import ExecRequest, ExecResult, Limits
+from execbox.core.models import ExecResult, ExecSpec, Limits
 from execbox.core.procs import run_process
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "execbox-unshare"
@@ -143,8 +143,9 @@ class _Launched(HostWorkspaceSession):
         return self._launcher(argv)
 
 
-def _request(argv: list[str], env: dict[str, str]) -> ExecRequest:
-    return ExecRequest(argv=argv, env=env, timeout=30, max_output_bytes=1 << 16, limits=Limits())
+def _request(session: HostWorkspaceSession, argv: list[str], env: dict[str, str]) -> ExecSpec:
+    return ExecSpec(argv=argv, env=env, timeout=30, max_output_bytes=1 << 16, network="host", limits=Limits(),
+                    workdir=session.workspace)
 
 
 @pytest.mark.anyio
@@ -152,7 +153,7 @@ async def test_behind_a_launcher_the_launcher_gets_the_host_env_and_the_command_
     # The launcher is a shell that records its own environment, then runs what it is given.
     session = _Launched(lambda argv: ["/bin/sh", "-c", 'env > launcher.env; exec "$@"', "sh", *argv])
     try:
-        result = await session.exec(_request(["env"], {"FOO": "bar", "LD_PRELOAD": "/nonexistent.so"}))
+        result = await session.exec(_request(session, ["env"], {"FOO": "bar", "LD_PRELOAD": "/nonexistent.so"}))
         launcher_env = (Path(session.workspace) / "launcher.env").read_text()
     finally:
         await session.close()
@@ -166,7 +167,7 @@ async def test_a_launcher_that_closes_inherited_descriptors_fails_closed() -> No
     closer = "import os, sys\nos.closerange(3, 1 << 16)\nos.execvp(sys.argv[1], sys.argv[1:])"
     session = _Launched(lambda argv: ["python3", "-c", closer, *argv])
     try:
-        result = await session.exec(_request(["echo", "ran"], {"FOO": "bar"}))
+        result = await session.exec(_request(session, ["echo", "ran"], {"FOO": "bar"}))
     finally:
         await session.close()
     assert result.exit_code == 126 and result.stdout == ""

@@ -104,8 +104,7 @@ class BwrapSession(plugin.HostWorkspaceSession):
         if self.owner:
             os.chown(self.workspace, *self.owner)
 
-    def command(self, request: plugin.ExecRequest) -> list[str]:
-        assert request.argv
+    def command(self, request: plugin.ExecSpec) -> list[str]:
         args = ["bwrap", *self.namespaces, "--die-with-parent", "--new-session", "--cap-drop", "ALL",
                 *self.identity, "--clearenv"]
         for name, value in plugin.sandbox_env(request.env, home=self.workspace).items():
@@ -123,8 +122,7 @@ class BwrapSession(plugin.HostWorkspaceSession):
         leak = ["env", *(f"{k}={v}" for k, v in request.env.items())] if self.leak_env else []
         return [*leak, *(drop if self.owner else []), *args]
 
-    async def exec(self, request: plugin.ExecRequest) -> plugin.ExecResult:
-        assert request.timeout and request.max_output_bytes
+    async def exec(self, request: plugin.ExecSpec) -> plugin.ExecResult:
         outcome = await plugin.run_process(plugin.reaped(self.command(request)), env={"PATH": PATH},
                                            cwd=self.workspace, stdin=request.stdin, timeout=request.timeout,
                                            max_output_bytes=request.max_output_bytes)
@@ -227,8 +225,7 @@ class NoNnpSession(BwrapSession):
     """Hardened like execbox's docker backend (nobody, every capability dropped, read-only, no network,
     the default seccomp profile), but without ``--security-opt no-new-privileges``."""
 
-    def command(self, request: plugin.ExecRequest) -> list[str]:
-        assert request.argv
+    def command(self, request: plugin.ExecSpec) -> list[str]:
         args = ["docker", "run", "--rm", "-i", "--init", "--network", "none", "--cap-drop", "ALL",
                 "--user", "%d:%d" % NOBODY, "--read-only", "--tmpfs", "/tmp",
                 "-v", f"{self.workspace}:{self.workspace}", "-w", request.workdir or self.workspace]
@@ -251,8 +248,7 @@ EVERYTHING = CLAIMS.model_copy(update={"limits": frozenset({"memory", "cpu", "pi
 class UnlimitedSession(plugin.HostWorkspaceSession):
     """A plain host process: no rlimits, no cgroup."""
 
-    async def exec(self, request: plugin.ExecRequest) -> plugin.ExecResult:
-        assert request.argv and request.timeout and request.max_output_bytes
+    async def exec(self, request: plugin.ExecSpec) -> plugin.ExecResult:
         outcome = await plugin.run_process(plugin.reaped(request.argv), env=plugin.sandbox_env(request.env,
                                            home=self.workspace), cwd=request.workdir or self.workspace,
                                            stdin=request.stdin, timeout=request.timeout,

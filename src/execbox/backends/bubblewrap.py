@@ -61,7 +61,7 @@ from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError
 from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
+from execbox.core.models import Capabilities, ExecResult, ExecSpec, Limits
 from execbox.core.owner import owner_alive, owner_id, pid_alive
 from execbox.core.procs import run_process
 from execbox.core.seccomp_policy import DENIED_SYSCALLS
@@ -575,8 +575,8 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> Host
 
 async def _probe(report: HostReport, settings: BubblewrapSettings, limits: Limits) -> ExecResult:
     """`id -u` in a sandbox built exactly as a real exec would be."""
-    request = ExecRequest(argv=["/bin/sh", "-c", "id -u"], timeout=20, max_output_bytes=4096, network="none",
-                          limits=limits, workdir=WORKSPACE)
+    request = ExecSpec(argv=["/bin/sh", "-c", "id -u"], timeout=20, max_output_bytes=4096, network="none",
+                       limits=limits, workdir=WORKSPACE)
     probe = BubblewrapSession(report, settings, SessionSpec("none", limits, True, 60.0))
     try:
         return await probe.exec(request)
@@ -705,7 +705,7 @@ class BubblewrapSession(Session):
         os.chmod(path, mode)
         return path
 
-    def _bwrap_args(self, request: ExecRequest) -> list[str]:
+    def _bwrap_args(self, request: ExecSpec) -> list[str]:
         features = self.report.features
         args = ["--unshare-all", "--unshare-user"]
         if request.network == "host":
@@ -734,23 +734,21 @@ class BubblewrapSession(Session):
             args += ["--ro-bind", extra, extra]
         args += _masks(["/usr", *self.settings.ro_binds])
         args += ["--remount-ro", "/"]
-        args += ["--chdir", request.workdir or WORKSPACE]
+        args += ["--chdir", request.workdir]
         return args
 
-    def _rlimits(self, request: ExecRequest, cgroup: RunCgroup | None) -> dict[str, int]:
-        assert request.timeout
+    def _rlimits(self, request: ExecSpec, cgroup: RunCgroup | None) -> dict[str, int]:
         rlimits = {"CORE": 0, "FSIZE": FILE_SIZE_LIMIT, "CPU": math.ceil(request.timeout) + 1}
-        limits = request.limits or self.spec.limits
+        limits = request.limits
         if limits.memory_mb and not (cgroup and "memory" in cgroup.dirs):
             # No memory cgroup here: a per-process address-space cap is the best there is (not claimed).
             rlimits["AS"] = limits.memory_mb * 1024 * 1024
         return rlimits
 
-    async def exec(self, request: ExecRequest) -> ExecResult:
+    async def exec(self, request: ExecSpec) -> ExecResult:
         if self._closed:
             raise SandboxError("this bubblewrap session is closed", backend=BubblewrapBackend.name)
-        assert request.argv and request.timeout and request.max_output_bytes
-        limits = request.limits or self.spec.limits
+        limits = request.limits
         tag = uuid.uuid4().hex[:12]
         args_file = self._write_private(f"args-{tag}", "\0".join(self._bwrap_args(request)) + "\0", 0o600)
         status_file = os.path.join(self.root, f"status-{tag}")

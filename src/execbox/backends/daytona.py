@@ -45,7 +45,7 @@ from execbox.core.errors import (
     WorkspacePathError,
 )
 from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecRequest, ExecResult
+from execbox.core.models import Capabilities, ExecResult, ExecSpec
 from execbox.core.output import BoundedCapture
 from execbox.core.results import build_result
 from execbox.core.settings import EnvSettings, setting
@@ -120,8 +120,7 @@ class DaytonaSession(_remote.RemoteSession):
 
     # --- exec ---
 
-    def run_exec(self, request: ExecRequest) -> ExecResult:
-        assert request.argv and request.timeout and request.max_output_bytes
+    def run_exec(self, request: ExecSpec) -> ExecResult:
         daytona = _errors()
         marker = _remote.new_marker()
         ctl = f"{CTL}/{marker}"
@@ -135,7 +134,7 @@ class DaytonaSession(_remote.RemoteSession):
             daytona.FileUpload(source=request.stdin or b"", destination=f"{ctl}/stdin"),
         ])
         try:
-            response = self.sb.process.exec(f"sh {ctl}/run.sh", cwd=request.workdir or self.workspace, env=env,
+            response = self.sb.process.exec(f"sh {ctl}/run.sh", cwd=request.workdir, env=env,
                                             timeout=max(1, math.ceil(request.timeout)))
             code = response.exit_code
         except daytona.DaytonaTimeoutError:

@@ -40,7 +40,7 @@ from execbox.core.errors import (
     WorkspacePathError,
 )
 from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecRequest, ExecResult
+from execbox.core.models import Capabilities, ExecResult, ExecSpec
 from execbox.core.output import BoundedCapture
 from execbox.core.results import build_result
 from execbox.core.settings import EnvSettings, setting
@@ -83,14 +83,13 @@ class ModalSession(_remote.RemoteSession):
                                 backend="modal")
         return SandboxError(f"modal failed while {doing}: {exc}", backend="modal")
 
-    def run_exec(self, request: ExecRequest) -> ExecResult:
-        assert request.argv and request.timeout and request.max_output_bytes
+    def run_exec(self, request: ExecSpec) -> ExecResult:
         marker = _remote.new_marker()
         env = {**sandbox_env(request.env, home=WORKSPACE), _remote.MARKER: marker}
         out, err = BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes)
         started = time.monotonic()
         proc = self.sb.exec(*_remote.wrapped(request.argv), timeout=max(1, math.ceil(request.timeout)),
-                            workdir=request.workdir or WORKSPACE, env=env, text=False)
+                            workdir=request.workdir, env=env, text=False)
         feeder = threading.Thread(target=_feed, args=(proc.stdin, request.stdin), daemon=True)
         feeder.start()
         drain_err = threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True)

@@ -50,7 +50,7 @@ from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import BackendUnavailableError, SandboxError
 from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
+from execbox.core.models import Capabilities, ExecRequest, ExecResult, ExecSpec, Limits
 from execbox.core.procs import reaped, run_process
 from execbox.core.settings import EnvSettings, Settings, setting
 from execbox.core.workspace import remove_tree, safe_read, safe_write
@@ -98,17 +98,15 @@ class SingularitySession(Session):
         self.instance = instance
         self._closed = False
 
-    def _argv(self, request: ExecRequest) -> list[str]:
+    def _argv(self, request: ExecSpec) -> list[str]:
         b = self.backend
-        assert request.argv
-        pwd = ["--pwd", request.workdir or WORKSPACE]
+        pwd = ["--pwd", request.workdir]
         if self.instance:
             return [b.binary, "exec", "--cleanenv", *pwd, f"instance://{self.instance}", *request.argv]
         return [b.binary, "exec", *b.container_flags(self.spec, self.host_dir), *pwd, b.settings_s.image,
                 *request.argv]
 
-    async def exec(self, request: ExecRequest) -> ExecResult:
-        assert request.timeout and request.max_output_bytes
+    async def exec(self, request: ExecSpec) -> ExecResult:
         run_id = secrets.token_hex(8)
         outcome = await run_process(
             reaped(self._argv(request)),

@@ -49,7 +49,7 @@ from execbox.core.errors import (
     WorkspacePathError,
 )
 from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecRequest, ExecResult
+from execbox.core.models import Capabilities, ExecRequest, ExecResult, ExecSpec
 from execbox.core.output import BoundedCapture
 from execbox.core.results import build_result
 from execbox.core.settings import EnvSettings, Settings, setting
@@ -405,7 +405,7 @@ class SshSession(Session):
 
     # --- exec ---------------------------------------------------------------------------------------
 
-    async def exec(self, request: ExecRequest) -> ExecResult:
+    async def exec(self, request: ExecSpec) -> ExecResult:
         cancelled = threading.Event()
         try:
             return await anyio.to_thread.run_sync(self._exec, request, cancelled, abandon_on_cancel=True)
@@ -413,13 +413,12 @@ class SshSession(Session):
             cancelled.set()  # the worker sends the kill line and returns on its own
             raise
 
-    def _command(self, request: ExecRequest, run_id: str, stdin_path: str) -> tuple[str, bytes]:
-        assert request.argv and request.timeout
+    def _command(self, request: ExecSpec, run_id: str, stdin_path: str) -> tuple[str, bytes]:
         limits = request.limits
         mem_kb = str(limits.memory_mb * 1024) if limits and limits.memory_mb else ""
         cpu = str(int(request.timeout) + 2)
         endmark = f"EXECBOX-ENV-END-{run_id}"
-        args = [run_id, self.workspace, request.workdir or self.workspace, stdin_path, mem_kb, cpu,
+        args = [run_id, self.workspace, request.workdir, stdin_path, mem_kb, cpu,
                 str(FILE_SIZE_BLOCKS), endmark]
         wrapper = " ".join(shlex.quote(a) for a in ["/bin/sh", "-c", _WRAPPER, "execbox-run", *args, *request.argv])
         py = shlex.quote(_REMOTE_PYTHON)
@@ -431,7 +430,7 @@ class SshSession(Session):
         words = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
         return command, f"{words}\n{endmark}\n".encode()
 
-    def _exec(self, request: ExecRequest, cancelled: threading.Event) -> ExecResult:
+    def _exec(self, request: ExecSpec, cancelled: threading.Event) -> ExecResult:
         conn = self.conn
         if not conn.alive():
             raise conn.dropped("before the run started")
@@ -441,7 +440,6 @@ class SshSession(Session):
             stdin_path = f"{self.workspace}.stdin-{run_id}"
             self._sftp_call(lambda sftp: self._put(sftp, stdin_path, request.stdin or b"", 0o600))
         command, env_block = self._command(request, run_id, stdin_path)
-        assert request.max_output_bytes and request.timeout
         run = _Run(BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes))
         try:
             chan = conn.transport.open_session(timeout=30)

@@ -39,7 +39,7 @@ from execbox.core.errors import (
     WorkspacePathError,
 )
 from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecRequest, ExecResult
+from execbox.core.models import Capabilities, ExecResult, ExecSpec
 from execbox.core.results import build_result
 from execbox.core.settings import EnvSettings, setting
 
@@ -75,14 +75,13 @@ class VercelSession(_remote.RemoteSession):
             return self.backend.sdk_error(exc, doing)
         return None
 
-    def run_exec(self, request: ExecRequest) -> ExecResult:
-        assert request.argv and request.timeout and request.max_output_bytes
+    def run_exec(self, request: ExecSpec) -> ExecResult:
         marker = _remote.new_marker()
         env = {**sandbox_env(request.env, home=WORKSPACE), _remote.MARKER: marker}
         out, err = _remote.TextCapture(request.max_output_bytes), _remote.TextCapture(request.max_output_bytes)
         argv = _remote.wrapped(request.argv)
         started = time.monotonic()
-        done = self.sb.run_process(argv[0], argv[1:], cwd=request.workdir or WORKSPACE, env=env,
+        done = self.sb.run_process(argv[0], argv[1:], cwd=request.workdir, env=env,
                                    kill_after=request.timeout, stdout=out, stderr=err, input=request.stdin)
         duration = time.monotonic() - started
         code = done.returncode

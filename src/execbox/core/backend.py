@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any, ClassVar
 
 from execbox.core.errors import BackendUnavailableError, ConfigError
-from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits, NetworkMode
+from execbox.core.models import Capabilities, ExecRequest, ExecResult, ExecSpec, Limits, NetworkMode
 from execbox.core.settings import EnvSettings, Settings
 
 #: How long a successful ``check()`` answer is trusted, per backend instance.
@@ -58,9 +58,9 @@ class Session(ABC):
     workspace: str
 
     @abstractmethod
-    async def exec(self, request: ExecRequest) -> ExecResult:
-        """Run ``request.argv``. The request is resolved: argv, timeout, max_output_bytes, network and
-        limits are set, ``env`` is filtered, ``workdir`` is absolute inside the sandbox, files are placed."""
+    async def exec(self, spec: ExecSpec) -> ExecResult:
+        """Run ``spec.argv`` and report what happened (build the result with ``build_result``). The spec is
+        complete and frozen: the runner resolved the request, placed its files and made the workdir absolute."""
 
     @abstractmethod
     async def write_file(self, path: str, data: bytes) -> None: ...

@@ -22,7 +22,7 @@ import anyio
 from execbox.core.backend import Session
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import SandboxError
-from execbox.core.models import ExecRequest, ExecResult
+from execbox.core.models import ExecResult, ExecSpec
 from execbox.core.procs import CommandEnv, reaped, run_process
 from execbox.core.workspace import remove_tree, safe_read, safe_write
 
@@ -47,9 +47,8 @@ class HostWorkspaceSession(Session):
         if self._closed:
             raise SandboxError("this session is closed; open a new sandbox")
 
-    async def exec(self, request: ExecRequest) -> ExecResult:
+    async def exec(self, request: ExecSpec) -> ExecResult:
         self._live()
-        assert request.argv and request.timeout and request.max_output_bytes and request.limits
         rlimits = {
             # CPU seconds: a busy loop dies even if the wall-clock kill were to fail.
             "RLIMIT_CPU": math.ceil(request.timeout) + 1,
@@ -66,7 +65,7 @@ class HostWorkspaceSession(Session):
                 reaped(launched, rlimits=rlimits)
             outcome = await run_process(
                 argv,
-                cwd=request.workdir or self.workspace,
+                cwd=request.workdir,
                 stdin=request.stdin,
                 timeout=request.timeout,
                 max_output_bytes=request.max_output_bytes,

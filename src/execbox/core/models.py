@@ -130,6 +130,25 @@ class ExecRequest(BaseModel):
         return [interpreter, posixpath.join(workspace, rel)], files
 
 
+class ExecSpec(BaseModel):
+    """One request as a session runs it: resolved once by the runner, every field set, frozen.
+
+    ``argv`` is what to execute (code is already a file in the workspace), ``env`` is filtered, ``workdir``
+    is absolute inside the sandbox, the request's files are already placed.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    stdin: bytes | None = None
+    workdir: str
+    timeout: float = Field(gt=0, allow_inf_nan=False)
+    max_output_bytes: int = Field(gt=0)
+    network: NetworkMode
+    limits: Limits = Field(default_factory=Limits)
+
+
 def _encodable(text: str, what: str) -> None:
     try:
         text.encode()

@@ -27,7 +27,7 @@ import anyio
 
 from execbox.core.backend import Session
 from execbox.core.errors import BackendUnavailableError, ExecboxError, FileTooLargeError, WorkspacePathError
-from execbox.core.models import ExecRequest, ExecResult
+from execbox.core.models import ExecResult, ExecSpec
 from execbox.core.output import BoundedCapture
 from execbox.core.owner import owner_alive, owner_id
 
@@ -155,7 +155,7 @@ class RemoteSession(Session):
         self.closed = False
 
     @abstractmethod
-    def run_exec(self, request: ExecRequest) -> ExecResult: ...
+    def run_exec(self, request: ExecSpec) -> ExecResult: ...
 
     @abstractmethod
     def run_small(self, argv: list[str]) -> tuple[int, str]:
@@ -176,7 +176,7 @@ class RemoteSession(Session):
         """The execbox error an SDK exception means (``path`` is set for a file call), or None if it is not
         the SDK's."""
 
-    async def exec(self, request: ExecRequest) -> ExecResult:
+    async def exec(self, request: ExecSpec) -> ExecResult:
         self.dirty = True
         return await blocking(self._translated, "running a command", None, self.run_exec, request)
 

@@ -152,3 +152,19 @@ class Settings(EnvSettings):
 
 
 comma_list = comma_list
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == [] or value == "":
+        return "(none)"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return f"`{value}`"
+
+
+def settings_table(model: type[EnvSettings]) -> str:
+    """The markdown table of a settings model's variables: the README's tables are generated from this."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for variable, default, description in model.env_vars():
+        rows.append(f"| `{variable}` | {_shown(default)} | {description.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"

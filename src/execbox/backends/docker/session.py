@@ -42,7 +42,7 @@ from execbox.core import disk
 from execbox.core.backend import Session, SessionSpec
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import BackendUnavailableError, NotASandboxError, SandboxError
-from execbox.core.models import ExecRequest, ExecResult, Limits
+from execbox.core.models import ExecResult, ExecSpec, Limits
 from execbox.core.output import BoundedCapture
 from execbox.core.owner import owner_id, pid_alive
 from execbox.core.results import build_result, failed_to_start
@@ -230,13 +230,13 @@ class DockerSession(Session):
 
     # -- running --
 
-    async def exec(self, request: ExecRequest) -> ExecResult:
+    async def exec(self, request: ExecSpec) -> ExecResult:
         run = self._exec_oneshot if self.spec.oneshot else self._exec_in_session
         # Abandon the worker thread on cancellation: close() (shielded, in the runner) kills the container,
         # which ends the thread's stream.
         return await anyio.to_thread.run_sync(self._guarded, run, request, abandon_on_cancel=True)
 
-    def _guarded(self, run: Callable[[ExecRequest], ExecResult], request: ExecRequest) -> ExecResult:
+    def _guarded(self, run: Callable[[ExecSpec], ExecResult], request: ExecSpec) -> ExecResult:
         import docker
 
         try:
@@ -251,11 +251,10 @@ class DockerSession(Session):
                                    "new sandbox (lifetime_s sets how long one lives)", backend="docker") from None
             raise SandboxError(f"the Docker engine refused: {exc.explanation or exc}", backend="docker") from None
 
-    def _exec_oneshot(self, request: ExecRequest) -> ExecResult:
-        assert request.argv and request.timeout and request.max_output_bytes
+    def _exec_oneshot(self, request: ExecSpec) -> ExecResult:
         env = sandbox_env(request.env, home=HOME)
         command = backstop(request.argv, request.timeout + BACKSTOP_GRACE_S)
-        kw = self._create_kwargs(command, user=self.plan.user, env=env, workdir=request.workdir or WORKSPACE,
+        kw = self._create_kwargs(command, user=self.plan.user, env=env, workdir=request.workdir,
                                  expires_in=request.timeout + 60, stdin=True)
         out, err = BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes)
         container = self._create(kw)
@@ -316,15 +315,15 @@ class DockerSession(Session):
         state: dict[str, Any] = container.attrs.get("State", {})
         return state
 
-    def _exec_in_session(self, request: ExecRequest) -> ExecResult:
-        assert request.argv and request.timeout and request.max_output_bytes and self._keeper_id
+    def _exec_in_session(self, request: ExecSpec) -> ExecResult:
+        assert self._keeper_id
         cid = self._keeper_id
         env = sandbox_env(request.env, home=HOME)
         out, err = BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes)
         command = backstop(request.argv, request.timeout + BACKSTOP_GRACE_S)
         exec_id = self.backend.call(lambda c: c.api.exec_create(
             cid, command, stdin=True, stdout=True, stderr=True, user=self.plan.user, environment=env,
-            workdir=request.workdir or WORKSPACE))["Id"]
+            workdir=request.workdir))["Id"]
         sock_io = self.backend.call(lambda c: c.api.exec_start(exec_id, socket=True))
         started = time.monotonic()
         sock, leftover = hijacked(sock_io)
