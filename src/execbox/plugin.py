@@ -16,7 +16,10 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
     env policy       sandbox_env (the whole environment of a sandboxed command), filter_env, host_env (the
                      minimal environment of every host-side helper)
     workspace        normalize, safe_read, safe_write, remove_tree (never follow a link, bounded reads,
-                     removal that survives any tree the code built)
+                     removal that survives any tree the code built); disk (a size-limited workspace: mount_sized,
+                     release_sized, unavailable_reason)
+    policy           seccomp_policy (the one syscall deny list, for a backend that installs a filter)
+    remote helpers   remote (labels and orphan_reason for gc, the in-sandbox argv wrapper and reaper, path checks)
     lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
     gc ownership     owner_id, owner_alive, pid_alive (host:pid:start-time; a reused pid is not the owner)
     errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError, ...)
@@ -24,6 +27,7 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
 
 from __future__ import annotations
 
+from execbox.core import disk, remote, seccomp_policy
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
 from execbox.core.envpolicy import filter_env, host_env, sandbox_env
 from execbox.core.errors import (
@@ -31,11 +35,12 @@ from execbox.core.errors import (
     ConfigError,
     ExecboxError,
     FileTooLargeError,
+    NotASandboxError,
     SandboxError,
     UnsupportedPolicyError,
     WorkspacePathError,
 )
-from execbox.core.hookspecs import hookimpl
+from execbox.core.hookspecs import PluginWarning, hookimpl
 from execbox.core.hostsession import HostWorkspaceSession
 from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import Capabilities, ExecRequest, ExecResult, ExecSpec, Limits, NetworkMode
@@ -45,7 +50,7 @@ from execbox.core.procs import CommandEnv, ProcessOutcome, reaped, run_process
 from execbox.core.remote import RemoteSession
 from execbox.core.results import TIMEOUT_EXIT_CODE, build_result, failed_to_start
 from execbox.core.settings import EnvSettings as BackendSettings
-from execbox.core.settings import comma_list, setting
+from execbox.core.settings import Settings, comma_list, setting
 from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
 
 KIT_VERSION = "1.0"
@@ -67,11 +72,14 @@ __all__ = [
     "HostWorkspaceSession",
     "Limits",
     "NetworkMode",
+    "NotASandboxError",
+    "PluginWarning",
     "ProcessOutcome",
     "RemoteSession",
     "SandboxError",
     "Session",
     "SessionSpec",
+    "Settings",
     "TIMEOUT_EXIT_CODE",
     "UnsupportedPolicyError",
     "Verdict",
@@ -79,6 +87,7 @@ __all__ = [
     "build_result",
     "comma_list",
     "create_cleanly",
+    "disk",
     "failed_to_start",
     "filter_env",
     "hookimpl",
@@ -88,10 +97,12 @@ __all__ = [
     "owner_id",
     "pid_alive",
     "reaped",
+    "remote",
     "remove_tree",
     "run_process",
     "safe_read",
     "safe_write",
     "sandbox_env",
+    "seccomp_policy",
     "setting",
 ]

@@ -6,7 +6,7 @@ import importlib
 import warnings
 from collections.abc import Callable
 
-from execbox.core.hookspecs import PluginWarning, hookimpl
+from execbox.plugin import PluginWarning, hookimpl
 
 # One line per backend: "module:Class". Each module imports its SDK lazily, so this list is cheap.
 BUILTIN_BACKENDS = [

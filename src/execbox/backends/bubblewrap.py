@@ -56,17 +56,33 @@ from pydantic import field_validator
 from pydantic_settings import NoDecode
 
 from execbox.backends import bubblewrap_seccomp
-from execbox.core import disk
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec
-from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError
-from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecResult, ExecSpec, Limits
-from execbox.core.owner import owner_alive, owner_id, pid_alive
-from execbox.core.procs import run_process
-from execbox.core.seccomp_policy import DENIED_SYSCALLS
-from execbox.core.settings import EnvSettings, Settings, comma_list, setting
-from execbox.core.workspace import remove_tree, safe_read, safe_write
+from execbox.plugin import (
+    BackendSettings,
+    BackendUnavailableError,
+    Capabilities,
+    ConfigError,
+    ExecResult,
+    ExecSpec,
+    ExecutionBackend,
+    Limits,
+    SandboxError,
+    Session,
+    SessionSpec,
+    Settings,
+    comma_list,
+    create_cleanly,
+    disk,
+    owner_alive,
+    owner_id,
+    pid_alive,
+    remove_tree,
+    run_process,
+    safe_read,
+    safe_write,
+    sandbox_env,
+    seccomp_policy,
+    setting,
+)
 
 _LAUNCHER = os.path.join(os.path.dirname(__file__), "_bwrap_launch.py")
 WORKSPACE = "/workspace"
@@ -160,7 +176,7 @@ OWNER_FILE = "owner"
 _CONTROLLERS = ("memory", "pids", "cpu")
 
 
-class BubblewrapSettings(EnvSettings):
+class BubblewrapSettings(BackendSettings):
     path: str = setting("CODE_EXEC_BWRAP_PATH", "bwrap", "The bwrap binary: a name on PATH or an absolute path; "
                         "root-owned and writable by nobody else when execbox runs as root", max_length=MAX_PATH)
     user: str = setting("CODE_EXEC_BWRAP_USER", "65534:65534",
@@ -556,14 +572,14 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> Host
     plan, reason = await anyio.to_thread.run_sync(plan_cgroups, settings)
     disk_reason = await anyio.to_thread.run_sync(_disk_reason, settings.host_identity())
     report = HostReport(_capabilities(plan, not disk_reason), bwrap, version.strip(), features,
-                        settings.host_identity(), plan, reason, DENIED_SYSCALLS, disk_reason)
+                        settings.host_identity(), plan, reason, seccomp_policy.DENIED_SYSCALLS, disk_reason)
     # Prove it end to end: a real sandbox, with the cgroup and the seccomp filter, must run.
     result = await _probe(report, settings, core_limits)
     if result.exit_code != 0 and plan is not None:
         # A host that lets us create cgroups but not join them: fall back to rlimits only, and say so.
         failed = f"joining the cgroup failed: {result.stderr.strip()[-300:]}"
         report = HostReport(_capabilities(None, not disk_reason), bwrap, version.strip(), features,
-                            settings.host_identity(), None, failed, DENIED_SYSCALLS, disk_reason)
+                            settings.host_identity(), None, failed, seccomp_policy.DENIED_SYSCALLS, disk_reason)
         result = await _probe(report, settings, core_limits)
     if result.exit_code != 0 or result.stdout.strip() != str(SANDBOX_UID):
         detail = (result.stderr or result.stdout).strip()[-500:]

@@ -34,21 +34,25 @@ import shlex
 import time
 from typing import Any, cast
 
-from execbox.core import remote as _remote
-from execbox.core.backend import ExecutionBackend, SessionSpec
-from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import (
+from execbox.plugin import (
+    BackendSettings,
     BackendUnavailableError,
+    BoundedCapture,
+    Capabilities,
     ExecboxError,
+    ExecResult,
+    ExecSpec,
+    ExecutionBackend,
     SandboxError,
+    SessionSpec,
     UnsupportedPolicyError,
     WorkspacePathError,
+    build_result,
+    create_cleanly,
+    sandbox_env,
+    setting,
 )
-from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecResult, ExecSpec
-from execbox.core.output import BoundedCapture
-from execbox.core.results import build_result
-from execbox.core.settings import EnvSettings, setting
+from execbox.plugin import remote as _remote
 
 log = logging.getLogger("execbox.backends.daytona")
 CTL = "/tmp/.execbox"  # run scripts and captured output, outside the workspace
@@ -73,7 +77,7 @@ done
 """
 
 
-class DaytonaSettings(EnvSettings):
+class DaytonaSettings(BackendSettings):
     persist: bool = setting("DAYTONA_SANDBOX_PERSIST", False,
                          "Stop (not delete) a Daytona session's sandbox at its end; a later session with the same "
                          "name resumes it")

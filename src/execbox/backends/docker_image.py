@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from execbox.core.errors import BackendUnavailableError, ExecboxError
+from execbox.plugin import BackendUnavailableError, ExecboxError
 
 DEFAULT_TAG = "execbox-sandbox:bookworm"
 DEFAULT_SUITE = "bookworm"

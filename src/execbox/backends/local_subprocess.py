@@ -8,9 +8,12 @@ CODE_EXEC_LOCAL=true, and it can only honour network mode 'host'.
 
 from __future__ import annotations
 
-from execbox.core.backend import ExecutionBackend, SessionSpec
-from execbox.core.hostsession import HostWorkspaceSession
-from execbox.core.models import Capabilities
+from execbox.plugin import (
+    Capabilities,
+    ExecutionBackend,
+    HostWorkspaceSession,
+    SessionSpec,
+)
 
 
 class LocalSubprocessBackend(ExecutionBackend):

@@ -29,21 +29,25 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from execbox.core import remote as _remote
-from execbox.core.backend import ExecutionBackend, SessionSpec
-from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import (
+from execbox.plugin import (
+    BackendSettings,
     BackendUnavailableError,
+    BoundedCapture,
+    Capabilities,
     ExecboxError,
+    ExecResult,
+    ExecSpec,
+    ExecutionBackend,
     SandboxError,
+    SessionSpec,
     UnsupportedPolicyError,
     WorkspacePathError,
+    build_result,
+    create_cleanly,
+    sandbox_env,
+    setting,
 )
-from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecResult, ExecSpec
-from execbox.core.output import BoundedCapture
-from execbox.core.results import build_result
-from execbox.core.settings import EnvSettings, setting
+from execbox.plugin import remote as _remote
 
 log = logging.getLogger("execbox.backends.modal")
 WORKSPACE = "/workspace"
@@ -51,7 +55,7 @@ STDIN_CHUNK = 1 << 20  # modal buffers at most 2 MiB of stdin between drains
 MAX_LIFETIME_S = 24 * 3600  # Modal's longest sandbox timeout
 
 
-class ModalSettings(EnvSettings):
+class ModalSettings(BackendSettings):
     app: str = setting("CODE_EXEC_MODAL_APP", "execbox", "Modal app that owns execbox's sandboxes (created if missing)")
     image: str = setting("CODE_EXEC_MODAL_IMAGE", "", "Registry image for Modal sandboxes; empty = Modal's debian_slim")
 

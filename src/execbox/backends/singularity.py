@@ -45,15 +45,30 @@ from typing import Any, cast
 
 import anyio
 
-from execbox.core import remote as _remote
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
-from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import BackendUnavailableError, SandboxError
-from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecRequest, ExecResult, ExecSpec, Limits
-from execbox.core.procs import reaped, run_process
-from execbox.core.settings import EnvSettings, Settings, setting
-from execbox.core.workspace import remove_tree, safe_read, safe_write
+from execbox.plugin import (
+    BackendSettings,
+    BackendUnavailableError,
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    ExecSpec,
+    ExecutionBackend,
+    Limits,
+    SandboxError,
+    Session,
+    SessionSpec,
+    Settings,
+    Verdict,
+    create_cleanly,
+    reaped,
+    remove_tree,
+    run_process,
+    safe_read,
+    safe_write,
+    sandbox_env,
+    setting,
+)
+from execbox.plugin import remote as _remote
 
 NAME = "singularity"
 WORKSPACE = "/workspace"
@@ -77,7 +92,7 @@ _KILL_AFTER_TIMEOUT = (
     'echo no-pid-namespace\n' + _remote.REAP)
 
 
-class SingularitySettings(EnvSettings):
+class SingularitySettings(BackendSettings):
     binary: str | None = setting(
         "CODE_EXEC_SINGULARITY_BINARY", None,
         "apptainer or singularity executable (name or path); default: apptainer, else singularity, from PATH")

@@ -40,19 +40,27 @@ from typing import Any, cast
 
 import anyio
 
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
-from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import (
+from execbox.plugin import (
+    BackendSettings,
     BackendUnavailableError,
+    BoundedCapture,
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    ExecSpec,
+    ExecutionBackend,
     FileTooLargeError,
     SandboxError,
+    Session,
+    SessionSpec,
+    Settings,
+    Verdict,
     WorkspacePathError,
+    build_result,
+    create_cleanly,
+    sandbox_env,
+    setting,
 )
-from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecRequest, ExecResult, ExecSpec
-from execbox.core.output import BoundedCapture
-from execbox.core.results import build_result
-from execbox.core.settings import EnvSettings, Settings, setting
 
 NAME = "ssh"
 _CHUNK = 65536
@@ -166,7 +174,7 @@ done
 """
 
 
-class SshSettings(EnvSettings):
+class SshSettings(BackendSettings):
     host: str | None = setting("CODE_EXEC_SSH_HOST", None, "Remote host to run code on (required)")
     port: int = setting("CODE_EXEC_SSH_PORT", 22, "SSH port", gt=0, le=65535)
     user: str | None = setting("CODE_EXEC_SSH_USER", None, "Remote user; default: the local user name")

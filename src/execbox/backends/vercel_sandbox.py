@@ -28,20 +28,24 @@ import signal
 import time
 from typing import Any, cast
 
-from execbox.core import remote as _remote
-from execbox.core.backend import ExecutionBackend, SessionSpec
-from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import (
+from execbox.plugin import (
+    BackendSettings,
     BackendUnavailableError,
+    Capabilities,
     ExecboxError,
+    ExecResult,
+    ExecSpec,
+    ExecutionBackend,
     SandboxError,
+    SessionSpec,
     UnsupportedPolicyError,
     WorkspacePathError,
+    build_result,
+    create_cleanly,
+    sandbox_env,
+    setting,
 )
-from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecResult, ExecSpec
-from execbox.core.results import build_result
-from execbox.core.settings import EnvSettings, setting
+from execbox.plugin import remote as _remote
 
 log = logging.getLogger("execbox.backends.vercel_sandbox")
 WORKSPACE = "/vercel/sandbox"  # the sandbox's default working directory
@@ -49,7 +53,7 @@ MEMORY_NOTE = ("vercel_sandbox: memory is Vercel's 2048 MB per vCPU; the default
                "and a memory limit you set is refused")
 
 
-class VercelSettings(EnvSettings):
+class VercelSettings(BackendSettings):
     image: str = setting("CODE_EXEC_VERCEL_IMAGE", "",
                       "Vercel Container Registry image for sandboxes; empty = Vercel's default")
 

@@ -32,12 +32,20 @@ from execbox.backends.docker.session import (
     remove_workspace,
 )
 from execbox.backends.docker_image import DEFAULT_TAG
-from execbox.core import disk
-from execbox.core.backend import ExecutionBackend, SessionSpec, Verdict
-from execbox.core.errors import BackendUnavailableError, ConfigError
-from execbox.core.models import Capabilities, ExecRequest
-from execbox.core.owner import owner_alive
-from execbox.core.settings import EnvSettings, Settings, setting
+from execbox.plugin import (
+    BackendSettings,
+    BackendUnavailableError,
+    Capabilities,
+    ConfigError,
+    ExecRequest,
+    ExecutionBackend,
+    SessionSpec,
+    Settings,
+    Verdict,
+    disk,
+    owner_alive,
+    setting,
+)
 
 _EGRESS_VAR = "CODE_EXEC_DOCKER_EGRESS_NETWORK"
 _RUNTIME_VAR = "CODE_EXEC_DOCKER_RUNTIME"
@@ -46,7 +54,7 @@ _ENGINE_NETWORKS = ("host", "bridge", "none", "default")
 _ICC = "com.docker.network.bridge.enable_icc"
 
 
-class DockerSettings(EnvSettings):
+class DockerSettings(BackendSettings):
     """Knobs of the docker backend (the limits are the core's CODE_EXEC_MEMORY_MB/CPUS/PIDS_LIMIT/DISK_MB)."""
 
     image: str = setting("CODE_EXEC_DOCKER_IMAGE", DEFAULT_TAG,

@@ -7,7 +7,7 @@ import os
 import re
 from typing import Any
 
-from execbox.core.errors import BackendUnavailableError
+from execbox.plugin import BackendUnavailableError
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 

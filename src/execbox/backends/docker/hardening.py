@@ -25,15 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from execbox.core.errors import ConfigError
-from execbox.core.seccomp_policy import (
-    CLONE_NEWUSER,
-    DENIED_SOCKET_FAMILIES,
-    DENIED_SYSCALLS,
-    DENIED_WITH_NEWUSER,
-    DENY_ERRNO,
-    ENOSYS_SYSCALLS,
-)
+from execbox.plugin import ConfigError, seccomp_policy
 
 WORKSPACE = "/workspace"
 TMPFS = "/tmp"
@@ -87,13 +79,15 @@ def runtime_problem(name: str, entry: dict[str, Any] | None) -> str | None:
 @functools.cache
 def seccomp_profile(machine: str | None = None) -> str:
     """The profile as the JSON string ``--security-opt seccomp=`` takes (the engine stores it verbatim)."""
+    policy = seccomp_policy
+    deny = {"action": "SCMP_ACT_ERRNO", "errnoRet": policy.DENY_ERRNO}
+    newuser = {"index": 0, "value": policy.CLONE_NEWUSER, "valueTwo": policy.CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}
     rules: list[dict[str, Any]] = [
-        {"names": sorted(DENIED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": DENY_ERRNO},
-        {"names": sorted(DENIED_WITH_NEWUSER), "action": "SCMP_ACT_ERRNO", "errnoRet": DENY_ERRNO,
-         "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]},
-        *({"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": DENY_ERRNO,
-           "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]} for family in DENIED_SOCKET_FAMILIES),
-        {"names": sorted(ENOSYS_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+        {"names": sorted(policy.DENIED_SYSCALLS), **deny},
+        {"names": sorted(policy.DENIED_WITH_NEWUSER), **deny, "args": [newuser]},
+        *({"names": ["socket"], **deny, "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]}
+          for family in policy.DENIED_SOCKET_FAMILIES),
+        {"names": sorted(policy.ENOSYS_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
     ]
     profile = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": _ARCHES.get(machine or platform.machine(), []),
                "syscalls": rules}

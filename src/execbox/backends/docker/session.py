@@ -38,15 +38,26 @@ from execbox.backends.docker.hardening import (
     security_opt,
 )
 from execbox.backends.docker.stream import close, drain, hijacked, pump
-from execbox.core import disk
-from execbox.core.backend import Session, SessionSpec
-from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import BackendUnavailableError, NotASandboxError, SandboxError
-from execbox.core.models import ExecResult, ExecSpec, Limits
-from execbox.core.output import BoundedCapture
-from execbox.core.owner import owner_id, pid_alive
-from execbox.core.results import build_result, failed_to_start
-from execbox.core.workspace import remove_tree, safe_read, safe_write
+from execbox.plugin import (
+    BackendUnavailableError,
+    BoundedCapture,
+    ExecResult,
+    ExecSpec,
+    Limits,
+    NotASandboxError,
+    SandboxError,
+    Session,
+    SessionSpec,
+    build_result,
+    disk,
+    failed_to_start,
+    owner_id,
+    pid_alive,
+    remove_tree,
+    safe_read,
+    safe_write,
+    sandbox_env,
+)
 
 if TYPE_CHECKING:
     from execbox.backends.docker.backend import DockerBackend

@@ -10,7 +10,7 @@ import struct
 import time
 from typing import Any
 
-from execbox.core.output import BoundedCapture
+from execbox.plugin import BoundedCapture
 
 _CHUNK = 1 << 18
 
