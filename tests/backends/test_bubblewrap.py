@@ -270,15 +270,16 @@ def test_seccomp_blocks_what_sandboxed_code_has_no_business_with(runner: Runner,
 
 def test_filter_denies_the_listed_syscalls() -> None:
     from execbox.backends import bubblewrap_seccomp as sc
+    from execbox.plugin import seccomp_policy as policy
 
     try:
         program = sc.compiled_filter()
     except sc.SeccompUnavailable as exc:
         engine_missing(str(exc))
-    assert len(program) % 8 == 0 and len(program) > 8 * len(sc.DENIED_SYSCALLS) // 2
+    assert len(program) % 8 == 0 and len(program) > 8 * len(policy.DENIED_SYSCALLS) // 2
     for name in ("ptrace", "mount", "keyctl", "add_key", "request_key", "bpf", "perf_event_open"):
-        assert name in sc.DENIED_SYSCALLS
-    assert {"unshare", "clone"} <= set(sc.DENIED_WITH_NEWUSER)
+        assert name in policy.DENIED_SYSCALLS
+    assert {"unshare", "clone"} <= set(policy.DENIED_WITH_NEWUSER)
 
 
 # --- limits and time -----------------------------------------------------------------------------
