@@ -6,10 +6,11 @@ also works inside programs that already run an event loop). Sessions: ``AsyncSan
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import posixpath
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -18,7 +19,13 @@ from pydantic import ValidationError
 
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import filter_env
-from execbox.core.errors import BackendUnavailableError, ConfigError, SandboxError, UnsupportedPolicyError
+from execbox.core.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    ExecboxError,
+    SandboxError,
+    UnsupportedPolicyError,
+)
 from execbox.core.models import (
     ISOLATION_STRENGTH,
     Capabilities,
@@ -54,6 +61,19 @@ def _command_request(command: str | Sequence[str], **kw: Any) -> ExecRequest:
                           "or an argv list of str")
     argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
     return _request(argv=argv, **kw)
+
+
+@contextlib.contextmanager
+def backend_errors(backend: str) -> Iterator[None]:
+    """The last line of the one error tree: an exception a backend (a third-party plugin, say) lets out that is
+    not an ExecboxError becomes a SandboxError naming the backend, with the original chained for its author."""
+    try:
+        yield
+    except ExecboxError:
+        raise
+    except Exception as exc:
+        raise SandboxError(f"backend {backend!r} failed unexpectedly: {type(exc).__name__}: {exc}. This is a bug "
+                           "in the backend; report it to its maintainers", backend=backend) from exc
 
 
 def _text(value: object, what: str) -> str:
@@ -201,7 +221,8 @@ class AsyncRunner:
         resolved, dropped, asked = self.prepare(request)
         impl, _ = await self._admitted(backend, resolved, asked, session=False)
         spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60)
-        session = await impl.open_session(spec)
+        with backend_errors(impl.name):
+            session = await impl.open_session(spec)
         try:
             return await _exec_in(impl, session, resolved, dropped)
         finally:
@@ -219,7 +240,8 @@ class AsyncRunner:
         impl = (await self.select("auto"))[0] if name == "auto" else self.backend(name, options)
         self.guard.check_verdict(impl, resolved)  # cheap refusals first, before the backend is probed
         self.guard.check_secrets(impl)
-        caps = await impl.check()  # for auto, select() just checked it: this is the cached answer
+        with backend_errors(impl.name):
+            caps = await impl.check()  # for auto, select() just checked it: this is the cached answer
         self.guard.check_policy(impl, caps, resolved, asked)
         if session and not caps.persistent_sessions:
             raise UnsupportedPolicyError(
@@ -270,7 +292,8 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
     """Place the files, resolve the workdir, run, and stamp the result with what the runner knows."""
     argv, files = request.materialize(session.workspace)
     for path, data in files.items():
-        await session.write_file(normalize(path, session.workspace), data)
+        with backend_errors(backend.name):
+            await session.write_file(normalize(path, session.workspace), data)
     if request.workdir:
         workdir = posixpath.join(session.workspace, normalize(request.workdir, session.workspace))
         # The backend starts in the workspace; a workdir below it is created (if missing) and entered inside
@@ -281,7 +304,8 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
     spec = ExecSpec(argv=argv, env=request.env, stdin=request.stdin, workdir=session.workspace,
                     timeout=request.timeout, max_output_bytes=request.max_output_bytes, network=request.network,
                     limits=request.limits)
-    result = await session.exec(spec)
+    with backend_errors(backend.name):
+        result = await session.exec(spec)
     return result.model_copy(update={
         "backend": backend.name, "filtered_env": dropped, "notes": [*result.notes, *backend.notes()],
     })
@@ -311,7 +335,8 @@ class AsyncSandbox:
         self.backend, self.capabilities = await self.runner._admitted(self._backend_name, resolved, asked, session=True,
                                                                       options=self._options)
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name)
-        self._session = await self.backend.open_session(spec)
+        with backend_errors(self.backend.name):
+            self._session = await self.backend.open_session(spec)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -355,13 +380,16 @@ class AsyncSandbox:
         return await self.execute(_request(code=code, language=language, **_request_kw(**kw)))
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        _, session = self._live()
-        await session.write_file(normalize(_text(path, "path"), session.workspace), _bytes(data, "data"))
+        backend, session = self._live()
+        rel, content = normalize(_text(path, "path"), session.workspace), _bytes(data, "data")
+        with backend_errors(backend.name):
+            await session.write_file(rel, content)
 
     async def read_file(self, path: str) -> bytes:
-        _, session = self._live()
-        return await session.read_file(normalize(_text(path, "path"), session.workspace),
-                                       self.runner.settings.max_read_bytes)
+        backend, session = self._live()
+        rel = normalize(_text(path, "path"), session.workspace)
+        with backend_errors(backend.name):
+            return await session.read_file(rel, self.runner.settings.max_read_bytes)
 
 
 class Runner:

@@ -21,7 +21,7 @@ from execbox.backends.docker import engine, stream
 from execbox.backends.docker import hardening as h
 from execbox.backends.docker import session as ds
 from execbox.core.backend import SessionSpec
-from execbox.core.errors import ConfigError
+from execbox.core.errors import BackendUnavailableError, ConfigError
 from execbox.core.output import BoundedCapture
 from execbox.core.owner import owner_id
 from execbox.testing import engine_missing
@@ -497,3 +497,18 @@ def test_orphaned_workspaces_are_found_and_removed_but_never_a_live_ones() -> No
 @pytest.mark.parametrize("path", ["/etc", "/tmp", "/tmp/../etc/execbox-docker-1-1-x", "/var/tmp/execbox-docker-1-1-x"])
 def test_remove_workspace_touches_only_our_directories(path: str) -> None:
     assert ds.remove_workspace(path) is False
+
+
+@pytest.mark.parametrize("user", ["4294967296", "4294967295:1", "1:4294967295", "١٠٠٠"])
+def test_an_out_of_range_or_non_ascii_uid_is_a_config_error(user: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODE_EXEC_DOCKER_USER", user)
+    with pytest.raises(ConfigError) as info:
+        db.DockerBackend(Settings.from_env()).user  # noqa: B018
+    assert info.value.env_var == "CODE_EXEC_DOCKER_USER"
+
+
+@pytest.mark.parametrize("host", ["tcp://[::1", "tcp://[::1]:notaport"])
+def test_a_malformed_docker_host_is_an_error_naming_it(host: str) -> None:
+    with pytest.raises(BackendUnavailableError) as info:
+        engine.connect({"DOCKER_HOST": host})
+    assert info.value.env_var == "DOCKER_HOST"

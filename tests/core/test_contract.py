@@ -165,3 +165,15 @@ class TestAutoTrust:
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("EXECBOX_AUTO_PLUGINS", "fake_namespace")
         assert Runner(Settings()).run(["true"]).backend == "fake_namespace"
+
+
+class TestOneErrorTree:
+    def test_an_unexpected_exception_from_a_backend_is_a_sandbox_error_naming_it(
+            self, knobbed: type[Knobbed], monkeypatch: pytest.MonkeyPatch, home: object) -> None:
+        async def broken(self: Knobbed, spec: SessionSpec) -> HostWorkspaceSession:
+            raise KeyError("a bug in the plugin")
+
+        monkeypatch.setattr(Knobbed, "open_session", broken)
+        with pytest.raises(execbox.SandboxError, match="backend 'knobbed' failed unexpectedly: KeyError") as info:
+            Runner(Settings(local=True)).run(["true"], backend="knobbed")
+        assert info.value.backend == "knobbed" and isinstance(info.value.__cause__, KeyError)

@@ -54,6 +54,9 @@ _ENGINE_NETWORKS = ("host", "bridge", "none", "default")
 _ICC = "com.docker.network.bridge.enable_icc"
 
 
+MAX_ID = (1 << 32) - 2
+
+
 class DockerSettings(BackendSettings):
     """Knobs of the docker backend (the limits are the core's CODE_EXEC_MEMORY_MB/CPUS/PIDS_LIMIT/DISK_MB)."""
 
@@ -74,10 +77,12 @@ class DockerSettings(BackendSettings):
     @field_validator("user")
     @classmethod
     def _numeric_user(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"\d+(:\d+)?", value):
+        if value is not None and not re.fullmatch(r"[0-9]+(:[0-9]+)?", value):
             raise ValueError("give a numeric uid or uid:gid such as 1000:1000 (names cannot be checked for root)")
         if value is not None and ":" not in value:
             value = f"{value}:{value}"  # docker would otherwise run a bare uid with gid 0
+        if value is not None and any(int(part) > MAX_ID for part in value.split(":")):
+            raise ValueError(f"uid and gid go up to {MAX_ID} (2^32-2; 2^32-1 means 'no id' to the kernel)")
         return value
 
 
@@ -163,6 +168,11 @@ class DockerBackend(ExecutionBackend):
             return fn(client)
         except docker.errors.ImageNotFound as exc:
             raise self._missing_image(exc) from None
+        except docker.errors.APIError as exc:
+            if exc.is_client_error() and "repository name" in str(exc.explanation or ""):  # a malformed image name
+                raise ConfigError(f"CODE_EXEC_DOCKER_IMAGE is not a valid image reference: {exc.explanation}",
+                                  backend="docker", env_var="CODE_EXEC_DOCKER_IMAGE") from None
+            raise
         except (requests.exceptions.ConnectionError, ConnectionRefusedError, FileNotFoundError) as exc:
             raise unreachable(self.endpoint, self.origin, exc) from None
 

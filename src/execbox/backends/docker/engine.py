@@ -64,10 +64,15 @@ def connect(environ: dict[str, str] | None = None) -> tuple[Any, str, str]:
     except ImportError:
         raise BackendUnavailableError("docker-py is not installed", backend="docker",
                                       fix="pip install 'execbox[docker]'") from None
-    endpoint, params, origin = resolve_endpoint(environ)
+    try:
+        endpoint, params, origin = resolve_endpoint(environ)
+    except (docker.errors.DockerException, ValueError) as exc:  # e.g. DOCKER_HOST=tcp://[::1
+        raise BackendUnavailableError(
+            f"DOCKER_HOST (or the docker context) is malformed: {exc}", backend="docker", env_var="DOCKER_HOST",
+            fix="give DOCKER_HOST as unix:///path/docker.sock or tcp://host:port, or unset it") from None
     try:
         client = docker.DockerClient(timeout=60, **params)  # version=None: negotiated, contacts the engine
         client.ping()
-    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError, ValueError) as exc:
         raise unreachable(endpoint, origin, exc) from None
     return client, endpoint, origin
