@@ -15,10 +15,9 @@ import time
 import tracemalloc
 
 from _common import median_ms  # bench/_common.py (run from the repo: python bench/NAME.py)
+
 from execbox import Runner, Settings
 from execbox.core.output import BoundedCapture
-
-
 
 
 def main() -> None:
@@ -41,7 +40,8 @@ def main() -> None:
     elapsed = time.perf_counter() - started
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    print(f"BoundedCapture: 1 GiB in {elapsed:.2f} s ({1024 / elapsed:.0f} MiB/s), peak traced memory {peak / 1024:.0f} KiB")
+    print(f"BoundedCapture: 1 GiB in {elapsed:.2f} s ({1024 / elapsed:.0f} MiB/s), "
+          f"peak traced memory {peak / 1024:.0f} KiB")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ class TestRun:
         result = cli("run", "--json", "--", "sh", "-c", "echo hi; exit 3")
         data = json.loads(result.stdout)
         assert result.exit_code == 3
-        assert (data["exit_code"], data["stdout"], data["backend"], data["timed_out"]) == (3, "hi\n", "local_subprocess", False)
+        assert (data["exit_code"], data["stdout"], data["backend"], data["timed_out"]) == (
+            3, "hi\n", "local_subprocess", False)
         assert set(data) >= {"exit_code", "stdout", "stderr", "timed_out", "truncated", "oom_killed", "duration_s",
                              "backend", "filtered_env"}
 

@@ -87,9 +87,12 @@ def main() -> None:
 @main.command(context_settings={"ignore_unknown_options": False})
 @click.option("--backend", help="Backend name (default: CODE_EXEC_BACKEND, auto = strongest sandbox here).")
 @click.option("--network", type=click.Choice(NETWORK_MODES), help="Network mode (default: CODE_EXEC_NETWORK).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds (capped at CODE_EXEC_MAX_TIMEOUT_SEC).")
-@click.option("--max-output-bytes", type=click.IntRange(min=1), help="Bytes per stream (capped at CODE_EXEC_MAX_OUTPUT_BYTES).")
-@click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="A variable for the command (repeatable).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True),
+              help="Seconds (capped at CODE_EXEC_MAX_TIMEOUT_SEC).")
+@click.option("--max-output-bytes", type=click.IntRange(min=1),
+              help="Bytes per stream (capped at CODE_EXEC_MAX_OUTPUT_BYTES).")
+@click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
+              help="A variable for the command (repeatable).")
 @click.option("--workdir", help="Working directory, relative to the workspace.")
 @click.option("--code", help="Code to run instead of a command.")
 @click.option("--language", type=click.Choice(["python", "bash"]), default="python", show_default=True)
@@ -302,7 +305,8 @@ def doctor(as_json: bool, run_self_check: bool, check_backend: str | None) -> No
             mark = "ok  " if row["available"] else "--  "
             click.echo(f"{mark}{row['name']}  [{row['distribution']}]")
             if row["available"]:
-                click.echo(f"      enforces here: isolation {caps['isolation']}; network {', '.join(caps['network_modes']) or 'none of the modes'}; "
+                modes = ", ".join(caps["network_modes"]) or "none of the modes"
+                click.echo(f"      enforces here: isolation {caps['isolation']}; network {modes}; "
                            f"limits {', '.join(caps['limits']) or 'none'}")
             else:
                 click.echo(f"      cannot run: {row['reason']}")
@@ -326,9 +330,11 @@ def doctor(as_json: bool, run_self_check: bool, check_backend: str | None) -> No
             click.echo(f"warning: {problem}")
         click.echo("")
         if ok:
-            click.echo(f"ok: a sandbox backend can run here; CODE_EXEC_BACKEND={runner.settings.backend} uses {auto or '(see above)'}")
+            click.echo(f"ok: a sandbox backend can run here; CODE_EXEC_BACKEND={runner.settings.backend} uses "
+                       f"{auto or '(see above)'}")
         else:
-            click.echo("no sandbox backend can run here: apply one of the fixes above (e.g. install bubblewrap, or start docker)")
+            click.echo("no sandbox backend can run here: apply one of the fixes above (e.g. install bubblewrap, or "
+                       "start docker)")
     sys.exit(0 if ok else 1)
 
 

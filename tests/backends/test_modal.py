@@ -198,8 +198,8 @@ def test_execbox_gc_command_removes_orphans(modal_fake) -> None:
     import modal
     from click.testing import CliRunner
 
-    from execbox.core import remote as _remote
     from execbox.cli import main
+    from execbox.core import remote as _remote
 
     app = modal.App.lookup("execbox", create_if_missing=True)
     orphan = modal.Sandbox.create(app=app, tags={**_remote.labels(60), "execbox-expires": "1"})

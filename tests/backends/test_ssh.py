@@ -107,7 +107,8 @@ def test_changed_host_key_refused_even_with_auto_add(sshd_server: SshServer, ssh
 def test_auto_add_is_opt_in_and_said(sshd_server: SshServer, ssh_env, tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
     known.write_text("")
-    ssh_env(CODE_EXEC_SSH_KNOWN_HOSTS=str(known), CODE_EXEC_SSH_SANDBOXED="true", CODE_EXEC_SSH_AUTO_ADD_HOST_KEY="true")
+    ssh_env(CODE_EXEC_SSH_KNOWN_HOSTS=str(known), CODE_EXEC_SSH_SANDBOXED="true",
+            CODE_EXEC_SSH_AUTO_ADD_HOST_KEY="true")
     result = runner().run(["true"])
     assert result.exit_code == 0
     assert any("trusted on first use" in note and "SHA256:" in note for note in result.notes), result.notes

@@ -66,7 +66,8 @@ def fresh_registry() -> Iterator[None]:
 
 
 @pytest.fixture
-def fake_dists(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDistributions]:
+def fake_dists(tmp_path_factory: pytest.TempPathFactory,
+               monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDistributions]:
     fakes = FakeDistributions(tmp_path_factory.mktemp("dists"), monkeypatch)
     yield fakes
     fakes.cleanup()

@@ -84,7 +84,8 @@ class TestFailClosed:
         with pytest.raises(UnsupportedPolicyError, match="memory"):
             Guard(settings).check_policy(backend, narrowed, request(network="none"), {"memory"})
 
-    def test_through_the_runner_default_network_none_on_local_subprocess_is_refused(self, fake_backends: object) -> None:
+    def test_through_the_runner_default_network_none_on_local_subprocess_is_refused(
+            self, fake_backends: object) -> None:
         with pytest.raises(UnsupportedPolicyError, match="network mode 'none'"):
             Runner(Settings.from_env(local=True)).run(["true"], backend="local_subprocess")
 

@@ -92,7 +92,8 @@ def test_a_plugin_that_fails_to_import_is_a_warning_naming_its_distribution(fake
 
 
 def test_a_plugin_whose_hook_raises_is_a_warning(fake_dists: FakeDistributions) -> None:
-    source = "from execbox import hookimpl\n@hookimpl\ndef execbox_register_backends(register):\n    raise RuntimeError('boom')\n"
+    source = ("from execbox import hookimpl\n@hookimpl\ndef execbox_register_backends(register):\n"
+              "    raise RuntimeError('boom')\n")
     fake_dists.add("raising-plugin", source=source)
     with pytest.warns(PluginWarning, match="'raising-plugin'.*boom"):
         registry = get_registry()

@@ -42,7 +42,8 @@ def test_env_vars_lists_every_knob_with_its_default() -> None:
         "CODE_EXEC_BACKEND": "auto", "SHELL_BACKEND": None, "CODE_EXEC_LOCAL": False, "CODE_EXEC_ENABLED": False,
         "CODE_EXEC_NETWORK": "none", "CODE_EXEC_MAX_OUTPUT_BYTES": 100_000, "CODE_EXEC_MAX_TIMEOUT_SEC": 30.0,
         "CODE_EXEC_SECRET_FILES": [], "CODE_EXEC_MEMORY_MB": 1024, "CODE_EXEC_CPUS": 1.0,
-        "CODE_EXEC_PIDS_LIMIT": 256, "CODE_EXEC_DISK_MB": 2048, "CODE_EXEC_MAX_STDIN_BYTES": 64 << 20, "CODE_EXEC_MAX_READ_BYTES": 64 << 20,
+        "CODE_EXEC_PIDS_LIMIT": 256, "CODE_EXEC_DISK_MB": 2048, "CODE_EXEC_MAX_STDIN_BYTES": 64 << 20,
+        "CODE_EXEC_MAX_READ_BYTES": 64 << 20,
         "EXECBOX_LOAD_PLUGINS": None, "EXECBOX_AUTO_PLUGINS": [], "EXECBOX_DISABLE_PLUGINS": [],
     }
     assert all(description for _, _, description in Settings.env_vars())
@@ -70,7 +71,8 @@ def test_env_vars_lists_every_knob_with_its_default() -> None:
         ("EXECBOX_DISABLE_PLUGINS", "one,two", "disable_plugins", ["one", "two"]),
     ],
 )
-def test_each_variable_is_read(monkeypatch: pytest.MonkeyPatch, var: str, value: str, field: str, expected: object) -> None:
+def test_each_variable_is_read(monkeypatch: pytest.MonkeyPatch, var: str, value: str, field: str,
+                               expected: object) -> None:
     monkeypatch.setenv(var, value)
     assert getattr(Settings.from_env(), field) == expected
 
@@ -88,7 +90,8 @@ def test_field_names_are_not_read_from_the_environment(monkeypatch: pytest.Monke
     for name, value in {"LOCAL": "true", "NETWORK": "host", "BACKEND": "x", "MAX_TIMEOUT_SEC": "999"}.items():
         monkeypatch.setenv(name, value)
     settings = Settings.from_env()
-    assert (settings.local, settings.network, settings.backend, settings.max_timeout_sec) == (False, "none", "auto", 30.0)
+    assert (settings.local, settings.network, settings.backend, settings.max_timeout_sec) == (
+        False, "none", "auto", 30.0)
 
 
 def test_overrides_take_precedence_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

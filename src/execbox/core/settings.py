@@ -106,37 +106,46 @@ def _first_variable(cls: type[BaseSettings], exc: ValidationError) -> str | None
 class Settings(EnvSettings):
     """The core settings."""
 
-    backend: str = setting("CODE_EXEC_BACKEND", "auto", "Backend for one-shot runs; auto = strongest sandbox available here")
-    shell_backend: str | None = setting("SHELL_BACKEND", None, "Backend for persistent sessions; defaults to CODE_EXEC_BACKEND")
-    local: bool = setting("CODE_EXEC_LOCAL", False, "Local single-user mode: allows backends that are not sandboxes")
-    enabled: bool = setting("CODE_EXEC_ENABLED", False, "Gates agent-facing tool surfaces (not the operator's CLI and API)")
-    network: NetworkMode = setting("CODE_EXEC_NETWORK", "none", "Default network mode: none, egress, proxy or host")
-    max_output_bytes: int = setting("CODE_EXEC_MAX_OUTPUT_BYTES", 100_000, "Output cap per stream, in bytes (head + tail kept)",
-                                 gt=0, le=1 << 30)
-    max_timeout_sec: float = setting("CODE_EXEC_MAX_TIMEOUT_SEC", 30.0, "Default and maximum timeout of a run, in seconds",
-                                  gt=0, le=7 * 86400, allow_inf_nan=False)
+    backend: str = setting(
+        "CODE_EXEC_BACKEND", "auto", "backend for one-shot runs; `auto` = the strongest built-in sandbox here")
+    shell_backend: str | None = setting(
+        "SHELL_BACKEND", None, "backend for persistent sessions; (none) = CODE_EXEC_BACKEND")
+    local: bool = setting(
+        "CODE_EXEC_LOCAL", False, "local single-user mode: admits backends that are not sandboxes")
+    enabled: bool = setting(
+        "CODE_EXEC_ENABLED", False, "reserved: will gate agent-facing tool surfaces; the CLI and API ignore it")
+    network: NetworkMode = setting(
+        "CODE_EXEC_NETWORK", "none", "default network mode: `none`, `egress`, `proxy`, `host`")
+    max_output_bytes: int = setting(
+        "CODE_EXEC_MAX_OUTPUT_BYTES", 100_000, "output cap per stream, bytes (head and tail kept)", gt=0, le=1 << 30)
+    max_timeout_sec: float = setting(
+        "CODE_EXEC_MAX_TIMEOUT_SEC", 30.0, "default and maximum timeout of a run, seconds",
+        gt=0, le=7 * 86400, allow_inf_nan=False)
     secret_files: Annotated[list[Path], NoDecode] = setting(
-        "CODE_EXEC_SECRET_FILES", [], "Comma-separated extra files for the wallet-seed scan"
-    )
-    memory_mb: int = setting("CODE_EXEC_MEMORY_MB", 1024, "Memory limit per sandbox, MiB (no swap headroom)", gt=0, le=1 << 22)
-    cpus: float = setting("CODE_EXEC_CPUS", 1.0, "CPU limit per sandbox, in cores", gt=0, le=1024, allow_inf_nan=False)
-    pids_limit: int = setting("CODE_EXEC_PIDS_LIMIT", 256, "Process limit per sandbox", gt=0, le=1 << 22)
-    disk_mb: int = setting("CODE_EXEC_DISK_MB", 2048, "Disk limit per sandbox (workspace + writable scratch), MiB",
-                        gt=0, le=1 << 24)
-    max_stdin_bytes: int = setting("CODE_EXEC_MAX_STDIN_BYTES", 64 << 20,
-                                   "Largest stdin the CLI passes on (--stdin), in bytes; more is refused", gt=0,
-                                   le=1 << 40)
-    max_read_bytes: int = setting("CODE_EXEC_MAX_READ_BYTES", 64 << 20,
-                               "Largest file read_file returns, in bytes; a larger one is refused", gt=0, le=1 << 40)
+        "CODE_EXEC_SECRET_FILES", [], "comma list of extra files for the wallet-seed scan")
+    memory_mb: int = setting(
+        "CODE_EXEC_MEMORY_MB", 1024, "memory limit per sandbox, MiB, no swap headroom", gt=0, le=1 << 22)
+    cpus: float = setting(
+        "CODE_EXEC_CPUS", 1.0, "CPU limit per sandbox, cores", gt=0, le=1024, allow_inf_nan=False)
+    pids_limit: int = setting(
+        "CODE_EXEC_PIDS_LIMIT", 256, "process limit per sandbox", gt=0, le=1 << 22)
+    disk_mb: int = setting(
+        "CODE_EXEC_DISK_MB", 2048, "disk limit per sandbox (its workspace), MiB; where a backend can enforce it",
+        gt=0, le=1 << 24)
+    max_stdin_bytes: int = setting(
+        "CODE_EXEC_MAX_STDIN_BYTES", 64 << 20, "largest stdin `execbox run --stdin` passes on, bytes; more is refused",
+        gt=0, le=1 << 40)
+    max_read_bytes: int = setting(
+        "CODE_EXEC_MAX_READ_BYTES", 64 << 20, "largest file `read_file` returns, bytes; a larger one is refused",
+        gt=0, le=1 << 40)
     load_plugins: Annotated[list[str] | None, NoDecode] = setting(
-        "EXECBOX_LOAD_PLUGINS", None, "Comma list of third-party plugins to load (entry-point or distribution names); empty = none"
-    )
+        "EXECBOX_LOAD_PLUGINS", None,
+        "comma list of third-party plugins to load (entry-point or distribution names); (none) = all; empty = none")
     auto_plugins: Annotated[list[str], NoDecode] = setting(
-        "EXECBOX_AUTO_PLUGINS", [], "Comma list of third-party backends (names or distributions) that `auto` may "
-        "pick; by default auto picks only built-in backends, since a plugin's capabilities are its own claim")
+        "EXECBOX_AUTO_PLUGINS", [], "comma list of third-party backends (or distributions) `auto` may pick; by "
+        "default it picks only built-ins, since a plugin's capabilities are its own claim")
     disable_plugins: Annotated[list[str], NoDecode] = setting(
-        "EXECBOX_DISABLE_PLUGINS", [], "Comma list of third-party plugins not to load"
-    )
+        "EXECBOX_DISABLE_PLUGINS", [], "comma list of third-party plugins not to load")
 
     _split_lists = field_validator("secret_files", "load_plugins", "auto_plugins", "disable_plugins",
                                    mode="before")(comma_list)
