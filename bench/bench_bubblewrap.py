@@ -27,7 +27,7 @@ from _common import median_ms  # bench/_common.py (run from the repo: python ben
 from execbox import Limits, Runner, Settings
 from execbox.backends import bubblewrap as bw
 from execbox.core import disk
-from execbox.core.models import ExecRequest
+from execbox.core.models import ExecSpec
 from execbox.runner import run_blocking
 
 
@@ -38,7 +38,7 @@ def bare_bwrap_argv(report: bw.HostReport, workspace: str) -> list[str]:
         report, bw.BubblewrapSettings.from_env(), workspace, workspace)
     for name in ("passwd", "group", "hosts"):
         open(os.path.join(workspace, name), "w").close()
-    request = ExecRequest(argv=["true"], timeout=10, max_output_bytes=1000, network="none")
+    request = ExecSpec(argv=["true"], timeout=10, max_output_bytes=1000, network="none", workdir=bw.WORKSPACE)
     return [report.bwrap, *session._bwrap_args(request), "--", "true"]
 
 
