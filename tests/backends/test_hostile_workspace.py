@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from execbox import BackendUnavailableError, FileTooLargeError, Runner, Settings, run_blocking
+from execbox import BackendUnavailableError, FileTooLargeError, Runner, SandboxError, Settings, run_blocking
 from execbox.testing import engine_missing
 
 pytestmark = pytest.mark.engine
@@ -70,3 +70,13 @@ def test_a_one_shot_run_that_plants_the_same_leaves_nothing(runner: Runner) -> N
     result = runner.run_code(HOSTILE, timeout=60)
     assert result.exit_code == 0, result
     assert leftovers(runner) <= before
+
+
+def test_a_full_workspace_makes_write_file_a_clear_error(runner: Runner) -> None:
+    if "disk" not in run_blocking(runner.aio.backend(runner.settings.backend).check).limits:
+        pytest.skip("this backend does not claim the disk limit here")  # not an engine: a capability
+    with Runner(Settings(backend=runner.settings.backend, disk_mb=16)).sandbox() as sb:
+        sb.exec("dd if=/dev/zero of=fill bs=1M count=64 2>/dev/null; true", timeout=30)
+        with pytest.raises(SandboxError, match="the workspace is full") as info:
+            sb.write_file("more.bin", b"x" * (4 << 20))
+        assert info.value.env_var == "CODE_EXEC_DISK_MB"

@@ -11,7 +11,7 @@ import os
 import posixpath
 import stat
 
-from execbox.core.errors import FileTooLargeError, WorkspacePathError
+from execbox.core.errors import FileTooLargeError, SandboxError, WorkspacePathError
 
 
 def normalize(path: str, workspace: str | None = None) -> str:
@@ -109,10 +109,17 @@ def safe_write(root: str, rel: str, data: bytes, *, owner: tuple[int, int] | Non
         raise WorkspacePathError(f"refused {rel!r}: not a regular file")
     os.set_blocking(fd, True)
     os.ftruncate(fd, 0)
-    with os.fdopen(fd, "wb") as fh:
-        if owner:
-            os.fchown(fh.fileno(), *owner)
-        fh.write(data)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if owner:
+                os.fchown(fh.fileno(), *owner)
+            fh.write(data)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # the sandbox filled its workspace
+            raise SandboxError(f"cannot write {rel!r}: the workspace is full ({exc.strerror}); it holds at most "
+                               "CODE_EXEC_DISK_MB: free space in it or raise the limit",
+                               env_var="CODE_EXEC_DISK_MB") from None
+        raise SandboxError(f"cannot write {rel!r} in the workspace: {exc.strerror}") from None
 
 
 def remove_tree(path: str) -> None:
