@@ -27,7 +27,7 @@ from execbox.core.errors import (
     WorkspacePathError,
 )
 from execbox.core.hookspecs import PluginWarning, hookimpl
-from execbox.core.models import Capabilities, ExecRequest, ExecResult, Limits
+from execbox.core.models import Capabilities, EgressAttempt, ExecRequest, ExecResult, Limits
 from execbox.core.settings import Settings
 from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox, run_blocking
 
@@ -38,6 +38,7 @@ __all__ = [
     "Capabilities",
     "ConfigError",
     "ExecRequest",
+    "EgressAttempt",
     "ExecResult",
     "ExecboxError",
     "ExecutionBackend",

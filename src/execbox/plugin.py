@@ -43,7 +43,7 @@ from execbox.core.errors import (
 from execbox.core.hookspecs import PluginWarning, hookimpl
 from execbox.core.hostsession import HostWorkspaceSession
 from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, ExecRequest, ExecResult, ExecSpec, Limits, NetworkMode
+from execbox.core.models import Capabilities, EgressAttempt, ExecRequest, ExecResult, ExecSpec, Limits, NetworkMode
 from execbox.core.output import BoundedCapture
 from execbox.core.owner import owner_alive, owner_id, pid_alive
 from execbox.core.procs import CommandEnv, ProcessOutcome, reaped, run_process
@@ -63,6 +63,7 @@ __all__ = [
     "Capabilities",
     "CommandEnv",
     "ConfigError",
+    "EgressAttempt",
     "ExecRequest",
     "ExecResult",
     "ExecSpec",

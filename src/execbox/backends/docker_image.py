@@ -37,7 +37,8 @@ from execbox.plugin import BackendUnavailableError, ExecboxError
 DEFAULT_TAG = "execbox-sandbox:bookworm"
 DEFAULT_SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-DEFAULT_PACKAGES = ("python3", "coreutils")
+# ca-certificates, pip and venv: what a package install needs (through the proxy network mode).
+DEFAULT_PACKAGES = ("python3", "coreutils", "ca-certificates", "python3-pip", "python3-venv")
 # 65534:65534 is nobody:nogroup in Debian; the backend passes its own user for every container,
 # this is only the default for someone running the image by hand.
 DEFAULT_USER = "65534:65534"

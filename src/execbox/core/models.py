@@ -157,6 +157,22 @@ def _encodable(text: str, what: str) -> None:
                          "to send") from None
 
 
+class EgressAttempt(BaseModel):
+    """One connection the sandboxed code asked the proxy for (network mode ``proxy``), allowed or denied."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    port: int
+    allowed: bool
+    # Why, in words a caller (or a model) can act on: "not in the allowlist", "resolves to a private address".
+    reason: str
+    # The address the proxy resolved and connected to (or refused); "" when it never resolved.
+    address: str = ""
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
 class ExecResult(BaseModel):
     """What happened. A failed command is a result with a non-zero exit code, not an exception."""
 
@@ -172,6 +188,8 @@ class ExecResult(BaseModel):
     filtered_env: list[str] = Field(default_factory=list)
     # Facts the caller should know about this result, e.g. a sandbox status that is only attested.
     notes: list[str] = Field(default_factory=list)
+    # Network mode proxy: every connection attempt of this run, in order (empty in other modes).
+    egress: list[EgressAttempt] = Field(default_factory=list)
 
     @property
     def ok(self) -> bool:
