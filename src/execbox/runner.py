@@ -17,6 +17,7 @@ import anyio
 from anyio.from_thread import start_blocking_portal
 from pydantic import ValidationError
 
+from execbox.core import audit as audit_log
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import filter_env
 from execbox.core.errors import (
@@ -110,6 +111,9 @@ class AsyncRunner:
         self.guard = Guard(self.settings)
         self.options = {name: dict(values) for name, values in (options or {}).items()}
         self._backends: dict[tuple[str, str], ExecutionBackend] = {}
+        #: The audit log (CODE_EXEC_AUDIT_LOG): every exec, refusal and sandbox open/close is recorded; other parts
+        #: (the MCP server's approvals, say) record through ``runner.audit.record(event, **fields)``.
+        self.audit = audit_log.AuditLog.from_settings(self.settings)
 
     async def __aenter__(self) -> AsyncRunner:
         return self
@@ -411,6 +415,10 @@ class Runner:
     @property
     def settings(self) -> Settings:
         return self.aio.settings
+
+    @property
+    def audit(self) -> audit_log.AuditLog:
+        return self.aio.audit
 
     def run(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
         return run_blocking(functools.partial(self.aio.run, command, **kw))

@@ -14,9 +14,10 @@ from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from execbox.core.audit import resolve_path
 from execbox.core.errors import ConfigError
 from execbox.core.models import NetworkMode
 
@@ -146,6 +147,21 @@ class Settings(EnvSettings):
         "default it picks only built-ins, since a plugin's capabilities are its own claim")
     disable_plugins: Annotated[list[str], NoDecode] = setting(
         "EXECBOX_DISABLE_PLUGINS", [], "comma list of third-party plugins not to load")
+    audit_log: str | None = setting(
+        "CODE_EXEC_AUDIT_LOG", None, "audit log path (JSON Lines, hash-chained); (none) = "
+        "$XDG_STATE_HOME/execbox/audit.jsonl, else ~/.local/state/execbox/audit.jsonl; `off` disables it; a path a "
+        "sandbox could reach (a workspace, /usr, /etc, ...) is refused", validate_default=True)
+    audit_key: SecretStr | None = setting(
+        "CODE_EXEC_AUDIT_KEY", None, "key that makes the audit chain an HMAC-SHA256 chain (only its holder can "
+        "rebuild it)")
+    audit_key_file: Path | None = setting(
+        "CODE_EXEC_AUDIT_KEY_FILE", None, "file holding the audit key (instead of CODE_EXEC_AUDIT_KEY)")
+    audit_max_bytes: int = setting(
+        "CODE_EXEC_AUDIT_MAX_BYTES", 64 << 20, "audit log size that starts a new file (the chain continues), bytes",
+        ge=4096, le=1 << 40)
+    audit_output: int = setting(
+        "CODE_EXEC_AUDIT_OUTPUT", 0, "bytes of stdout and stderr text the audit log keeps per stream; 0 = only their "
+        "SHA-256 and size", ge=0, le=1 << 20)
 
     _split_lists = field_validator("secret_files", "load_plugins", "auto_plugins", "disable_plugins",
                                    mode="before")(comma_list)
@@ -154,6 +170,11 @@ class Settings(EnvSettings):
     @classmethod
     def _empty_means_none_loaded(cls, value: Any) -> Any:
         return [] if value == "" else value
+
+    @field_validator("audit_log")
+    @classmethod
+    def _audit_path(cls, value: str | None) -> str:
+        return resolve_path(value)  # a ConfigError naming CODE_EXEC_AUDIT_LOG when a sandbox could reach it
 
     @property
     def session_backend(self) -> str:

@@ -1,0 +1,479 @@
+"""The audit log: one tamper-evident JSON Lines record per event (exec, refusal, sandbox open/close, gc, approval).
+
+Format. Each line is one JSON object with ``seq`` (1, 2, ... across every file), ``ts`` (UTC, ISO 8601), ``event``,
+the event's fields, ``prev`` (the previous record's ``hash``; 64 zeros for the first) and ``hash``: SHA-256 of the
+record's canonical JSON without ``hash`` (``alg: sha256``), or, with a key (CODE_EXEC_AUDIT_KEY or
+CODE_EXEC_AUDIT_KEY_FILE), HMAC-SHA256 under that key (``alg: hmac-sha256``). Editing, removing or reordering a
+record breaks the chain at that record. A plain SHA-256 chain can be rebuilt by anyone who can write the file; an
+HMAC chain only by someone who holds the key.
+
+Writers. ``record()`` takes an exclusive ``flock`` on ``<log>.lock`` (threads and processes alike), reads the last
+record of the log under that lock, appends one complete line with one ``write`` and ``fdatasync``s it, then
+updates ``<log>.head`` (the last seq and hash, MAC'd under the key). Every record is on disk before the call
+returns: the log answers "what ran" after a crash or power loss too; the cost is measured in bench/bench_audit.py.
+A log larger than CODE_EXEC_AUDIT_MAX_BYTES is renamed ``<log>.<last seq, 12 digits>`` and a new file starts,
+its first record chaining to the last of the old one.
+
+Truncation. A hash chain alone cannot tell a log cut after record N from a log that ended at N. The head file
+can: ``verify`` fails when the log ends before the head says it does (or the head is missing while records
+exist). Honest limits: someone who can write both files and rewrite the head consistently (anyone, without a
+key; with a key, only by putting back an older head they copied) can still cut the tail unseen, and someone who
+deletes every file leaves nothing to verify. Ship the records off the host if that matters.
+
+Failures. A record that cannot be written never raises into the run it describes: ``record()`` returns a note
+(the caller puts it on the result), warns, and appends the failure to ``audit-failures.jsonl`` in the per-user
+state directory when it can, where ``execbox doctor`` reports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import errno
+import fcntl
+import getpass
+import hashlib
+import hmac
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from execbox.core.errors import ConfigError
+
+GENESIS = "0" * 64
+OFF = "off"
+#: A record larger than this is written as a stub holding the SHA-256 of what it would have said.
+MAX_RECORD_BYTES = 1 << 20
+_ROTATED = re.compile(r"\.(\d{12})$")
+# Places a sandbox can see: the system directories bubblewrap binds read-only, the kernel's views.
+EXPOSED_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/sys", "/dev")
+# Every session directory execbox makes under the temporary directory starts with this.
+WORKSPACE_PREFIX = "execbox-"
+
+#: The caller (and its delegation chain) of the execs in this context; the MCP server sets it per request.
+CALLER: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("execbox_audit_caller", default=None)
+
+
+def state_dir() -> Path:
+    """$XDG_STATE_HOME/execbox, else ~/.local/state/execbox."""
+    base = os.environ.get("XDG_STATE_HOME") or ""
+    root = Path(base) if base.startswith("/") else Path(os.path.expanduser("~")) / ".local" / "state"
+    return root / "execbox"
+
+
+def default_path() -> Path:
+    return state_dir() / "audit.jsonl"
+
+
+def resolve_path(value: str | None) -> str:
+    """The log path a CODE_EXEC_AUDIT_LOG value means ("off", or an absolute path), or ConfigError when a
+    sandbox could reach it."""
+    if value is not None and value.strip().lower() == OFF:
+        return OFF
+    path = os.path.abspath(os.path.expanduser(value)) if value and value.strip() else str(default_path())
+    reach = exposed(path)
+    if reach:
+        raise ConfigError(f"CODE_EXEC_AUDIT_LOG={path!r} is {reach}, where a sandbox could read or write it. Put the "
+                          "log in a private directory (the default is $XDG_STATE_HOME/execbox/audit.jsonl), or "
+                          "set it to off", env_var="CODE_EXEC_AUDIT_LOG")
+    return path
+
+
+def exposed(path: str) -> str | None:
+    """Why a sandbox could reach ``path``, or None: under a system directory bubblewrap binds, or inside a
+    session directory (a workspace) execbox made under the temporary directory."""
+    candidates = {os.path.normpath(path)}
+    with contextlib.suppress(OSError, ValueError):
+        candidates.add(os.path.realpath(path))
+    tmp = {os.path.normpath(tempfile.gettempdir())}
+    with contextlib.suppress(OSError, ValueError):
+        tmp.add(os.path.realpath(tempfile.gettempdir()))
+    for p in candidates:
+        for top in EXPOSED_DIRS:
+            if p == top or p.startswith(top + "/"):
+                return f"under {top}"
+        for t in tmp:
+            if p.startswith(t.rstrip("/") + "/"):
+                first = p[len(t.rstrip("/")) + 1:].split("/")[0]
+                if first.startswith(WORKSPACE_PREFIX):
+                    return f"inside a sandbox workspace ({t}/{first})"
+    return None
+
+
+def load_key(key: str | None, key_file: str | os.PathLike[str] | None) -> bytes | None:
+    """The HMAC key: CODE_EXEC_AUDIT_KEY's text, or the key file's bytes (one trailing newline dropped)."""
+    if key:
+        return key.encode()
+    if key_file:
+        try:
+            data = Path(key_file).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"CODE_EXEC_AUDIT_KEY_FILE={str(key_file)!r} cannot be read: {exc.strerror}. Fix the "
+                              "path or its permissions", env_var="CODE_EXEC_AUDIT_KEY_FILE") from None
+        data = data[:-1] if data.endswith(b"\n") else data
+        if not data:
+            raise ConfigError(f"CODE_EXEC_AUDIT_KEY_FILE={str(key_file)!r} is empty; put the key in it",
+                              env_var="CODE_EXEC_AUDIT_KEY_FILE")
+        return data
+    return None
+
+
+def canonical(record: Mapping[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+
+
+def digest(record: Mapping[str, Any], key: bytes | None) -> str:
+    """The ``hash`` of a record (every field but ``hash``): SHA-256, or HMAC-SHA256 under ``key``."""
+    body = canonical({k: v for k, v in record.items() if k != "hash"})
+    if key is None:
+        return hashlib.sha256(body).hexdigest()
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def head_mac(seq: int, last: str, key: bytes | None) -> str:
+    body = f"execbox-audit-head:{seq}:{last}".encode()
+    return hmac.new(key, body, hashlib.sha256).hexdigest() if key else hashlib.sha256(body).hexdigest()
+
+
+def sha256(data: bytes | str | None) -> str | None:
+    if data is None:
+        return None
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def argv_sha256(argv: Sequence[str]) -> str:
+    """SHA-256 of an argv as the kernel receives it: each word NUL-terminated."""
+    return hashlib.sha256(b"".join(w.encode() + b"\0" for w in argv)).hexdigest()
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def caller_identity() -> dict[str, Any]:
+    """Who is running execbox: uid, user, pid, and the delegation chain the context carries (if any)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = None
+    identity: dict[str, Any] = {"uid": os.getuid(), "user": user, "pid": os.getpid()}
+    chain = CALLER.get()
+    if chain:
+        identity["chain"] = list(chain)
+    return identity
+
+
+@contextlib.contextmanager
+def caller(*chain: str) -> Iterator[None]:
+    """Attribute the records written inside this block to ``chain`` (outermost first, e.g. the MCP client, the
+    agent, the sub-agent it delegated to)."""
+    token = CALLER.set([*(CALLER.get() or []), *chain])
+    try:
+        yield
+    finally:
+        CALLER.reset(token)
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+class AuditLog:
+    """Appends hash-chained records to ``path`` (``None``: the log is off and ``record`` does nothing)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None, *, key: bytes | None = None,
+                 max_bytes: int = 64 << 20, keep_output: int = 0) -> None:
+        self.path = Path(path) if path is not None else None
+        self.key = key
+        self.max_bytes = max_bytes
+        self.keep_output = keep_output
+        #: The notes of the writes that failed in this process, oldest first (bounded).
+        self.failures: list[str] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> AuditLog:
+        """The log the core settings describe (audit_log already resolved by the settings' validator)."""
+        path = settings.audit_log
+        key_value = settings.audit_key.get_secret_value() if settings.audit_key is not None else None
+        key = load_key(key_value, settings.audit_key_file)
+        return cls(None if path == OFF else path, key=key, max_bytes=settings.audit_max_bytes,
+                   keep_output=settings.audit_output)
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
+    @property
+    def lock_path(self) -> Path:
+        assert self.path is not None
+        return self.path.with_name(self.path.name + ".lock")
+
+    @property
+    def head_path(self) -> Path:
+        assert self.path is not None
+        return self.path.with_name(self.path.name + ".head")
+
+    def record(self, event: str, **fields: Any) -> str | None:
+        """Append one record; ``None`` when it was written (or the log is off), else a note saying why not.
+
+        Never raises for an I/O failure: the note is for the caller to surface (on a result, in a reply), and the
+        failure is also warned and kept for `execbox doctor`."""
+        if self.path is None:
+            return None
+        try:
+            with self._lock:
+                self._append(event, fields)
+            return None
+        except (OSError, ValueError, TypeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            note = (f"audit log: this {event} was NOT recorded in {self.path}: {why}. Fix the path or its "
+                    "permissions (CODE_EXEC_AUDIT_LOG); `execbox doctor` reports it")
+            self._failed(note)
+            return note
+
+    def _failed(self, note: str) -> None:
+        self.failures = [*self.failures[-99:], note]
+        warnings.warn(note, RuntimeWarning, stacklevel=3)
+        with contextlib.suppress(OSError):
+            where = state_dir()
+            where.mkdir(parents=True, exist_ok=True, mode=0o700)
+            line = json.dumps({"ts": now_iso(), "log": str(self.path), "pid": os.getpid(), "note": note}) + "\n"
+            fd = os.open(where / FAILURES_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+
+    def _append(self, event: str, fields: Mapping[str, Any]) -> None:
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                seq, prev, size = self._tail(fd)
+                line = self._line(seq + 1, prev, event, fields)
+                if size and size + len(line) > self.max_bytes:
+                    os.close(fd)
+                    fd = -1
+                    os.rename(self.path, self.path.with_name(f"{self.path.name}.{seq:012d}"))
+                    fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, 0o600)
+                written = os.write(fd, line)
+                if written != len(line):  # a full disk: cut the partial line off rather than leave half a record
+                    os.ftruncate(fd, os.fstat(fd).st_size - written)
+                    raise OSError(errno.ENOSPC, "the disk is full (a partial write)")
+                os.fdatasync(fd)
+                record = json.loads(line)
+                self._write_head(record["seq"], record["hash"])
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        finally:
+            os.close(lock)  # releases the flock
+
+    def _line(self, seq: int, prev: str, event: str, fields: Mapping[str, Any]) -> bytes:
+        record: dict[str, Any] = {"seq": seq, "ts": now_iso(), "event": event, **fields,
+                                  "alg": "hmac-sha256" if self.key else "sha256", "prev": prev}
+        for reserved in ("seq", "ts", "event", "alg", "prev", "hash"):
+            if reserved in fields:
+                raise ValueError(f"audit record field {reserved!r} is reserved; name it otherwise")
+        # Through JSON and back: the record hashed is exactly the one `verify` will read (tuples, paths, int keys).
+        record = json.loads(json.dumps(record, ensure_ascii=False, default=str))
+        body = canonical(record)
+        if len(body) > MAX_RECORD_BYTES:
+            record = {"seq": seq, "ts": record["ts"], "event": event, "oversize": len(body),
+                      "fields_sha256": hashlib.sha256(body).hexdigest(), "alg": record["alg"], "prev": prev}
+        record["hash"] = digest(record, self.key)
+        # Written in the order above (readable); hashed in canonical (sorted) form.
+        return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+    def _tail(self, fd: int) -> tuple[int, str, int]:
+        """(seq, hash) of the last record (in this file, else in the newest rotated one, else the genesis) and the
+        file's size. A torn last line (a crash mid-write) is cut off and its loss recorded."""
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return (*self._rotated_tail(), 0)
+        last, start = _last_line(fd, size)
+        if not last.endswith(b"\n"):
+            os.ftruncate(fd, start)
+            seq, prev, _ = self._tail(fd)
+            line = self._line(seq + 1, prev, "audit.torn", {"bytes": len(last), "sha256": sha256(last)})
+            os.write(fd, line)
+            return seq + 1, json.loads(line)["hash"], start + len(line)
+        try:
+            rec = json.loads(last)
+            return int(rec["seq"]), str(rec["hash"]), size
+        except (ValueError, KeyError, TypeError):
+            # Not a record (edited by hand?): chain to its bytes; `verify` names the line.
+            head = read_head(self.head_path)
+            return (head[0] if head else 0), hashlib.sha256(last).hexdigest(), size
+
+    def _rotated_tail(self) -> tuple[int, str]:
+        assert self.path is not None
+        files = rotated_files(self.path)
+        if not files:
+            return 0, GENESIS
+        with open(files[-1], "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                return 0, GENESIS
+            last, _ = _last_line(fh.fileno(), size)
+        try:
+            rec = json.loads(last)
+            return int(rec["seq"]), str(rec["hash"])
+        except (ValueError, KeyError, TypeError):
+            return 0, hashlib.sha256(last).hexdigest()
+
+    def _write_head(self, seq: int, last: str) -> None:
+        head = json.dumps({"seq": seq, "hash": last, "mac": head_mac(seq, last, self.key)}).encode() + b"\n"
+        tmp = self.head_path.with_name(self.head_path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, head)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.head_path)
+
+
+FAILURES_FILE = "audit-failures.jsonl"
+
+
+def _last_line(fd: int, size: int) -> tuple[bytes, int]:
+    """The last line of a file (with its newline, if it has one) and where it starts."""
+    end = size
+    chunk = 64 << 10
+    buf = b""
+    pos = end
+    while pos > 0:
+        step = min(chunk, pos)
+        pos -= step
+        buf = os.pread(fd, step, pos) + buf
+        body = buf[:-1] if buf.endswith(b"\n") and pos + len(buf) == end else buf
+        nl = body.rfind(b"\n")
+        if nl >= 0:
+            return buf[nl + 1:], pos + nl + 1
+        if len(buf) > 2 * MAX_RECORD_BYTES:
+            break
+    return buf, pos
+
+
+def rotated_files(path: Path) -> list[Path]:
+    """The rotated files of a log, oldest first."""
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if name.startswith(path.name + "."):
+            m = _ROTATED.search(name)
+            if m and name == f"{path.name}.{m.group(1)}":
+                found.append((int(m.group(1)), path.parent / name))
+    return [p for _, p in sorted(found)]
+
+
+def read_head(path: Path) -> tuple[int, str, str] | None:
+    try:
+        head = json.loads(path.read_bytes())
+        return int(head["seq"]), str(head["hash"]), str(head.get("mac", ""))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# --- what a run records ---------------------------------------------------------------------------
+
+
+@dataclass
+class RunContext:
+    """What the runner knows of one exec before it runs: filled in by ``exec_fields`` afterwards."""
+
+    session: str
+    oneshot: bool
+    backend: str
+    config: dict[str, Any]
+    started: float = field(default_factory=time.monotonic)
+
+
+def stream_fields(text: str, keep: int) -> dict[str, Any]:
+    data = text.encode(errors="surrogatepass")
+    out: dict[str, Any] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    if keep:
+        out["text"] = data[:keep].decode(errors="replace")
+        if len(data) > keep:
+            out["text_truncated"] = True
+    return out
+
+
+def request_fields(request: Any, dropped: Sequence[str]) -> dict[str, Any]:
+    """What an ExecRequest said, as hashes and names only: code or argv, stdin, files, env names."""
+    out: dict[str, Any] = {}
+    if request.code is not None:
+        out["code_sha256"], out["language"] = sha256(request.code), request.language
+    else:
+        out["argv_sha256"] = argv_sha256(request.argv)
+    if request.stdin is not None:
+        out["stdin_sha256"], out["stdin_bytes"] = sha256(request.stdin), len(request.stdin)
+    if request.files:
+        out["files"] = {path: {"sha256": sha256(data), "bytes": len(data)}
+                        for path, data in sorted(request.files.items())}
+    out["env"] = {"passed": sorted(request.env), "dropped": sorted(dropped)}
+    if request.workdir:
+        out["workdir"] = request.workdir
+    return out
+
+
+def config_fields(backend: Any, request: Any) -> dict[str, Any]:
+    """The effective configuration of a run: network, limits, timeout, output cap, and what the backend's options
+    say of where it runs (image, host, runtime; never credentials)."""
+    limits = request.limits.model_dump(exclude_none=True) if request.limits is not None else {}
+    out: dict[str, Any] = {"network": request.network, "limits": limits, "timeout": request.timeout,
+                           "max_output_bytes": request.max_output_bytes,
+                           "isolation": backend.capabilities.isolation}
+    try:
+        options = backend.options.model_dump()
+    except Exception:  # noqa: BLE001 - a third-party options model must not break the run it describes
+        options = {}
+    for name in WHERE_FIELDS:
+        value = options.get(name)
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if isinstance(value, (int, float)) or (isinstance(value, str) and value):
+            out[name] = value[:200] if isinstance(value, str) else value
+    return out
+
+
+#: Backend option names whose values say where and how a run happened (and are never secrets).
+WHERE_FIELDS = ("image", "runtime", "host", "port", "user", "target", "region", "platform", "binary")
+
+
+def result_fields(result: Any, keep_output: int) -> dict[str, Any]:
+    return {
+        "exit_code": result.exit_code, "timed_out": result.timed_out, "oom_killed": result.oom_killed,
+        "truncated": result.truncated, "duration_s": result.duration_s,
+        "stdout": stream_fields(result.stdout, keep_output), "stderr": stream_fields(result.stderr, keep_output),
+        "egress": [a.model_dump() for a in result.egress],
+    }
+
+
+def error_fields(exc: BaseException) -> dict[str, Any]:
+    to_dict = getattr(exc, "to_dict", None)
+    if callable(to_dict):
+        return {"error": to_dict()}
+    return {"error": {"type": type(exc).__name__, "message": str(exc)[:2000]}}
