@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
+import anyio.abc
 from anyio.from_thread import start_blocking_portal
 from pydantic import ValidationError
 
@@ -37,6 +38,8 @@ from execbox.core.models import (
     Limits,
     NetworkMode,
 )
+from execbox.core.pool import WarmPool
+from execbox.core.scheduler import Slots, default_max_concurrent
 from execbox.core.settings import Settings
 from execbox.core.workspace import normalize
 from execbox.guard.guard import Guard
@@ -114,15 +117,42 @@ class AsyncRunner:
         #: The audit log (CODE_EXEC_AUDIT_LOG): every exec, refusal and sandbox open/close is recorded; other parts
         #: (the MCP server's approvals, say) record through ``runner.audit.record(event, **fields)``.
         self.audit = audit_log.AuditLog.from_settings(self.settings)
+        #: The concurrency cap, shared by every thread and loop that uses this runner.
+        self.slots = Slots(self.settings.max_concurrent or default_max_concurrent(self.settings.memory_mb))
+        #: Warm sandboxes; active only while the runner is entered (its background task group refills them).
+        self.pool = WarmPool(self.settings.pool_size, self.settings.pool_ttl_sec)
+        self._background: Any = None
+        self._pool_stop: anyio.Event | None = None
 
     async def __aenter__(self) -> AsyncRunner:
+        if self.settings.pool_size and self._background is None:
+            self._background = anyio.create_task_group()
+            self.pool.attach(await self._background.__aenter__())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def serve_pool(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Host the warm pool's background work until ``aclose``: for a caller that cannot enter the runner and
+        leave it in one task (the sync facade runs this in its loop thread)."""
+        async with anyio.create_task_group() as tasks:
+            self.pool.attach(tasks)
+            self._pool_stop = anyio.Event()
+            task_status.started()
+            await self._pool_stop.wait()
+            tasks.cancel_scope.cancel()
+
     async def aclose(self) -> None:
-        """Close every backend instance this runner made (engine clients, connections)."""
+        """Close the warm pool and every backend instance this runner made (engine clients, connections)."""
+        background, self._background = self._background, None
+        with anyio.CancelScope(shield=True):
+            await self.pool.aclose()
+        if self._pool_stop is not None:
+            self._pool_stop.set()
+        if background is not None:
+            background.cancel_scope.cancel()
+            await background.__aexit__(None, None, None)
         backends, self._backends = list(self._backends.values()), {}
         with anyio.CancelScope(shield=True):
             for backend in backends:
@@ -225,13 +255,35 @@ class AsyncRunner:
         resolved, dropped, asked = self.prepare(request)
         impl, _ = await self._admitted(backend, resolved, asked, session=False)
         spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60)
-        with backend_errors(impl.name):
-            session = await impl.open_session(spec)
-        try:
-            return await _exec_in(impl, session, resolved, dropped)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await session.close()
+        _enough_threads(self.slots.total)
+        async with self.slots.slot(self.settings.queue_timeout_sec, "this run") as waited:
+            session = self.pool.take(impl, spec)
+            pooled = session is not None
+            if session is None:
+                with backend_errors(impl.name):
+                    session = await impl.open_session(spec)
+            try:
+                result = await _exec_in(impl, session, resolved, dropped)
+            finally:
+                if pooled:
+                    self.pool.discard(session)  # used once; removed in the background
+                else:
+                    with anyio.CancelScope(shield=True):
+                        await session.close()
+        return result.model_copy(update={"queued_s": waited, "pooled": pooled})
+
+    async def warm(self, backend: str | None = None, *, network: NetworkMode | None = None,
+                   limits: Limits | None = None, timeout: float | None = None) -> int:
+        """Start filling the warm pool for one configuration now (rather than on its first run); returns how
+        many members are ready at this moment. Needs CODE_EXEC_POOL_SIZE > 0 and an entered runner."""
+        if not self.pool.active:
+            raise ConfigError("the warm pool is off: set CODE_EXEC_POOL_SIZE (or Settings(pool_size=...)) and use "
+                              "the runner as `async with AsyncRunner() as runner:`", env_var="CODE_EXEC_POOL_SIZE")
+        resolved, _, asked = self.prepare(ExecRequest(argv=["true"], network=network, limits=limits, timeout=timeout))
+        impl, _ = await self._admitted(backend, resolved, asked, session=False)
+        spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60)
+        self.pool.refill(impl, spec)
+        return self.pool.ready(impl, spec)
 
     async def _admitted(self, backend: str | None, resolved: ExecRequest, asked: set[str], *, session: bool,
                         options: Mapping[str, Any] | None = None) -> tuple[ExecutionBackend, Capabilities]:
@@ -273,6 +325,13 @@ class AsyncRunner:
         e.g. ``image=`` for docker), on top of the runner's and the environment's."""
         return AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s,
                             options=options)
+
+
+def _enough_threads(slots: int) -> None:
+    """Backends block in worker threads; anyio's default of 40 per loop must not become a second, hidden cap."""
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    if limiter.total_tokens < 2 * slots + 8:
+        limiter.total_tokens = 2 * slots + 8
 
 
 def _request_kw(network: NetworkMode | None = None, timeout: float | None = None, env: Mapping[str, str] | None = None,
@@ -330,6 +389,8 @@ class AsyncSandbox:
         self._name = name
         self._lifetime_s = lifetime_s
         self._session: Session | None = None
+        #: Seconds this sandbox waited for a slot (CODE_EXEC_MAX_CONCURRENT) before it opened.
+        self.queued_s = 0.0
         self.backend: ExecutionBackend | None = None
         self.capabilities: Capabilities | None = None
 
@@ -339,8 +400,14 @@ class AsyncSandbox:
         self.backend, self.capabilities = await self.runner._admitted(self._backend_name, resolved, asked, session=True,
                                                                       options=self._options)
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name)
-        with backend_errors(self.backend.name):
-            self._session = await self.backend.open_session(spec)
+        _enough_threads(self.runner.slots.total)
+        self.queued_s = await self.runner.slots.acquire(self.runner.settings.queue_timeout_sec, "this sandbox")
+        try:
+            with backend_errors(self.backend.name):
+                self._session = await self.backend.open_session(spec)
+        except BaseException:
+            self.runner.slots.release()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -351,8 +418,11 @@ class AsyncSandbox:
     async def close(self) -> None:
         if self._session is not None:
             session, self._session = self._session, None
-            with anyio.CancelScope(shield=True):
-                await session.close()
+            try:
+                with anyio.CancelScope(shield=True):
+                    await session.close()
+            finally:
+                self.runner.slots.release()
 
     def _live(self) -> tuple[ExecutionBackend, Session]:
         if self._session is None or self.backend is None:
@@ -402,15 +472,40 @@ class Runner:
     def __init__(self, settings: Settings | None = None, *,
                  options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.aio = AsyncRunner(settings, options=options)
+        self._portal_cm: Any = None
+        self._portal: Any = None
 
     def __enter__(self) -> Runner:
+        # With a warm pool the runner needs one event loop for its life (the pool refills in the background);
+        # otherwise each call runs in its own short-lived loop.
+        if self.aio.settings.pool_size and self._portal is None:
+            self._portal_cm = start_blocking_portal()
+            self._portal = self._portal_cm.__enter__()
+            self._pool_task, _ = self._portal.start_task(self.aio.serve_pool)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
-        run_blocking(self.aio.aclose)
+        portal, self._portal = self._portal, None
+        if portal is None:
+            run_blocking(self.aio.aclose)
+            return
+        try:
+            portal.call(self.aio.aclose)
+            self._pool_task.result()
+        finally:
+            self._portal_cm.__exit__(None, None, None)
+
+    def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        if self._portal is not None:
+            result: T = self._portal.call(fn)
+            return result
+        return run_blocking(fn)
+
+    def warm(self, backend: str | None = None, **kw: Any) -> int:
+        return self._call(functools.partial(self.aio.warm, backend, **kw))
 
     @property
     def settings(self) -> Settings:
@@ -421,13 +516,13 @@ class Runner:
         return self.aio.audit
 
     def run(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
-        return run_blocking(functools.partial(self.aio.run, command, **kw))
+        return self._call(functools.partial(self.aio.run, command, **kw))
 
     def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
-        return run_blocking(functools.partial(self.aio.run_code, code, language, **kw))
+        return self._call(functools.partial(self.aio.run_code, code, language, **kw))
 
     def execute(self, request: ExecRequest, *, backend: str | None = None) -> ExecResult:
-        return run_blocking(functools.partial(self.aio.execute, request, backend=backend))
+        return self._call(functools.partial(self.aio.execute, request, backend=backend))
 
     def sandbox(self, backend: str | None = None, **kw: Any) -> Sandbox:
         return Sandbox(self.aio.sandbox(backend, **kw))

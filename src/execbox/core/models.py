@@ -190,6 +190,10 @@ class ExecResult(BaseModel):
     notes: list[str] = Field(default_factory=list)
     # Network mode proxy: every connection attempt of this run, in order (empty in other modes).
     egress: list[EgressAttempt] = Field(default_factory=list)
+    # Seconds the run waited for a free sandbox slot (CODE_EXEC_MAX_CONCURRENT), apart from its timeout.
+    queued_s: float = 0.0
+    # True when the run's sandbox came from the warm pool (started ahead, never used before).
+    pooled: bool = False
 
     @property
     def ok(self) -> bool:

@@ -122,6 +122,18 @@ class Settings(EnvSettings):
     max_timeout_sec: float = setting(
         "CODE_EXEC_MAX_TIMEOUT_SEC", 30.0, "default and maximum timeout of a run, seconds",
         gt=0, le=7 * 86400, allow_inf_nan=False)
+    max_concurrent: int | None = setting(
+        "CODE_EXEC_MAX_CONCURRENT", None, "sandboxes alive at once per runner (a session holds one for its life); "
+        "(none) = 4 per core, at most what the host's memory holds at CODE_EXEC_MEMORY_MB each", gt=0)
+    queue_timeout_sec: float = setting(
+        "CODE_EXEC_QUEUE_TIMEOUT_SEC", 60.0, "how long a run may wait for a free slot, seconds (apart from its "
+        "timeout)", gt=0, allow_inf_nan=False)
+    pool_size: int = setting(
+        "CODE_EXEC_POOL_SIZE", 0, "warm pool: started, never-used sandboxes kept per configuration (0 = off); "
+        "only inside `with Runner()` / `async with AsyncRunner()`", ge=0, le=64)
+    pool_ttl_sec: float = setting(
+        "CODE_EXEC_POOL_TTL_SEC", 300.0, "a warm sandbox unused for this long is removed, never handed out, seconds",
+        gt=0, le=86400, allow_inf_nan=False)
     secret_files: Annotated[list[Path], NoDecode] = setting(
         "CODE_EXEC_SECRET_FILES", [], "comma list of extra files for the wallet-seed scan")
     memory_mb: int = setting(

@@ -1,0 +1,118 @@
+"""A warm pool: sandboxes started ahead of time, never used, each handed out once and destroyed after its run.
+
+One queue per configuration (backend instance — so its image and options —, network mode and limits). A member
+is an ordinary session opened with the same SessionSpec contract as any other sandbox, so it carries the same
+hardening, labels and lifetime backstop; gc and the orphan sweep know it like any session, and a member whose
+owner dies is removed by its backend's lifetime backstop. A member older than the pool's TTL is closed, never
+handed out. Refills and the removal of used members run in the runner's background task group, so a run pays
+neither the start nor the removal of its sandbox.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+
+import anyio
+from anyio.abc import TaskGroup
+
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+
+PoolKey = tuple[int, str, Hashable]
+
+
+class WarmPool:
+    def __init__(self, size: int, ttl_s: float, on_error: Callable[[str, BaseException], None] | None = None) -> None:
+        self.size = size
+        self.ttl_s = ttl_s
+        self._members: dict[PoolKey, deque[tuple[float, Session]]] = {}
+        self._filling: dict[PoolKey, int] = {}
+        self._tasks: TaskGroup | None = None
+        self._on_error = on_error
+        #: The last failure of a background refill per backend name, for doctor and tests.
+        self.errors: dict[str, str] = {}
+
+    @staticmethod
+    def key(backend: ExecutionBackend, spec: SessionSpec) -> PoolKey:
+        return (id(backend), spec.network, spec.limits)
+
+    def member_spec(self, spec: SessionSpec) -> SessionSpec:
+        # A member waits up to the TTL, then serves one run (bounded by its own timeout, already in lifetime_s).
+        return SessionSpec(spec.network, spec.limits, False, self.ttl_s + spec.lifetime_s)
+
+    def attach(self, tasks: TaskGroup) -> None:
+        self._tasks = tasks
+
+    @property
+    def active(self) -> bool:
+        return self.size > 0 and self._tasks is not None
+
+    def take(self, backend: ExecutionBackend, spec: SessionSpec) -> Session | None:
+        """A started, never-used member for this configuration, or None; either way a refill is scheduled."""
+        if not self.active:
+            return None
+        key = self.key(backend, spec)
+        queue = self._members.setdefault(key, deque())
+        now = time.monotonic()
+        taken: Session | None = None
+        while queue:
+            started, session = queue.popleft()
+            if now - started < self.ttl_s:
+                taken = session
+                break
+            self.discard(session)  # expired: never handed out
+        self.refill(backend, spec)
+        return taken
+
+    def refill(self, backend: ExecutionBackend, spec: SessionSpec) -> None:
+        if not self.active:
+            return
+        assert self._tasks is not None
+        key = self.key(backend, spec)
+        missing = self.size - len(self._members.get(key, ())) - self._filling.get(key, 0)
+        for _ in range(max(missing, 0)):
+            self._filling[key] = self._filling.get(key, 0) + 1
+            self._tasks.start_soon(self._open_one, backend, spec, key)
+
+    async def _open_one(self, backend: ExecutionBackend, spec: SessionSpec, key: PoolKey) -> None:
+        try:
+            session = await backend.open_session(self.member_spec(spec))
+        except Exception as exc:  # a background refill must not kill the runner; the next run opens its own
+            self.errors[backend.name] = f"{type(exc).__name__}: {exc}"
+            if self._on_error:
+                self._on_error(backend.name, exc)
+            return
+        finally:
+            self._filling[key] -= 1
+        if self._tasks is None:  # the runner closed while this member started
+            with anyio.CancelScope(shield=True):
+                await session.close()
+            return
+        self._members.setdefault(key, deque()).append((time.monotonic(), session))
+
+    def discard(self, session: Session) -> None:
+        """Destroy a used (or expired) member in the background."""
+        if self._tasks is None:
+            raise RuntimeError("the pool is closed")
+        self._tasks.start_soon(self._close, session)
+
+    @staticmethod
+    async def _close(session: Session) -> None:
+        with anyio.CancelScope(shield=True):
+            await session.close()
+
+    def ready(self, backend: ExecutionBackend, spec: SessionSpec) -> int:
+        return len(self._members.get(self.key(backend, spec), ()))
+
+    def count(self) -> int:
+        return sum(len(q) for q in self._members.values())
+
+    async def aclose(self) -> None:
+        """Close every idle member; refills still starting close themselves when they finish."""
+        self._tasks = None
+        members = [session for queue in self._members.values() for _, session in queue]
+        self._members.clear()
+        with anyio.CancelScope(shield=True):
+            for session in members:
+                await session.close()

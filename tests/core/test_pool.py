@@ -1,0 +1,47 @@
+"""The warm pool's bookkeeping on the in-process path (async runner): members are used once, refilled, closed
+with the runner; the pool is off outside an entered runner, and says so."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from execbox import AsyncRunner, Settings
+from execbox.core.errors import ConfigError
+from tests.core.support import anyio_backend  # noqa: F401
+
+pytestmark = pytest.mark.anyio
+
+
+def _local(**kw: object) -> Settings:
+    return Settings(backend="local_subprocess", local=True, network="host", **kw)
+
+
+async def _ready(runner: AsyncRunner, want: int) -> None:
+    with anyio.fail_after(30):
+        while await runner.warm() < want:
+            await anyio.sleep(0.02)
+
+
+async def test_members_serve_one_run_each_and_close_with_the_runner() -> None:
+    async with AsyncRunner(_local(pool_size=2)) as runner:
+        await _ready(runner, 2)
+        first = await runner.run("pwd; ls -A; touch mark")
+        second = await runner.run("pwd; ls -A")
+        assert first.pooled and second.pooled
+        assert first.stdout.split()[0] != second.stdout.split()[0]  # two workspaces
+        assert second.stdout.split()[1:] == []  # the mark is not there
+        await _ready(runner, 2)  # refilled
+        pool = runner.pool
+    assert pool.count() == 0 and not pool.active
+
+
+async def test_the_pool_is_off_unless_the_runner_is_entered() -> None:
+    runner = AsyncRunner(_local(pool_size=2))
+    with pytest.raises(ConfigError, match="CODE_EXEC_POOL_SIZE"):
+        await runner.warm()
+    assert not (await runner.run("true")).pooled
+    await runner.aclose()
+    async with AsyncRunner(_local()) as off:
+        with pytest.raises(ConfigError, match="CODE_EXEC_POOL_SIZE"):
+            await off.warm()
