@@ -39,6 +39,7 @@ from execbox.core.models import (
     NetworkMode,
 )
 from execbox.core.pool import WarmPool
+from execbox.core.results import explain
 from execbox.core.scheduler import Slots, default_max_concurrent
 from execbox.core.settings import Settings
 from execbox.core.workspace import normalize
@@ -263,7 +264,7 @@ class AsyncRunner:
                 with backend_errors(impl.name):
                     session = await impl.open_session(spec)
             try:
-                result = await _exec_in(impl, session, resolved, dropped)
+                result = await _exec_in(impl, session, resolved, dropped, asked_timeout=request.timeout)
             finally:
                 if pooled:
                     self.pool.discard(session)  # used once; removed in the background
@@ -351,8 +352,10 @@ def _request_kw(network: NetworkMode | None = None, timeout: float | None = None
     return {k: v for k, v in kw.items() if v is not None}
 
 
-async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecRequest, dropped: list[str]) -> ExecResult:
-    """Place the files, resolve the workdir, run, and stamp the result with what the runner knows."""
+async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecRequest, dropped: list[str], *,
+                   asked_timeout: float | None = None) -> ExecResult:
+    """Place the files, resolve the workdir, run, and stamp the result with what the runner knows (the limit that
+    cut it short, in words: core.results.explain; ``asked_timeout`` is the timeout as requested, before clamping)."""
     argv, files = request.materialize(session.workspace)
     for path, data in files.items():
         with backend_errors(backend.name):
@@ -369,9 +372,12 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
                     limits=request.limits)
     with backend_errors(backend.name):
         result = await session.exec(spec)
-    return result.model_copy(update={
+    result = result.model_copy(update={
         "backend": backend.name, "filtered_env": dropped, "notes": [*result.notes, *backend.notes()],
     })
+    return explain(result, timeout=request.timeout, asked_timeout=asked_timeout,
+                   max_timeout=backend.settings.max_timeout_sec, memory_mb=request.limits.memory_mb,
+                   network=request.network)
 
 
 class AsyncSandbox:
@@ -445,7 +451,7 @@ class AsyncSandbox:
         resolved, dropped, _ = self.runner.prepare(request.model_copy(update={"network": self._network,
                                                                                "limits": self._limits}))
         self.runner.guard.check_secrets(backend)
-        return await _exec_in(backend, session, resolved, dropped)
+        return await _exec_in(backend, session, resolved, dropped, asked_timeout=request.timeout)
 
     async def exec(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
         return await self.execute(_command_request(command, **_request_kw(**kw)))

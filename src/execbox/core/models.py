@@ -188,6 +188,13 @@ class ExecResult(BaseModel):
     filtered_env: list[str] = Field(default_factory=list)
     # Facts the caller should know about this result, e.g. a sandbox status that is only attested.
     notes: list[str] = Field(default_factory=list)
+    # When a limit cut the run short (or stood in its way): which one, "timeout", "memory" or "network"; None else.
+    limit: Literal["timeout", "memory", "network"] | None = None
+    # That limit in one plain sentence a caller (or a model) can act on: "killed after 30 s: timeout", "killed:
+    # out of memory (1024 MiB)", "network is off in this sandbox (mode none)"; "" when no limit was hit.
+    explanation: str = ""
+    # Whether running it again can help (with the change the explanation names, e.g. a longer timeout).
+    retryable: bool = False
     # Network mode proxy: every connection attempt of this run, in order (empty in other modes).
     egress: list[EgressAttempt] = Field(default_factory=list)
     # Seconds the run waited for a free sandbox slot (CODE_EXEC_MAX_CONCURRENT), apart from its timeout.

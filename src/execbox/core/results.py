@@ -8,6 +8,8 @@ only reported for a run that did not time out; output is the bounded capture's h
 
 from __future__ import annotations
 
+import re
+
 from execbox.core.models import ExecResult
 from execbox.core.output import BoundedCapture
 
@@ -40,3 +42,47 @@ def build_result(*, exit_code: int | None, stdout: BoundedCapture, stderr: Bound
 def failed_to_start(exit_code: int, message: str) -> ExecResult:
     """A command that could not be executed at all (127 not found, 126 not executable), like a shell says."""
     return ExecResult(exit_code=exit_code, stderr=message if message.endswith("\n") else message + "\n")
+
+
+#: What a program prints when it cannot reach the network (resolver, socket, curl, pip, requests, Node).
+NETWORK_ERRORS = re.compile(
+    r"Temporary failure in name resolution|Name or service not known|nodename nor servname|getaddrinfo|"
+    r"Could not resolve host|Network is unreachable|No route to host|Failed to establish a new connection|"
+    r"EAI_AGAIN|ENOTFOUND|ENETUNREACH|Could not connect to|Connection refused", re.I)
+
+
+def explain(result: ExecResult, *, timeout: float, asked_timeout: float | None, max_timeout: float,
+            memory_mb: int | None, network: str) -> ExecResult:
+    """The result with the limit that cut the run short (or stood in its way) said in one plain sentence, and
+    whether trying again can help; a timeout clamped to the maximum is said in ``notes``. The one place these
+    sentences are written, for the API, the CLI and the MCP tools alike."""
+    notes = list(result.notes)
+    if asked_timeout is not None and asked_timeout > max_timeout:
+        notes.append(f"the requested timeout of {asked_timeout:g} s was clamped to {max_timeout:g} s, the maximum "
+                     "(CODE_EXEC_MAX_TIMEOUT_SEC)")
+    limit: str | None = None
+    explanation, retryable = "", False
+    if result.timed_out:
+        limit = "timeout"
+        if timeout < max_timeout:
+            explanation = (f"killed after {timeout:g} s: timeout; a longer timeout (up to {max_timeout:g} s) may let "
+                           "it finish")
+            retryable = True
+        else:
+            explanation = (f"killed after {timeout:g} s: timeout, the longest allowed (CODE_EXEC_MAX_TIMEOUT_SEC); "
+                           "do less per run or make it faster")
+    elif result.oom_killed:
+        limit = "memory"
+        size = f" ({memory_mb} MiB)" if memory_mb else ""
+        explanation = f"killed: out of memory{size}; use less memory (smaller data, process it in chunks)"
+    elif result.exit_code != 0:
+        denied = [a for a in result.egress if not a.allowed]
+        if network == "none" and NETWORK_ERRORS.search(result.stderr[-20_000:] + result.stdout[-4_000:]):
+            limit = "network"
+            explanation = "network is off in this sandbox (mode none); retrying will not reach the network"
+        elif network == "proxy" and denied:
+            limit = "network"
+            explanation = (f"the egress proxy refused {denied[0].host}:{denied[0].port} ({denied[0].reason}); only "
+                           "the allowlisted destinations can be reached")
+    return result.model_copy(update={"notes": notes, "limit": limit, "explanation": explanation,
+                                     "retryable": retryable})
