@@ -264,7 +264,8 @@ class AsyncRunner:
                 with backend_errors(impl.name):
                     session = await impl.open_session(spec)
             try:
-                result = await _exec_in(impl, session, resolved, dropped, asked_timeout=request.timeout)
+                result = await _exec_audited(self.audit, impl, session, resolved, dropped,
+                                             asked_timeout=request.timeout)
             finally:
                 if pooled:
                     self.pool.discard(session)  # used once; removed in the background
@@ -287,7 +288,20 @@ class AsyncRunner:
         return self.pool.ready(impl, spec)
 
     async def _admitted(self, backend: str | None, resolved: ExecRequest, asked: set[str], *, session: bool,
-                        options: Mapping[str, Any] | None = None) -> tuple[ExecutionBackend, Capabilities]:
+                        options: Mapping[str, Any] | None = None,
+                        session_id: str | None = None) -> tuple[ExecutionBackend, Capabilities]:
+        """``_admit``, with every refusal recorded in the audit log (its reason: the error raised)."""
+        try:
+            return await self._admit(backend, resolved, asked, session=session, options=options)
+        except ExecboxError as exc:
+            named = backend or (self.settings.session_backend if session else self.settings.backend)
+            await self.audit.arecord("refused", **audit_log.refusal_fields(
+                exc, resolved, backend=exc.backend or named, session=session_id, oneshot=not session,
+                opening=session))
+            raise
+
+    async def _admit(self, backend: str | None, resolved: ExecRequest, asked: set[str], *, session: bool,
+                     options: Mapping[str, Any] | None = None) -> tuple[ExecutionBackend, Capabilities]:
         """The backend (auto resolved) and what it enforces here, once the guard has admitted the request: the one
         place the guard runs, for one-shots and sessions alike, each rule once."""
         name = backend or (self.settings.session_backend if session else self.settings.backend)
@@ -380,6 +394,25 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
                    network=request.network)
 
 
+async def _exec_audited(audit: audit_log.AuditLog, backend: ExecutionBackend, session: Session,
+                        request: ExecRequest, dropped: list[str], *, session_id: str | None = None,
+                        **kw: Any) -> ExecResult:
+    """``_exec_in``, recorded in the audit log: what ran (hashes and names, never values), where, and what came
+    back; a run that raised is recorded as exec.error. A record that cannot be written is a note on the result,
+    never an error instead of it."""
+    if not audit.enabled:
+        return await _exec_in(backend, session, request, dropped, **kw)
+    fields = audit_log.exec_fields(backend, request, dropped, session=session_id or audit_log.new_session_id(),
+                                   oneshot=session_id is None)
+    try:
+        result = await _exec_in(backend, session, request, dropped, **kw)
+    except BaseException as exc:
+        await audit.arecord("exec.error", **fields, **audit_log.error_fields(exc))
+        raise
+    note = await audit.arecord("exec", **fields, **audit_log.result_fields(result, audit.keep_output))
+    return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})
+
+
 class AsyncSandbox:
     """A persistent sandbox: files and installed packages survive between execs until it closes."""
 
@@ -399,12 +432,14 @@ class AsyncSandbox:
         self.queued_s = 0.0
         self.backend: ExecutionBackend | None = None
         self.capabilities: Capabilities | None = None
+        #: This sandbox's id in the audit log (its open, execs and close carry it).
+        self.id = audit_log.new_session_id()
 
     async def __aenter__(self) -> AsyncSandbox:
         probe = ExecRequest(argv=["true"], network=self._network, limits=self._limits)
         resolved, _, asked = self.runner.prepare(probe)
         self.backend, self.capabilities = await self.runner._admitted(self._backend_name, resolved, asked, session=True,
-                                                                      options=self._options)
+                                                                      options=self._options, session_id=self.id)
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name)
         _enough_threads(self.runner.slots.total)
         self.queued_s = await self.runner.slots.acquire(self.runner.settings.queue_timeout_sec, "this sandbox")
@@ -414,6 +449,7 @@ class AsyncSandbox:
         except BaseException:
             self.runner.slots.release()
             raise
+        await self.runner.audit.arecord("sandbox.open", **audit_log.sandbox_fields(self.id, self.backend, spec))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -429,6 +465,8 @@ class AsyncSandbox:
                     await session.close()
             finally:
                 self.runner.slots.release()
+                await self.runner.audit.arecord("sandbox.close", session=self.id,
+                                                backend=self.backend.name if self.backend else None)
 
     def _live(self) -> tuple[ExecutionBackend, Session]:
         if self._session is None or self.backend is None:
@@ -438,6 +476,17 @@ class AsyncSandbox:
 
     async def execute(self, request: ExecRequest) -> ExecResult:
         backend, session = self._live()
+        try:
+            resolved, dropped = self._admit(backend, request)
+        except ExecboxError as exc:
+            await self.runner.audit.arecord("refused", **audit_log.refusal_fields(
+                exc, request, backend=backend.name, session=self.id, oneshot=False))
+            raise
+        return await _exec_audited(self.runner.audit, backend, session, resolved, dropped, session_id=self.id,
+                                   asked_timeout=request.timeout)
+
+    def _admit(self, backend: ExecutionBackend, request: ExecRequest) -> tuple[ExecRequest, list[str]]:
+        """The request resolved for this sandbox, or the refusal: the session's rules."""
         if request.network is not None and request.network != self._network:
             raise UnsupportedPolicyError(
                 f"refused: this sandbox was opened with network {self._network!r}; a session cannot change it. "
@@ -451,7 +500,7 @@ class AsyncSandbox:
         resolved, dropped, _ = self.runner.prepare(request.model_copy(update={"network": self._network,
                                                                                "limits": self._limits}))
         self.runner.guard.check_secrets(backend)
-        return await _exec_in(backend, session, resolved, dropped, asked_timeout=request.timeout)
+        return resolved, dropped
 
     async def exec(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
         return await self.execute(_command_request(command, **_request_kw(**kw)))

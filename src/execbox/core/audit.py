@@ -31,6 +31,7 @@ import contextlib
 import contextvars
 import errno
 import fcntl
+import functools
 import getpass
 import hashlib
 import hmac
@@ -39,14 +40,15 @@ import os
 import re
 import tempfile
 import threading
-import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import anyio
+import anyio.to_thread
 
 from execbox.core.errors import ConfigError
 
@@ -234,6 +236,8 @@ class AuditLog:
         failure is also warned and kept for `execbox doctor`."""
         if self.path is None:
             return None
+        if "caller" not in fields:
+            fields["caller"] = caller_identity()
         try:
             with self._lock:
                 self._append(event, fields)
@@ -244,6 +248,17 @@ class AuditLog:
                     "permissions (CODE_EXEC_AUDIT_LOG); `execbox doctor` reports it")
             self._failed(note)
             return note
+
+    async def arecord(self, event: str, **fields: Any) -> str | None:
+        """``record`` from async code: the lock wait and the disk sync happen in a worker thread, never on the
+        event loop, and a cancelled caller still gets its record written."""
+        if self.path is None:
+            return None
+        fields.setdefault("caller", caller_identity())  # read here: the context (CALLER) is this task's
+        note: str | None = None
+        with anyio.CancelScope(shield=True):
+            note = await anyio.to_thread.run_sync(functools.partial(self.record, event, **fields))
+        return note
 
     def _failed(self, note: str) -> None:
         self.failures = [*self.failures[-99:], note]
@@ -400,17 +415,6 @@ def read_head(path: Path) -> tuple[int, str, str] | None:
 # --- what a run records ---------------------------------------------------------------------------
 
 
-@dataclass
-class RunContext:
-    """What the runner knows of one exec before it runs: filled in by ``exec_fields`` afterwards."""
-
-    session: str
-    oneshot: bool
-    backend: str
-    config: dict[str, Any]
-    started: float = field(default_factory=time.monotonic)
-
-
 def stream_fields(text: str, keep: int) -> dict[str, Any]:
     data = text.encode(errors="surrogatepass")
     out: dict[str, Any] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
@@ -421,8 +425,9 @@ def stream_fields(text: str, keep: int) -> dict[str, Any]:
     return out
 
 
-def request_fields(request: Any, dropped: Sequence[str]) -> dict[str, Any]:
-    """What an ExecRequest said, as hashes and names only: code or argv, stdin, files, env names."""
+def request_fields(request: Any, dropped: Sequence[str] | None) -> dict[str, Any]:
+    """What an ExecRequest said, as hashes and names only: code or argv, stdin, files, env names (passed and
+    dropped by the env policy; or, for a request refused before the policy ran, just the names asked for)."""
     out: dict[str, Any] = {}
     if request.code is not None:
         out["code_sha256"], out["language"] = sha256(request.code), request.language
@@ -433,23 +438,22 @@ def request_fields(request: Any, dropped: Sequence[str]) -> dict[str, Any]:
     if request.files:
         out["files"] = {path: {"sha256": sha256(data), "bytes": len(data)}
                         for path, data in sorted(request.files.items())}
-    out["env"] = {"passed": sorted(request.env), "dropped": sorted(dropped)}
+    if dropped is None:
+        out["env"] = {"names": sorted(request.env)}
+    else:
+        out["env"] = {"passed": sorted(request.env), "dropped": sorted(dropped)}
     if request.workdir:
         out["workdir"] = request.workdir
     return out
 
 
-def config_fields(backend: Any, request: Any) -> dict[str, Any]:
-    """The effective configuration of a run: network, limits, timeout, output cap, and what the backend's options
-    say of where it runs (image, host, runtime; never credentials)."""
-    limits = request.limits.model_dump(exclude_none=True) if request.limits is not None else {}
-    out: dict[str, Any] = {"network": request.network, "limits": limits, "timeout": request.timeout,
-                           "max_output_bytes": request.max_output_bytes,
-                           "isolation": backend.capabilities.isolation}
-    try:
-        options = backend.options.model_dump()
-    except Exception:  # noqa: BLE001 - a third-party options model must not break the run it describes
-        options = {}
+def where_fields(backend: Any) -> dict[str, Any]:
+    """What a backend's options say of where and how it runs (image, host, runtime; never credentials)."""
+    options: dict[str, Any] = {}
+    if getattr(backend, "settings_model", None) is not None:
+        with contextlib.suppress(Exception):  # a third-party options model must not break the run it describes
+            options = backend.options.model_dump()
+    out: dict[str, Any] = {}
     for name in WHERE_FIELDS:
         value = options.get(name)
         if isinstance(value, os.PathLike):
@@ -459,8 +463,14 @@ def config_fields(backend: Any, request: Any) -> dict[str, Any]:
     return out
 
 
+def config_fields(backend: Any, network: Any, limits: Any, **more: Any) -> dict[str, Any]:
+    """The effective configuration of a run or sandbox: network, limits, isolation, where it runs, and ``more``."""
+    return {"network": network, "limits": limits.model_dump(exclude_none=True) if limits is not None else {},
+            "isolation": backend.capabilities.isolation, **more, **where_fields(backend)}
+
+
 #: Backend option names whose values say where and how a run happened (and are never secrets).
-WHERE_FIELDS = ("image", "runtime", "host", "port", "user", "target", "region", "platform", "binary")
+WHERE_FIELDS = ("image", "runtime", "host", "port", "user", "binary", "app", "sandboxed", "egress_network")
 
 
 def result_fields(result: Any, keep_output: int) -> dict[str, Any]:
@@ -477,3 +487,31 @@ def error_fields(exc: BaseException) -> dict[str, Any]:
     if callable(to_dict):
         return {"error": to_dict()}
     return {"error": {"type": type(exc).__name__, "message": str(exc)[:2000]}}
+
+
+def exec_fields(backend: Any, request: Any, dropped: Sequence[str], *, session: str, oneshot: bool) -> dict[str, Any]:
+    """What an exec record says before the run: where, how configured, and what was asked (hashes, names)."""
+    config = config_fields(backend, request.network, request.limits, timeout=request.timeout,
+                           max_output_bytes=request.max_output_bytes)
+    return {"session": session, "oneshot": oneshot, "backend": backend.name, "started": now_iso(), "config": config,
+            **request_fields(request, dropped)}
+
+
+def refusal_fields(exc: BaseException, request: Any, *, backend: str | None, session: str | None, oneshot: bool,
+                   opening: bool = False) -> dict[str, Any]:
+    """A refused request: the error (its reason), the backend, and what was asked (not for a sandbox being opened:
+    its request is the runner's probe, not the caller's)."""
+    limits = request.limits.model_dump(exclude_none=True) if request.limits is not None else {}
+    out: dict[str, Any] = {"session": session, "oneshot": oneshot, "backend": backend,
+                           "config": {"network": request.network, "limits": limits}}
+    if not opening:
+        out.update(request_fields(request, None))
+    return {**out, **error_fields(exc)}
+
+
+def sandbox_fields(session: str, backend: Any, spec: Any) -> dict[str, Any]:
+    """A persistent sandbox that opened: its id, backend and configuration (SessionSpec)."""
+    config = config_fields(backend, spec.network, spec.limits, lifetime_s=spec.lifetime_s)
+    if spec.name:
+        config["name"] = spec.name
+    return {"session": session, "backend": backend.name, "config": config}
