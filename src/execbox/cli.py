@@ -11,11 +11,13 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar, cast
 
 import anyio
 import click
 
+from execbox.core import audit as audit_log
 from execbox.core.backend import ExecutionBackend
 from execbox.core.errors import (
     BackendUnavailableError,
@@ -249,7 +251,8 @@ def _variables(model: type[EnvSettings] | None) -> list[dict[str, Any]]:
     """A settings model's variables, each with its default and the value this environment sets (if any)."""
     if model is None:
         return []
-    return [{"variable": var, "default": default, "set": os.environ.get(var), "meaning": meaning}
+    return [{"variable": var, "default": default, "meaning": meaning,
+             "set": "(hidden)" if var in audit_log.SECRET_VARIABLES and var in os.environ else os.environ.get(var)}
             for var, default, meaning in model.env_vars()]
 
 
@@ -293,10 +296,12 @@ def doctor(as_json: bool, run_self_check: bool, check_backend: str | None) -> No
         auto = None
     checks = _self_check(runner, check_backend, as_json) if run_self_check else []
     core_settings = _variables(Settings)
+    audit_health = audit_log.health(runner.audit)
     ok = any(r["sandbox_here"] for r in rows) and not any(c["status"] == "fail" for c in checks)
     report = {"ok": ok, "selected_backend": auto, "local_mode": runner.settings.local,
               "network": runner.settings.network, "settings": core_settings, "backends": rows,
-              "plugin_problems": runner.registry.problems, "self_check": checks}
+              "plugin_problems": runner.registry.problems, "self_check": checks,
+              "audit": audit_health}
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -327,6 +332,10 @@ def doctor(as_json: bool, run_self_check: bool, check_backend: str | None) -> No
         for check in checks:
             click.echo(f"self-check {check['backend']}: {check['status']:<4} {check['name']}: {check['message']}")
         for problem in runner.registry.problems:
+            click.echo(f"warning: {problem}")
+        click.echo(f"audit log: {audit_health['path']} ({audit_health['chain']} chain)" if audit_health["enabled"]
+                   else "audit log: off")
+        for problem in audit_health["problems"]:
             click.echo(f"warning: {problem}")
         click.echo("")
         if ok:
@@ -369,6 +378,11 @@ def gc(only: str | None, as_json: bool) -> None:
         run_blocking(go)
     except ExecboxError as exc:
         _fail(exc, as_json)
+    for name, ids in removed.items():
+        if ids:
+            note = runner.audit.record("gc", backend=name, removed=ids)
+            if note:
+                click.echo(f"execbox: note: {note}", err=True)
     if as_json:
         click.echo(json.dumps({"removed": removed, "skipped": skipped}))
         return
@@ -376,6 +390,67 @@ def gc(only: str | None, as_json: bool) -> None:
         click.echo(f"{name}: removed {len(ids)}" + (f": {', '.join(ids)}" if ids else ""))
     if only and only in skipped:
         click.echo(f"{only}: not available here: {skipped[only]}", err=True)
+
+
+@main.group("audit")
+def audit_group() -> None:
+    """The audit log of every run, refusal and sandbox (CODE_EXEC_AUDIT_LOG): verify its chain, show its records."""
+
+
+def _audit_source(log: str | None, as_json: bool) -> tuple[Path, bytes | None]:
+    settings = _settings(as_json)
+    try:
+        key = audit_log.AuditLog.from_settings(settings).key
+    except ConfigError as exc:
+        _fail(exc, as_json)
+    path = log or settings.audit_log
+    if not path or path == audit_log.OFF:
+        _usage("the audit log is off (CODE_EXEC_AUDIT_LOG=off): give --log PATH to read one", as_json)
+    return Path(path), key
+
+
+@audit_group.command("verify")
+@click.option("--log", help="The log file (default: CODE_EXEC_AUDIT_LOG); its rotated files are read with it.")
+@click.option("--json", "as_json", is_flag=True)
+def audit_verify(log: str | None, as_json: bool) -> None:
+    """Check the whole chain (every rotated file) and the head file; name the first record that was edited,
+    removed or reordered, and a log cut short.
+
+    Exits 0 when intact; 1 when tampered or damaged (or there is nothing to verify); 2 when records are HMAC'd
+    and no key (CODE_EXEC_AUDIT_KEY or CODE_EXEC_AUDIT_KEY_FILE) was given to check them.
+    """
+    path, key = _audit_source(log, as_json)
+    report = audit_log.verify(path, key)
+    if as_json:
+        click.echo(json.dumps(report.to_dict()))
+    else:
+        for warning in report.warnings:
+            click.echo(f"warning: {warning}", err=True)
+        if report.problem:
+            click.echo(f"audit log {path}: NOT intact: {report.problem}", err=True)
+        elif report.unauthenticated:
+            click.echo(f"audit log {path}: {report.records} records chained, but their MACs were NOT checked: set "
+                       "CODE_EXEC_AUDIT_KEY or CODE_EXEC_AUDIT_KEY_FILE to the key", err=True)
+        else:
+            click.echo(f"audit log {path}: intact: {report.records} records in {report.files} file(s), up to seq "
+                       f"{report.last_seq}" + (" (HMAC checked)" if key else ""))
+    sys.exit(0 if report.ok else 1 if report.problem else EXIT_USAGE)
+
+
+@audit_group.command("show")
+@click.option("--log", help="The log file (default: CODE_EXEC_AUDIT_LOG); its rotated files are read with it.")
+@click.option("--session", help="Only the records of this session (one-shot runs have their own).")
+@click.option("--since", help="Only records since: an ISO date or time (UTC), or an age (30m, 2h, 7d).")
+@click.option("--json", "as_json", is_flag=True, help="The records as JSON Lines, as written.")
+def audit_show(log: str | None, session: str | None, since: str | None, as_json: bool) -> None:
+    """Print the audit log's records, oldest first (`execbox audit verify` checks they are as written)."""
+    path, _ = _audit_source(log, as_json)
+    try:
+        after = audit_log.parse_since(since) if since else None
+    except ConfigError as exc:
+        _fail(exc, as_json)
+    for rec in audit_log.records(path, session=session, since=after):
+        click.echo(json.dumps(rec, ensure_ascii=False) if as_json else audit_log.summary(rec))
 
 
 @main.group()

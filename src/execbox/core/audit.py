@@ -43,7 +43,8 @@ import threading
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -357,7 +358,8 @@ class AuditLog:
             return 0, hashlib.sha256(last).hexdigest()
 
     def _write_head(self, seq: int, last: str) -> None:
-        head = json.dumps({"seq": seq, "hash": last, "mac": head_mac(seq, last, self.key)}).encode() + b"\n"
+        alg = "hmac-sha256" if self.key else "sha256"
+        head = json.dumps({"seq": seq, "hash": last, "alg": alg, "mac": head_mac(seq, last, self.key)}).encode() + b"\n"
         tmp = self.head_path.with_name(self.head_path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -404,10 +406,11 @@ def rotated_files(path: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def read_head(path: Path) -> tuple[int, str, str] | None:
+def read_head(path: Path) -> tuple[int, str, str, str] | None:
+    """(seq, hash, alg, mac) of a head file, or None when it is missing or unreadable."""
     try:
         head = json.loads(path.read_bytes())
-        return int(head["seq"]), str(head["hash"]), str(head.get("mac", ""))
+        return int(head["seq"]), str(head["hash"]), str(head.get("alg", "")), str(head.get("mac", ""))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -515,3 +518,255 @@ def sandbox_fields(session: str, backend: Any, spec: Any) -> dict[str, Any]:
     if spec.name:
         config["name"] = spec.name
     return {"session": session, "backend": backend.name, "config": config}
+
+
+# --- reading and verifying ------------------------------------------------------------------------
+
+
+def log_files(path: Path) -> list[Path]:
+    """Every file of a log, oldest first: the rotated ones, then the current one (if it exists)."""
+    return [*rotated_files(path), *([path] if path.exists() else [])]
+
+
+@dataclass(frozen=True)
+class Line:
+    file: Path
+    number: int
+    raw: bytes
+    record: dict[str, Any] | None
+
+    @property
+    def where(self) -> str:
+        return f"{self.file.name}:{self.number}"
+
+    @property
+    def seq(self) -> int | None:
+        value = self.record.get("seq") if self.record else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def iter_lines(path: Path) -> Iterator[Line]:
+    """Every line of every file of a log, parsed when it is a JSON object (``record`` None otherwise)."""
+    for file in log_files(path):
+        with open(file, "rb") as fh:
+            for number, raw in enumerate(fh, 1):
+                try:
+                    rec = json.loads(raw)
+                except ValueError:
+                    rec = None
+                yield Line(file, number, raw, rec if isinstance(rec, dict) else None)
+
+
+@dataclass
+class Verification:
+    """The outcome of ``verify``: ``problem`` names the first record that is not as written (None: intact)."""
+
+    path: Path
+    records: int = 0
+    files: int = 0
+    problem: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    #: True when records are HMAC'd but no key was given: their links were checked, their MACs were not.
+    unauthenticated: bool = False
+    last_seq: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None and not self.unauthenticated
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "log": str(self.path), "records": self.records, "files": self.files,
+                "last_seq": self.last_seq, "problem": self.problem, "warnings": self.warnings,
+                "unauthenticated": self.unauthenticated}
+
+
+def verify(path: str | os.PathLike[str], key: bytes | None = None) -> Verification:
+    """Check the whole chain of a log (every rotated file, then the current one) against its head file.
+
+    Names the first record that was edited, removed or reordered, a torn or foreign line, and a log that ends
+    before its head says (truncation). With ``key``, every record from the first MAC'd one on must carry a valid
+    HMAC: a chain rebuilt without the key fails at the first record it changed."""
+    path = Path(path)
+    report = Verification(path, files=len(log_files(path)))
+    if report.files == 0:
+        report.problem = f"no audit log at {path} (nothing was recorded there, or every file was removed)"
+        return report
+    expected, prev, seen_mac = 1, GENESIS, False
+    last: Line | None = None
+    lines = iter_lines(path)
+    for line in lines:
+        rec, seq = line.record, line.seq
+        if rec is None or seq is None or not isinstance(rec.get("hash"), str) or "prev" not in rec:
+            torn = not line.raw.endswith(b"\n")
+            report.problem = (f"{line.where}: the last line is incomplete (a torn write, or the file was cut)"
+                              if torn else f"{line.where}: not an audit record (edited, or written by something else)")
+            return report
+        alg = rec.get("alg")
+        if alg == "hmac-sha256":
+            seen_mac = True
+            if key is None:
+                report.unauthenticated = True
+        elif alg != "sha256":
+            report.problem = f"record seq {seq} ({line.where}) names an unknown hash {alg!r}: it was edited"
+            return report
+        elif key is not None and seen_mac:
+            report.problem = (f"record seq {seq} ({line.where}) is not MAC'd although earlier records are: it was "
+                              "written without the key, or the chain was rebuilt from here")
+            return report
+        checkable = alg == "sha256" or key is not None
+        if checkable and not hmac.compare_digest(digest(rec, key if alg == "hmac-sha256" else None), rec["hash"]):
+            hint = " (or the key is not the one it was written with)" if alg == "hmac-sha256" else ""
+            report.problem = f"record seq {seq} ({line.where}) was edited: its content does not match its hash{hint}"
+            return report
+        if rec["prev"] != prev:
+            report.problem = _break(line, seq, expected, last, lines)
+            return report
+        if rec.get("event") == "audit.torn":
+            report.warnings.append(f"record seq {seq} ({line.where}): a torn line (a crash mid-write) was dropped")
+        expected, prev, last = seq + 1, rec["hash"], line
+        report.records += 1
+    report.last_seq = expected - 1
+    if key is not None and report.records and not seen_mac:
+        report.problem = ("no record carries a MAC although a key was given: the log was written without the key, "
+                          "or rebuilt without it")
+        return report
+    report.problem = _check_head(path, report, prev, key)
+    return report
+
+
+def _break(line: Line, seq: int, expected: int, last: Line | None, rest: Iterator[Line]) -> str:
+    """Name what broke the chain at ``line`` (whose ``prev`` is not the hash of the record before it)."""
+    if seq == expected and last is not None:
+        return (f"record seq {expected - 1} ({last.where}) was edited (its hash recomputed): seq {seq} "
+                f"({line.where}) does not chain to it")
+    if seq == expected:
+        return f"record seq {seq} ({line.where}) was edited: it does not chain to the genesis"
+    if seq < expected:
+        return f"record seq {seq} ({line.where}) is out of order (or a copy): seq {expected} was expected here"
+    if any(later.seq == expected for later in rest):
+        return f"record seq {seq} ({line.where}) is out of order: seq {expected} comes after it (records reordered)"
+    missing = f"seq {expected}" if seq == expected + 1 else f"seq {expected} to {seq - 1}"
+    return f"records {missing} were removed (before seq {seq}, {line.where})"
+
+
+def _check_head(path: Path, report: Verification, last_hash: str, key: bytes | None) -> str | None:
+    head_path = path.with_name(path.name + ".head")
+    head = read_head(head_path)
+    if head is None:
+        if report.records == 0:
+            return None
+        return (f"the head file {head_path.name} is missing or unreadable: whether records were cut off the end "
+                "cannot be checked")
+    seq, hash_, alg, mac = head
+    if alg == "hmac-sha256" and key is None:
+        report.unauthenticated = True
+    elif not hmac.compare_digest(head_mac(seq, hash_, key if alg == "hmac-sha256" else None), mac) or (
+            key is not None and alg != "hmac-sha256"):
+        return f"the head file {head_path.name} was edited (its MAC does not match)"
+    last = report.last_seq
+    if seq > last:
+        cut = f"seq {seq}" if seq == last + 1 else f"seq {last + 1} to {seq}"
+        return f"the log was truncated: it ends at seq {last} but the head says seq {seq}; records {cut} are missing"
+    if seq == last and hash_ != last_hash:
+        return f"record seq {seq} (the last) is not the one the head file names: it was rewritten"
+    if seq < last:
+        report.warnings.append(f"the head file names seq {seq}, the log goes on to seq {last}: a writer stopped "
+                               "between its record and the head update, or something else appended records")
+    return None
+
+
+def parse_since(value: str) -> datetime:
+    """``--since``: an ISO date or time (UTC unless it says otherwise), or an age: 30s, 15m, 2h, 7d, 2w."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", value)
+    if m:
+        seconds = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
+        return datetime.now(UTC) - timedelta(seconds=seconds)
+    try:
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"--since {value!r} is not a time: give an ISO date or time (2026-01-31, "
+                          "2026-01-31T12:00) or an age (30m, 2h, 7d)") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def records(path: str | os.PathLike[str], *, session: str | None = None,
+            since: datetime | None = None) -> Iterator[dict[str, Any]]:
+    """The records of a log, oldest first (lines that are not records are skipped: `verify` names them)."""
+    for line in iter_lines(Path(path)):
+        rec = line.record
+        if rec is None:
+            continue
+        if session is not None and rec.get("session") != session:
+            continue
+        if since is not None:
+            try:
+                ts = datetime.fromisoformat(str(rec.get("ts", "")).replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            if ts < since:
+                continue
+        yield rec
+
+
+def summary(rec: Mapping[str, Any]) -> str:
+    """One line for `execbox audit show`."""
+    event = str(rec.get("event"))
+    parts = [f"{rec.get('seq', '?'):>6}", str(rec.get("ts", "?")), f"{event:<14}"]
+    if rec.get("session"):
+        parts.append(f"session={rec['session']}")
+    if rec.get("backend"):
+        parts.append(f"backend={rec['backend']}")
+    if event == "exec":
+        parts.append(f"exit={rec.get('exit_code')}")
+        parts.append(f"{rec.get('duration_s', 0)}s")
+        for flag in ("timed_out", "oom_killed"):
+            if rec.get(flag):
+                parts.append(flag)
+        if rec.get("egress"):
+            denied = sum(1 for a in rec["egress"] if not a.get("allowed"))
+            parts.append(f"egress={len(rec['egress'])} ({denied} denied)")
+    elif isinstance(rec.get("error"), dict):
+        parts.append(f"{rec['error'].get('type')}: {str(rec['error'].get('message'))[:160]}")
+    elif event == "gc":
+        parts.append(f"removed={len(rec.get('removed') or [])}")
+    chain = (rec.get("caller") or {}).get("chain") if isinstance(rec.get("caller"), dict) else None
+    if chain:
+        parts.append("caller=" + " > ".join(map(str, chain)))
+    return "  ".join(parts)
+
+
+# --- doctor -------------------------------------------------------------------------------------------
+
+
+#: Variables whose values `execbox doctor` never prints.
+SECRET_VARIABLES = frozenset({"CODE_EXEC_AUDIT_KEY"})
+
+
+def health(log: AuditLog) -> dict[str, Any]:
+    """What `execbox doctor` says of the audit log: on or off, where, writable now, past write failures."""
+    out: dict[str, Any] = {"enabled": log.enabled, "path": str(log.path) if log.path else None,
+                           "chain": "hmac-sha256" if log.key else "sha256", "problems": [], "failures": 0,
+                           "last_failure": None}
+    if log.path is None:
+        out["problems"].append("the audit log is off (CODE_EXEC_AUDIT_LOG=off): runs are not recorded")
+    else:
+        try:
+            log.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for target in (log.lock_path, log.path):
+                os.close(os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 0o600))
+        except OSError as exc:
+            out["problems"].append(f"the audit log {log.path} cannot be written: {exc.strerror or exc}; runs "
+                                   "would carry a note saying they were not recorded. Fix the path or its "
+                                   "permissions (CODE_EXEC_AUDIT_LOG)")
+    failures = state_dir() / FAILURES_FILE
+    with contextlib.suppress(OSError):
+        lines = failures.read_bytes().splitlines()
+        if lines:
+            out["failures"] = len(lines)
+            with contextlib.suppress(ValueError):
+                out["last_failure"] = json.loads(lines[-1])
+            out["problems"].append(f"{len(lines)} audit write(s) failed (the last: "
+                                   f"{(out['last_failure'] or {}).get('ts', '?')}); see {failures}, and remove it "
+                                   "once the cause is fixed")
+    return out
