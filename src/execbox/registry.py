@@ -34,6 +34,8 @@ class BackendEntry:
 class Registry:
     backends: dict[str, BackendEntry] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    #: The plugin manager, for hooks other than backend registration (execbox_review_command).
+    pm: pluggy.PluginManager | None = field(default=None, repr=False)
 
     def get(self, name: str) -> BackendEntry:
         try:
@@ -79,6 +81,7 @@ def _build(load: list[str] | None, disable: list[str]) -> Registry:
     registry = Registry()
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
+    registry.pm = pm
     distributions = {BUILTIN_DISTRIBUTION: BUILTIN_DISTRIBUTION}
     pm.register(builtin, name=BUILTIN_DISTRIBUTION)
 

@@ -254,7 +254,7 @@ class AsyncRunner:
     async def execute(self, request: ExecRequest, *, backend: str | None = None) -> ExecResult:
         """Run one request in a fresh sandbox that is gone afterwards, also on error or cancellation."""
         resolved, dropped, asked = self.prepare(request)
-        impl, _ = await self._admitted(backend, resolved, asked, session=False)
+        impl, _ = await self._admitted(backend, resolved, asked, session=False, dropped=dropped)
         spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60)
         _enough_threads(self.slots.total)
         async with self.slots.slot(self.settings.queue_timeout_sec, "this run") as waited:
@@ -289,7 +289,8 @@ class AsyncRunner:
 
     async def _admitted(self, backend: str | None, resolved: ExecRequest, asked: set[str], *, session: bool,
                         options: Mapping[str, Any] | None = None,
-                        session_id: str | None = None) -> tuple[ExecutionBackend, Capabilities]:
+                        session_id: str | None = None,
+                        dropped: list[str] | None = None) -> tuple[ExecutionBackend, Capabilities]:
         """``_admit``, with every refusal recorded in the audit log (its reason: the error raised)."""
         try:
             return await self._admit(backend, resolved, asked, session=session, options=options)
@@ -297,7 +298,7 @@ class AsyncRunner:
             named = backend or (self.settings.session_backend if session else self.settings.backend)
             await self.audit.arecord("refused", **audit_log.refusal_fields(
                 exc, resolved, backend=exc.backend or named, session=session_id, oneshot=not session,
-                opening=session))
+                opening=session, dropped=dropped))
             raise
 
     async def _admit(self, backend: str | None, resolved: ExecRequest, asked: set[str], *, session: bool,

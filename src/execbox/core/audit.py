@@ -501,14 +501,15 @@ def exec_fields(backend: Any, request: Any, dropped: Sequence[str], *, session: 
 
 
 def refusal_fields(exc: BaseException, request: Any, *, backend: str | None, session: str | None, oneshot: bool,
-                   opening: bool = False) -> dict[str, Any]:
+                   opening: bool = False, dropped: Sequence[str] | None = None) -> dict[str, Any]:
     """A refused request: the error (its reason), the backend, and what was asked (not for a sandbox being opened:
-    its request is the runner's probe, not the caller's)."""
+    its request is the runner's probe, not the caller's). ``dropped``: the env names the policy dropped, when it
+    ran before the refusal."""
     limits = request.limits.model_dump(exclude_none=True) if request.limits is not None else {}
     out: dict[str, Any] = {"session": session, "oneshot": oneshot, "backend": backend,
                            "config": {"network": request.network, "limits": limits}}
     if not opening:
-        out.update(request_fields(request, None))
+        out.update(request_fields(request, dropped))
     return {**out, **error_fields(exc)}
 
 

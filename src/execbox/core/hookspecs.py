@@ -1,4 +1,4 @@
-"""The plugin hooks. There is one: a plugin registers its backend classes."""
+"""The plugin hooks: a plugin registers its backend classes; a plugin reviews an agent's commands."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from execbox.core.backend import ExecutionBackend
+    from execbox.core.review import ReviewDecision, ReviewRequest
 
 PROJECT = "execbox"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -22,3 +23,13 @@ class PluginWarning(UserWarning):
 @hookspec
 def execbox_register_backends(register: Callable[[type[ExecutionBackend]], None]) -> None:
     """Call ``register(BackendClass)`` once for each backend the plugin provides."""
+
+
+@hookspec
+def execbox_review_command(request: ReviewRequest) -> ReviewDecision | list[ReviewDecision] | None:
+    """Review a command an agent asked to run, before it runs (the MCP tools run_command, run_code, shell).
+
+    Return ``ReviewDecision(action="allow" | "ask" | "deny", reason=..., rule=...)``, a list of them, or None
+    for no opinion. Every plugin's answer counts and the strictest wins (deny > ask > allow), with execbox's own
+    rules among them: a plugin adds policy, it cannot loosen another's. ``ask`` has a person approve it (MCP
+    elicitation); a plugin that raises counts as deny. Every decision goes to the audit log."""

@@ -114,7 +114,16 @@ class Settings(EnvSettings):
     local: bool = setting(
         "CODE_EXEC_LOCAL", False, "local single-user mode: admits backends that are not sandboxes")
     enabled: bool = setting(
-        "CODE_EXEC_ENABLED", False, "reserved: will gate agent-facing tool surfaces; the CLI and API ignore it")
+        "CODE_EXEC_ENABLED", False, "the agent surface (`execbox mcp`) offers code-execution tools; when false they "
+        "are absent from its tool list. The CLI and the API ignore it")
+    posture: int = setting(
+        "AGENT_COMPUTE_POSTURE", 0, "what the agent surface offers: `0` one-shot sandboxes; `1` also one persistent "
+        "sandbox per MCP session; `3` a shell on this host (needs CODE_EXEC_LOCAL=true and the stdio transport)")
+    review_rules: Path | None = setting(
+        "CODE_EXEC_REVIEW_RULES", None, "file of extra command-review rules, one `ask REGEX` or `deny REGEX` a line "
+        "(see Approvals)")
+    review_off: Annotated[list[str], NoDecode] = setting(
+        "CODE_EXEC_REVIEW_OFF", [], "comma list of built-in command-review rules to switch off, by name")
     network: NetworkMode = setting(
         "CODE_EXEC_NETWORK", "none", "default network mode: `none`, `egress`, `proxy`, `host`")
     max_output_bytes: int = setting(
@@ -182,6 +191,15 @@ class Settings(EnvSettings):
     @classmethod
     def _empty_means_none_loaded(cls, value: Any) -> Any:
         return [] if value == "" else value
+
+    _split_review = field_validator("review_off", mode="before")(comma_list)
+
+    @field_validator("posture")
+    @classmethod
+    def _known_posture(cls, value: int) -> int:
+        if value not in (0, 1, 3):
+            raise ValueError("allowed values are 0, 1 or 3 (there is no posture 2)")
+        return value
 
     @field_validator("audit_log")
     @classmethod
