@@ -5,6 +5,9 @@ The boundary, on every exec:
     namespaces     all unshared (user, pid, mount, ipc, uts, cgroup, and network unless 'host' is
                    asked for); a new session (no TIOCSTI into the caller's terminal); no new user
                    namespaces inside
+    proxy          network mode proxy: the network namespace holds only loopback; the egress proxy
+                   (core/proxy.py) listens on a Unix socket bound read-only at /run/execbox, and a
+                   forwarder run by the host's python3 in front of the command relays to it
     identity       uid/gid 1000 inside with no capabilities; when execbox runs as root the launcher
                    first drops to an unprivileged host uid (CODE_EXEC_BWRAP_USER, 65534:65534), since
                    bwrap started by root maps the sandbox user onto host root for file access
@@ -75,6 +78,7 @@ from execbox.plugin import (
     owner_alive,
     owner_id,
     pid_alive,
+    proxy,
     remove_tree,
     run_process,
     safe_read,
@@ -677,7 +681,8 @@ def _masks(bound: list[str]) -> list[str]:
 class BubblewrapSession(Session):
     workspace = WORKSPACE
 
-    def __init__(self, report: HostReport, settings: BubblewrapSettings, spec: SessionSpec) -> None:
+    def __init__(self, report: HostReport, settings: BubblewrapSettings, spec: SessionSpec,
+                 core: Settings | None = None) -> None:
         self.report = report
         self.settings = settings
         self.spec = spec
@@ -685,7 +690,11 @@ class BubblewrapSession(Session):
         self.root = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-")
         self.host_workspace = os.path.join(self.root, "workspace")
         self._closed = False
+        # Network mode proxy: the session's egress proxy (its directory is bound in, one socket per exec).
+        self.egress: proxy.EgressProxy | None = None
         try:
+            if spec.network == "proxy":
+                self.egress = proxy.EgressProxy.for_settings(core or Settings.from_env(), owner=self.owner)
             # root: 0711 so the dropped uid can reach its workspace but list nothing else here
             os.chmod(self.root, 0o711)
             self._write_private(OWNER_FILE, owner_id() + "\n", 0o644)
@@ -710,6 +719,8 @@ class BubblewrapSession(Session):
 
     def destroy(self) -> None:
         """Unmount the size-limited workspace (if any) and remove the whole session directory."""
+        if self.egress is not None:
+            self.egress.close()
         disk.release_sized(self.host_workspace)
         remove_tree(self.root)
 
@@ -730,7 +741,10 @@ class BubblewrapSession(Session):
             args.append("--disable-userns")
         args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL",
                  "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "execbox", "--clearenv"]
-        for name, value in sandbox_env(request.env, home=WORKSPACE).items():
+        env = sandbox_env(request.env, home=WORKSPACE)
+        if self.egress is not None:
+            env.update(self.egress.env())
+        for name, value in env.items():
             args += ["--setenv", name, value]
         args += _system_binds()
         for name in ("passwd", "group", "hosts"):
@@ -742,6 +756,8 @@ class BubblewrapSession(Session):
         args += (["--size", str(SHM_MB << 20)] if sized else []) + ["--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         args += (["--size", str(self.settings.tmpfs_mb << 20)] if sized else []) + ["--tmpfs", "/tmp"]
         args += ["--bind", self.host_workspace, WORKSPACE]
+        if self.egress is not None:  # the proxy's sockets: the only way out of the network namespace
+            args += ["--ro-bind", self.egress.directory, proxy.MOUNT_POINT]
         for extra in self.settings.ro_binds:
             unsafe = unsafe_bind(extra)
             if unsafe:
@@ -762,6 +778,17 @@ class BubblewrapSession(Session):
         return rlimits
 
     async def exec(self, request: ExecSpec) -> ExecResult:
+        if self.egress is None:
+            return await self._exec(request, None)
+        run = await anyio.to_thread.run_sync(self.egress.start_run)
+        try:
+            result = await self._exec(request, run)
+        finally:
+            with anyio.CancelScope(shield=True):
+                attempts, dropped = await anyio.to_thread.run_sync(self.egress.finish_run, run)
+        return proxy.with_egress(result, attempts, dropped)
+
+    async def _exec(self, request: ExecSpec, run: proxy.ProxyRun | None) -> ExecResult:
         if self._closed:
             raise SandboxError("this bubblewrap session is closed", backend=BubblewrapBackend.name)
         limits = request.limits
@@ -784,7 +811,7 @@ class BubblewrapSession(Session):
             if self.owner:
                 launch.append(f"user={self.owner[0]}:{self.owner[1]}")
             outcome = await run_process(
-                [*launch, "--", *request.argv],
+                [*launch, "--", *(proxy.EgressProxy.command(run, request.argv) if run else request.argv)],
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                 cwd=self.root,
                 stdin=request.stdin,
@@ -833,7 +860,7 @@ class BubblewrapBackend(ExecutionBackend):
     capabilities = Capabilities(
         sandbox=True,
         isolation="namespace",
-        network_modes=frozenset({"none", "host"}),
+        network_modes=frozenset({"none", "proxy", "host"}),
         persistent_sessions=True,
         file_transfer=True,
         limits=frozenset({"memory", "pids", "cpu", "wall_time"}),
@@ -868,7 +895,10 @@ class BubblewrapBackend(ExecutionBackend):
             await self.check()
         report, settings = self.report, self.bwrap_settings
         assert report is not None
-        return await create_cleanly(lambda made: made.append(BubblewrapSession(report, settings, spec)),
+        if spec.network == "proxy" and not shutil.which("python3", path="/usr/local/bin:/usr/bin"):
+            raise _unavailable("network mode proxy runs a small forwarder with python3 inside the sandbox, and "
+                               "there is no python3 under /usr here", "apt-get install python3 (dnf install python3)")
+        return await create_cleanly(lambda made: made.append(BubblewrapSession(report, settings, spec, self.settings)),
                                     lambda session: session.destroy())
 
     async def gc(self) -> list[str]:
@@ -879,7 +909,7 @@ class BubblewrapBackend(ExecutionBackend):
 
         def sweep() -> list[str]:
             dirs = set(cgroup_sweep_dirs(settings)) | set(plan.parents.values() if plan else ())
-            return _gc(sorted(dirs))
+            return _gc(sorted(dirs)) + proxy.sweep_orphans()
 
         return await anyio.to_thread.run_sync(sweep)
 

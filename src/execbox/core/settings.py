@@ -18,6 +18,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from execbox.core.audit import resolve_path
+from execbox.core.egress import parse_entry
 from execbox.core.errors import ConfigError
 from execbox.core.models import NetworkMode
 
@@ -126,6 +127,15 @@ class Settings(EnvSettings):
         "CODE_EXEC_REVIEW_OFF", [], "comma list of built-in command-review rules to switch off, by name")
     network: NetworkMode = setting(
         "CODE_EXEC_NETWORK", "none", "default network mode: `none`, `egress`, `proxy`, `host`")
+    egress_allow: Annotated[list[str], NoDecode] = setting(
+        "CODE_EXEC_EGRESS_ALLOW", [], "network mode `proxy`: comma list of destinations allowed besides the "
+        "defaults: `host`, `*.domain`, `host:port`, CIDR (`10.0.0.0/8`, `[fd00::/8]:8080`)")
+    egress_defaults: bool = setting(
+        "CODE_EXEC_EGRESS_DEFAULTS", True, "network mode `proxy`: also allow the package registries (PyPI, npm, "
+        "GitHub, crates.io, the Go proxy, RubyGems, Maven Central, Debian) on ports 80 and 443")
+    ca_bundle: Path | None = setting(
+        "CODE_EXEC_CA_BUNDLE", None, "network mode `proxy`: a PEM file of CA certificates the sandbox trusts instead "
+        "of its own (a TLS-inspecting proxy); SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT, ... point at it")
     max_output_bytes: int = setting(
         "CODE_EXEC_MAX_OUTPUT_BYTES", 100_000, "output cap per stream, bytes (head and tail kept)", gt=0, le=1 << 30)
     max_timeout_sec: float = setting(
@@ -160,6 +170,16 @@ class Settings(EnvSettings):
     max_read_bytes: int = setting(
         "CODE_EXEC_MAX_READ_BYTES", 64 << 20, "largest file `read_file` returns, bytes; a larger one is refused",
         gt=0, le=1 << 40)
+    max_transfer_bytes: int = setting(
+        "CODE_EXEC_MAX_TRANSFER_BYTES", 512 << 20, "largest upload or download (all its files together, sparse "
+        "files at full size), bytes; more is refused before it is read", gt=0, le=1 << 42)
+    max_transfer_files: int = setting(
+        "CODE_EXEC_MAX_TRANSFER_FILES", 100_000, "most entries an upload, download or listing walks; more is "
+        "refused (trees deeper than 256 levels are refused too)", gt=0, le=1 << 24)
+    package_cache: Path | None = setting(
+        "CODE_EXEC_PACKAGE_CACHE", None, "per-user wheel cache that `pip_install` fills on the host and sandboxes "
+        "opened with `package_cache=True` see read-only; (none) = /var/cache/execbox/pip as root, else "
+        "~/.cache/execbox/pip")
     load_plugins: Annotated[list[str] | None, NoDecode] = setting(
         "EXECBOX_LOAD_PLUGINS", None,
         "comma list of third-party plugins to load (entry-point or distribution names); (none) = all; empty = none")
@@ -186,6 +206,22 @@ class Settings(EnvSettings):
 
     _split_lists = field_validator("secret_files", "load_plugins", "auto_plugins", "disable_plugins",
                                    mode="before")(comma_list)
+
+    _split_egress = field_validator("egress_allow", mode="before")(comma_list)
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _egress_entries(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            parse_entry(entry)  # a ValueError names the entry and what to write instead
+        return entries
+
+    @field_validator("ca_bundle")
+    @classmethod
+    def _ca_bundle_file(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_file():
+            raise ValueError(f"{path} is not a file: name a PEM file of CA certificates")
+        return path
 
     @field_validator("load_plugins", mode="before")
     @classmethod

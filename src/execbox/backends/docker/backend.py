@@ -44,6 +44,7 @@ from execbox.plugin import (
     Verdict,
     disk,
     owner_alive,
+    proxy,
     setting,
 )
 
@@ -119,7 +120,7 @@ class DockerBackend(ExecutionBackend):
     capabilities = Capabilities(
         sandbox=True,
         isolation="container",
-        network_modes=frozenset({"none", "egress", "host"}),
+        network_modes=frozenset({"none", "egress", "proxy", "host"}),
         persistent_sessions=True,
         file_transfer=True,
         limits=frozenset({"memory", "cpu", "pids", "disk", "wall_time"}),
@@ -354,4 +355,5 @@ class DockerBackend(ExecutionBackend):
         for path in orphaned_workspaces():
             if remove_workspace(path):
                 removed.append(f"docker workspace {path} (orphaned)")
+        removed += [f"egress proxy directory {path} (orphaned)" for path in proxy.sweep_orphans()]
         return removed

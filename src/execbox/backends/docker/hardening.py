@@ -164,6 +164,7 @@ class Contract:
     nano_cpus: int
     pids: int
     runtime: str | None  # None: whatever the engine's default is, if it is a runtime execbox knows
+    proxy_dir: str | None = None  # network mode proxy: the host directory bound read-only at /run/execbox
 
 
 def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
@@ -215,5 +216,8 @@ def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
     elif runtime not in KNOWN_RUNTIMES:
         problems.append(f"HostConfig.Runtime={runtime!r} (not a runtime execbox knows)")
     mounts = [(m.get("Type"), m.get("Source"), m.get("Destination"), m.get("RW")) for m in attrs.get("Mounts") or []]
-    want("Mounts", mounts, [("bind", c.workspace, WORKSPACE, True)])
+    wanted = [("bind", c.workspace, WORKSPACE, True)]
+    if c.proxy_dir:
+        wanted.append(("bind", c.proxy_dir, "/run/execbox", False))
+    want("Mounts", sorted(mounts, key=str), sorted(wanted, key=str))
     return problems

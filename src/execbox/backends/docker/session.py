@@ -53,6 +53,7 @@ from execbox.plugin import (
     failed_to_start,
     owner_id,
     pid_alive,
+    proxy,
     remove_tree,
     safe_read,
     safe_write,
@@ -154,12 +155,18 @@ class DockerSession(Session):
         self._containers: set[str] = set()
         self._keeper_id: str | None = None
         self._oom_seen = 0
+        # Network mode proxy: the session's egress proxy; its directory is bound read-only at /run/execbox.
+        self.egress: proxy.EgressProxy | None = None
 
     def prepare(self) -> None:
-        """Before any container: the size-limited workspace, when the disk limit is enforced here."""
+        """Before any container: the size-limited workspace, when the disk limit is enforced here, and the
+        egress proxy in network mode proxy."""
         if self.plan.disk and self.plan.limits.disk_mb:
             self._sized = True  # set first: close() releases whatever part of the mount was made
             disk.mount_sized(self.host_workspace, self.plan.limits.disk_mb, self._owner)
+        if self.plan.network == "proxy":
+            self.egress = proxy.EgressProxy.for_settings(self.backend.settings,
+                                                         owner=self._owner if os.geteuid() == 0 else None)
 
     # -- container arguments --
 
@@ -190,15 +197,24 @@ class DockerSession(Session):
         }
         if p.network == "egress":
             kw["network"] = p.egress_network
+        elif p.network == "proxy":  # no network at all: the proxy's Unix socket is the only way out
+            kw["network_mode"] = "none"
+            kw["mounts"].append(Mount(proxy.MOUNT_POINT, self._egress_dir(), type="bind", read_only=True))
         else:
             kw["network_mode"] = p.network  # "none" or "host" (the guard has judged host already)
         if p.runtime:
             kw["runtime"] = p.runtime
         return hardened(kw, socket_path=self.backend.socket_path)
 
+    def _egress_dir(self) -> str:
+        if self.egress is None:
+            raise SandboxError("network mode proxy without its proxy (prepare() was not called)", backend="docker")
+        return self.egress.directory
+
     def contract(self, user: str) -> Contract:
         p = self.plan
-        return Contract(user=user, network=p.egress_network if p.network == "egress" else p.network,
+        network = {"egress": p.egress_network, "proxy": "none"}.get(p.network, p.network)
+        return Contract(user=user, network=network, proxy_dir=self._egress_dir() if p.network == "proxy" else None,
                         workspace=self.host_workspace, memory_bytes=(p.limits.memory_mb or 0) << 20,
                         nano_cpus=int((p.limits.cpus or 0) * 1e9), pids=p.limits.pids or 0, runtime=p.runtime)
 
@@ -247,11 +263,23 @@ class DockerSession(Session):
         # which ends the thread's stream.
         return await anyio.to_thread.run_sync(self._guarded, run, request, abandon_on_cancel=True)
 
-    def _guarded(self, run: Callable[[ExecSpec], ExecResult], request: ExecSpec) -> ExecResult:
+    def _guarded(self, run: Callable[[ExecSpec, proxy.ProxyRun | None], ExecResult], request: ExecSpec
+                 ) -> ExecResult:
         import docker
 
+        door = self.egress.start_run() if self.egress is not None else None
         try:
-            return run(request)
+            result = run(request, door)
+            if door is None:
+                return result
+            if result.exit_code == 127 and "failed to run command 'python3'" in result.stderr:
+                raise BackendUnavailableError(
+                    f"the image {self.plan.image} has no python3, which network mode proxy runs in the sandbox "
+                    "to reach its proxy", backend="docker", env_var="CODE_EXEC_DOCKER_IMAGE",
+                    fix="add python3 to the image, or unset CODE_EXEC_DOCKER_IMAGE for the default image")
+            attempts, dropped = self.egress.finish_run(door) if self.egress else ([], 0)
+            door = None
+            return proxy.with_egress(result, attempts, dropped)
         except docker.errors.NotFound as exc:
             raise SandboxError(f"the sandbox container is gone (removed or killed from outside?): "
                                f"{exc.explanation or exc}", backend="docker") from None
@@ -261,10 +289,21 @@ class DockerSession(Session):
                                    f"{self.spec.lifetime_s:g} s is over, or it was stopped from outside. Open a "
                                    "new sandbox (lifetime_s sets how long one lives)", backend="docker") from None
             raise SandboxError(f"the Docker engine refused: {exc.explanation or exc}", backend="docker") from None
+        finally:
+            if door is not None and self.egress is not None:
+                self.egress.finish_run(door, settle_s=0)
 
-    def _exec_oneshot(self, request: ExecSpec) -> ExecResult:
+    def _command(self, request: ExecSpec, door: proxy.ProxyRun | None) -> tuple[list[str], dict[str, str]]:
+        """The container's command (under the backstop; behind the proxy's forwarder in mode proxy) and env."""
         env = sandbox_env(request.env, home=HOME)
-        command = backstop(request.argv, request.timeout + BACKSTOP_GRACE_S)
+        argv = request.argv
+        if door is not None and self.egress is not None:
+            env.update(self.egress.env())
+            argv = proxy.EgressProxy.command(door, argv)
+        return backstop(argv, request.timeout + BACKSTOP_GRACE_S), env
+
+    def _exec_oneshot(self, request: ExecSpec, door: proxy.ProxyRun | None = None) -> ExecResult:
+        command, env = self._command(request, door)
         kw = self._create_kwargs(command, user=self.plan.user, env=env, workdir=request.workdir,
                                  expires_in=request.timeout + 60, stdin=True)
         out, err = BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes)
@@ -326,12 +365,11 @@ class DockerSession(Session):
         state: dict[str, Any] = container.attrs.get("State", {})
         return state
 
-    def _exec_in_session(self, request: ExecSpec) -> ExecResult:
+    def _exec_in_session(self, request: ExecSpec, door: proxy.ProxyRun | None = None) -> ExecResult:
         assert self._keeper_id
         cid = self._keeper_id
-        env = sandbox_env(request.env, home=HOME)
+        command, env = self._command(request, door)
         out, err = BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes)
-        command = backstop(request.argv, request.timeout + BACKSTOP_GRACE_S)
         exec_id = self.backend.call(lambda c: c.api.exec_create(
             cid, command, stdin=True, stdout=True, stderr=True, user=self.plan.user, environment=env,
             workdir=request.workdir))["Id"]
@@ -400,6 +438,8 @@ class DockerSession(Session):
         for cid in containers:
             with contextlib.suppress(Exception):
                 self._remove(cid)
+        if self.egress is not None:
+            self.egress.close()
         if self._sized:  # the containers are gone: nothing holds the mount any more
             disk.release_sized(self.host_workspace)
         remove_tree(self.host_workspace)

@@ -1,0 +1,691 @@
+"""The egress proxy of network mode ``proxy``: one per sandbox, on this host, reachable only through Unix sockets.
+
+The sandbox has no network route at all (docker ``--network none``, bubblewrap's own network namespace);
+what it can reach is a Unix socket in a directory bound read-only into it at ``MOUNT_POINT``. In front of
+each command, a small forwarder (``FORWARDER``, run by the sandbox's own python3) listens on a port of the
+sandbox's loopback, sets ``HTTP_PROXY``/``HTTPS_PROXY`` (and the lower-case forms) to it, and relays each
+connection to that socket; it dies with the command. Code that ignores the variables has no route anywhere.
+
+This side is a small asyncio proxy, running in a daemon thread with its own event loop:
+
+- ``CONNECT host:port`` (HTTPS, or anything over TLS) is decided by ``core.egress``, resolved here, every
+  resolved address checked, then tunnelled without interception;
+- a plain-HTTP request (``GET http://host/...``) is decided the same way per request: one request per
+  connection upstream (``Connection: close``), the ``Host`` header set from the URL, so a redirect is a new
+  request the client sends, and a new decision;
+- every attempt, allowed or denied, is recorded against the run whose socket it came through: host, port,
+  the address connected to (or refused), the reason, bytes each way (``EgressAttempt``).
+
+Why not squid or tinyproxy: neither checks the addresses it resolved against a policy of address ranges
+(squid's ``dst`` ACLs come close but resolve separately from the connection and apply to literal and
+named destinations alike, so a name that rebinds between the check and the connect slips through), neither
+reports attempts per run in a structured form without parsing its access log, and running one per sandbox
+means another daemon to start, configure, supervise and kill; this proxy is a thread of the caller's own
+process, so it cannot outlive it.
+
+Each run gets its own socket (``start_run``), so records are per exec even when a session runs several at
+once, and ``finish_run`` closes that socket and every connection still open through it. ``close`` stops
+the thread and removes the directory. The directory is named after its owner process, so gc removes one
+a killed caller left (``sweep_orphans``). Everything read from the sandbox is bounded: a request head
+(64 KiB, 30 s), open connections (256 per proxy), records (1000 per run; the rest counted).
+
+``resolve`` is the one resolver; tests replace it (monkeypatch) to make an allowlisted name resolve to a
+listener of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import socket
+import stat
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from execbox.core.egress import EgressPolicy, IPAddress, literal_address
+from execbox.core.errors import ConfigError, SandboxError
+from execbox.core.models import EgressAttempt, ExecResult
+from execbox.core.owner import owner_id, pid_alive
+from execbox.core.settings import Settings
+from execbox.core.workspace import remove_tree
+
+T = TypeVar("T")
+
+#: Where the proxy's directory is inside every sandbox (read-only).
+MOUNT_POINT = "/run/execbox"
+DIR_PREFIX = "execbox-proxy-"
+CA_FILE = "ca-bundle.pem"
+HEAD_LIMIT = 64 << 10
+HEAD_TIMEOUT_S = 30.0
+RESOLVE_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 256
+MAX_RECORDS = 1000
+CA_MAX_BYTES = 8 << 20
+SETTLE_S = 1.0
+_CHUNK = 1 << 16
+_UNIX_PATH_MAX = 107
+# Never forwarded upstream on a plain-HTTP request: they are about the hop to us, not the request.
+_HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate",
+                          "te", "trailer", "upgrade", "host", "expect"})
+#: Variables that make the usual tools trust CODE_EXEC_CA_BUNDLE (set to the bundle's path in the sandbox).
+CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+                "NPM_CONFIG_CAFILE", "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO")
+NO_PROXY = "localhost,127.0.0.1,::1"
+
+# Runs inside the sandbox as ``python3 -I -S -c FORWARDER SOCKET -- COMMAND...`` (standard library only;
+# any python3 since 3.6). Binds a free port on the sandbox's loopback, puts it in the proxy variables,
+# and becomes the command; a double-forked grandchild (not a child of the command, so a shell's `wait`
+# never waits for it) relays each connection to SOCKET until the command's process is gone.
+FORWARDER = r"""
+import os, select, socket, sys, threading
+path, argv = sys.argv[1], sys.argv[3:]
+listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+listener.bind(("127.0.0.1", 0))
+listener.listen(128)
+url = "http://127.0.0.1:%d" % listener.getsockname()[1]
+for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+    os.environ[name] = url
+command = os.getpid()
+child = os.fork()
+if child:
+    os.waitpid(child, 0)
+    listener.close()
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        sys.stderr.write("execbox: %s: %s\n" % (argv[0], exc.strerror))
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+if os.fork():
+    os._exit(0)
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+
+def pump(src, dst):
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+def relay(conn):
+    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        up.connect(path)
+        back = threading.Thread(target=pump, args=(up, conn), daemon=True)
+        back.start()
+        pump(conn, up)
+        back.join()
+    except OSError:
+        pass
+    conn.close()
+    up.close()
+
+try:
+    watch = os.pidfd_open(command)
+except (AttributeError, OSError):
+    watch = None
+while True:
+    waiting = [listener] + ([watch] if watch is not None else [])
+    ready = select.select(waiting, [], [], None if watch is not None else 0.5)[0]
+    if watch is not None and watch in ready:
+        os._exit(0)
+    if watch is None:
+        try:
+            os.kill(command, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except OSError:
+            pass
+    if listener in ready:
+        try:
+            conn = listener.accept()[0]
+        except OSError:
+            continue
+        threading.Thread(target=relay, args=(conn,), daemon=True).start()
+"""
+
+
+async def resolve(host: str, port: int) -> list[str]:
+    """The addresses of ``host``, in the resolver's order (this host's resolver; tests replace this)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found: list[str] = []
+    for family, _, _, _, sockaddr in infos:
+        if family in (socket.AF_INET, socket.AF_INET6) and sockaddr[0] not in found:
+            found.append(str(sockaddr[0]))
+    return found
+
+
+_local_cache: tuple[float, frozenset[IPAddress]] = (0.0, frozenset())
+
+
+def local_addresses() -> frozenset[IPAddress]:
+    """This host's own addresses (every interface, v4 and v6), from /proc; re-read at most once a second."""
+    global _local_cache
+    at, cached = _local_cache
+    if time.monotonic() - at < 1.0:
+        return cached
+    found: set[IPAddress] = set()
+    with contextlib.suppress(OSError), open("/proc/net/fib_trie") as fh:
+        last = ""
+        for line in fh:
+            text = line.strip()
+            if text.startswith("|--"):
+                last = text[3:].strip()
+            elif text.endswith("host LOCAL") and last:
+                with contextlib.suppress(ValueError):
+                    found.add(ipaddress.ip_address(last))
+    with contextlib.suppress(OSError), open("/proc/net/if_inet6") as fh:
+        for line in fh:
+            raw = line.split()[0] if line.split() else ""
+            with contextlib.suppress(ValueError):
+                found.add(ipaddress.IPv6Address(int(raw, 16)))
+    result = frozenset(found)
+    _local_cache = (time.monotonic(), result)
+    return result
+
+
+@dataclass
+class _Attempt:
+    host: str
+    port: int
+    allowed: bool = False
+    reason: str = ""
+    address: str = ""
+    sent: int = 0
+    received: int = 0
+
+    def frozen(self) -> EgressAttempt:
+        return EgressAttempt(host=self.host, port=self.port, allowed=self.allowed, reason=self.reason,
+                             address=self.address, bytes_sent=self.sent, bytes_received=self.received)
+
+
+@dataclass
+class ProxyRun:
+    """One exec's door to the proxy: its own socket, its own record."""
+
+    name: str
+    host_socket: str
+    attempts: list[_Attempt] = field(default_factory=list)
+    dropped: int = 0
+    server: asyncio.AbstractServer | None = None
+    writers: set[asyncio.StreamWriter] = field(default_factory=set)
+
+    @property
+    def sandbox_socket(self) -> str:
+        """The socket's path inside the sandbox."""
+        return f"{MOUNT_POINT}/{self.name}"
+
+
+def _dir_owner(name: str) -> tuple[int, str] | None:
+    """(pid, start time) of the process a proxy directory was made for, from its name; None if not ours."""
+    if not name.startswith(DIR_PREFIX):
+        return None
+    parts = name[len(DIR_PREFIX):].split("-")
+    if len(parts) == 3 and parts[0].isascii() and parts[0].isdigit() and parts[1].isascii() and parts[1].isdigit():
+        return int(parts[0]), parts[1]
+    return None
+
+
+def sweep_orphans() -> list[str]:
+    """Remove the proxy directories of execbox processes that are gone (a crash, a SIGKILL): only real
+    directories of this user, with our name; returns what was removed."""
+    removed = []
+    tmp = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp):
+            owner = _dir_owner(name)
+            path = os.path.join(tmp, name)
+            if owner is None or pid_alive(*owner):
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+                remove_tree(path)
+                removed.append(path)
+    return removed
+
+
+def _read_bundle(path: Path) -> bytes:
+    """The CA bundle's bytes, bounded, without following a link swapped in after the settings were read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ConfigError(f"CODE_EXEC_CA_BUNDLE={path} cannot be read: {exc.strerror}. Point it at a PEM file of "
+                          "CA certificates, or unset it", env_var="CODE_EXEC_CA_BUNDLE") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise ConfigError(f"CODE_EXEC_CA_BUNDLE={path} is not a regular file", env_var="CODE_EXEC_CA_BUNDLE")
+        data = fh.read(CA_MAX_BYTES + 1)
+    if len(data) > CA_MAX_BYTES or b"-----BEGIN CERTIFICATE-----" not in data:
+        raise ConfigError(f"CODE_EXEC_CA_BUNDLE={path} is not a PEM bundle of CA certificates (at most "
+                          f"{CA_MAX_BYTES >> 20} MiB)", env_var="CODE_EXEC_CA_BUNDLE")
+    return data
+
+
+class EgressProxy:
+    """The proxy of one sandbox (a session, or a one-shot run): a directory to bind into the sandbox at
+    ``MOUNT_POINT``, a thread serving it, one socket per run. Safe to call from any thread; ``close`` twice."""
+
+    def __init__(self, policy: EgressPolicy, *, owner: tuple[int, int] | None = None,
+                 ca_bundle: Path | None = None) -> None:
+        self.policy = policy
+        #: uid:gid the sandbox's processes run as on this host, when that is not this process's (as root).
+        self.owner = owner
+        self._closed = False
+        self._lock = threading.Lock()
+        self._open: set[asyncio.StreamWriter] = set()
+        self._servers: set[asyncio.AbstractServer] = set()
+        tag = owner_id().rsplit(":", 2)
+        self.directory = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{tag[1]}-{tag[2]}-")
+        self.ca_file: str | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="execbox-egress-proxy", daemon=True)
+        try:
+            # Searchable, not listable, by the sandbox's uid; each socket is that uid's alone.
+            os.chmod(self.directory, 0o711 if owner else 0o700)
+            if len(os.path.join(self.directory, "run-" + "0" * 12 + ".sock")) > _UNIX_PATH_MAX:
+                raise SandboxError(f"the temporary directory {tempfile.gettempdir()} has too long a path for a Unix "
+                                   "socket; set TMPDIR to a shorter one (e.g. /tmp)")
+            if ca_bundle is not None:
+                data = _read_bundle(ca_bundle)
+                target = os.path.join(self.directory, CA_FILE)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.chmod(target, 0o644)
+                self.ca_file = f"{MOUNT_POINT}/{CA_FILE}"
+            self._thread.start()
+        except BaseException:
+            self._loop.close()
+            remove_tree(self.directory)
+            raise
+
+    @classmethod
+    def for_settings(cls, settings: Settings, *, owner: tuple[int, int] | None = None) -> EgressProxy:
+        """The proxy for the core settings' allowlist (CODE_EXEC_EGRESS_ALLOW, _DEFAULTS) and CA bundle."""
+        try:
+            policy = EgressPolicy.build(settings.egress_allow, defaults=settings.egress_defaults)
+        except ValueError as exc:  # the settings validated it already; a policy built in code may not be
+            raise ConfigError(f"CODE_EXEC_EGRESS_ALLOW: {exc}", env_var="CODE_EXEC_EGRESS_ALLOW") from None
+        return cls(policy, owner=owner, ca_bundle=settings.ca_bundle)
+
+    # -- what a backend uses --
+
+    def env(self) -> dict[str, str]:
+        """Variables every command of the sandbox gets (the forwarder adds the proxy variables themselves)."""
+        env = {"NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY}
+        if self.ca_file:
+            env.update({name: self.ca_file for name in CA_VARIABLES})
+        return env
+
+    @staticmethod
+    def command(run: ProxyRun, argv: list[str], python: str = "python3") -> list[str]:
+        """``argv`` behind the forwarder of ``run``: what the sandbox runs instead of ``argv``."""
+        return [python, "-I", "-S", "-c", FORWARDER, run.sandbox_socket, "--", *argv]
+
+    def start_run(self) -> ProxyRun:
+        """A new socket for one exec (blocking, milliseconds)."""
+        return self._call(self._start_run())
+
+    def finish_run(self, run: ProxyRun, settle_s: float = SETTLE_S) -> tuple[list[EgressAttempt], int]:
+        """Close the run's socket and, after up to ``settle_s`` for them to end by themselves, every connection
+        still open through it; the run's attempts, in order, and how many more were not kept."""
+        if self._closed:
+            return [a.frozen() for a in run.attempts], run.dropped
+        return self._call(self._finish_run(run, settle_s), timeout=settle_s + 10)
+
+    def close(self) -> None:
+        """Stop the thread, close every socket and connection, remove the directory. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
+        remove_tree(self.directory)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- the loop's side --
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
+        if self._closed:
+            coro.close()
+            raise SandboxError("the sandbox's egress proxy is closed; open a new sandbox")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _start_run(self) -> ProxyRun:
+        name = f"run-{uuid.uuid4().hex[:12]}.sock"
+        run = ProxyRun(name, os.path.join(self.directory, name))
+        run.server = await asyncio.start_unix_server(lambda r, w: self._serve(run, r, w), run.host_socket,
+                                                     limit=HEAD_LIMIT)
+        self._servers.add(run.server)
+        if self.owner:
+            os.chown(run.host_socket, *self.owner)
+        os.chmod(run.host_socket, 0o600)
+        return run
+
+    async def _finish_run(self, run: ProxyRun, settle_s: float) -> tuple[list[EgressAttempt], int]:
+        if run.server is not None:
+            run.server.close()
+            self._servers.discard(run.server)
+        deadline = time.monotonic() + settle_s
+        while run.writers and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for writer in list(run.writers):
+            writer.transport.abort()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(run.host_socket)
+        await asyncio.sleep(0)  # let the aborted relays count their last bytes
+        return [a.frozen() for a in run.attempts], run.dropped
+
+    async def _shutdown(self) -> None:
+        for server in list(self._servers):
+            server.close()
+        for writer in list(self._open):
+            writer.transport.abort()
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+
+    def _record(self, run: ProxyRun, attempt: _Attempt) -> _Attempt:
+        if len(run.attempts) < MAX_RECORDS:
+            run.attempts.append(attempt)
+        else:
+            run.dropped += 1
+        return attempt
+
+    async def _serve(self, run: ProxyRun, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        run.writers.add(writer)
+        self._open.add(writer)
+        try:
+            if len(self._open) > MAX_CONNECTIONS:
+                self._record(run, _Attempt("", 0, reason=f"refused: more than {MAX_CONNECTIONS} connections open"))
+                await _answer(writer, 503, f"more than {MAX_CONNECTIONS} connections open through this sandbox's "
+                                           "proxy")
+                return
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+            except asyncio.LimitOverrunError:
+                self._record(run, _Attempt("", 0, reason=f"a request head over {HEAD_LIMIT} bytes"))
+                await _answer(writer, 431, "request head too large")
+                return
+            except (asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
+                partial = getattr(exc, "partial", b"")
+                if partial:
+                    self._record(run, _Attempt("", 0, reason="not an HTTP proxy request (no complete request head)"))
+                return
+            await self._dispatch(run, head, reader, writer)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+            pass
+        finally:
+            run.writers.discard(writer)
+            self._open.discard(writer)
+            writer.transport.abort()
+
+    async def _dispatch(self, run: ProxyRun, head: bytes, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter) -> None:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            self._record(run, _Attempt("", 0, reason="not an HTTP proxy request"))
+            await _answer(writer, 400, "not an HTTP/1 proxy request")
+            return
+        method, target, version = parts
+        headers = [(n.strip(), v.strip()) for n, _, v in (line.partition(":") for line in lines[1:] if line)]
+        if method.upper() == "CONNECT":
+            host, port = _authority(target)
+            if host is None:
+                self._record(run, _Attempt(target[:253], 0, reason="a malformed CONNECT target (want host:port)"))
+                await _answer(writer, 400, "CONNECT wants host:port")
+                return
+            opened = await self._upstream(run, host, port, writer)
+            if opened is None:
+                return
+            attempt, up_reader, up_writer = opened
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await _relay(attempt, reader, writer, up_reader, up_writer)
+            return
+        await self._forward(run, method, target, version, headers, reader, writer)
+
+    async def _upstream(self, run: ProxyRun, host: str, port: int, writer: asyncio.StreamWriter
+                        ) -> tuple[_Attempt, asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """Decide, resolve, check every address, connect; record the attempt; answer the client on refusal."""
+        attempt = self._record(run, _Attempt(host[:253], port))
+        decision = self.policy.decide_name(host, port)
+        if not decision.allowed:
+            attempt.reason = decision.reason
+            await _answer(writer, 403, f"denied {host}:{port} ({decision.reason})")
+            return None
+        literal = literal_address(host)
+        if literal is not None:
+            addresses = [literal]
+        else:
+            try:
+                found = await asyncio.wait_for(resolve(host, port), RESOLVE_TIMEOUT_S)
+            except (OSError, TimeoutError, UnicodeError, ValueError) as exc:
+                attempt.reason = f"allowlisted, but it does not resolve ({exc or type(exc).__name__})"
+                await _answer(writer, 502, f"{host} does not resolve")
+                return None
+            local = local_addresses()
+            addresses = []
+            refusals: list[tuple[IPAddress, str]] = []
+            for text in found:
+                try:
+                    address = ipaddress.ip_address(text.split("%", 1)[0])
+                except ValueError:
+                    continue
+                verdict = self.policy.decide_address(address, port, local)
+                if verdict.allowed:
+                    addresses.append(address)
+                else:
+                    refusals.append((address, verdict.reason))
+            if not addresses:
+                attempt.reason = refusals[0][1] if refusals else "allowlisted, but it resolves to no address"
+                attempt.address = str(refusals[0][0]) if refusals else ""
+                await _answer(writer, 403, f"denied {host}:{port} ({attempt.reason})")
+                return None
+        failure: BaseException | None = None
+        for address in addresses:
+            attempt.address = str(address)
+            try:
+                up_reader, up_writer = await asyncio.wait_for(
+                    asyncio.open_connection(str(address), port, limit=HEAD_LIMIT), CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError) as exc:
+                failure = exc
+                continue
+            attempt.allowed, attempt.reason = True, decision.reason
+            run.writers.add(up_writer)
+            self._open.add(up_writer)
+            return attempt, up_reader, up_writer
+        attempt.allowed = True
+        attempt.reason = f"{decision.reason}; the connection failed ({failure or 'timed out'})"
+        await _answer(writer, 502, f"cannot connect to {host}:{port}")
+        return None
+
+    async def _forward(self, run: ProxyRun, method: str, target: str, version: str, headers: list[tuple[str, str]],
+                       reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One plain-HTTP request, decided on its own URL; the connection closes after the response."""
+        try:
+            url = urlsplit(target)
+            port = url.port or 80
+        except ValueError:
+            url, port = None, 0
+        if url is None or url.scheme.lower() != "http" or not url.hostname:
+            self._record(run, _Attempt(target[:253], 0, reason="not an absolute http:// URL or CONNECT"))
+            await _answer(writer, 400, "this proxy serves CONNECT and absolute http:// URLs")
+            return
+        opened = await self._upstream(run, url.hostname, port, writer)
+        if opened is None:
+            return
+        attempt, up_reader, up_writer = opened
+        try:
+            lines = [f"{method} {url.path or '/'}{'?' + url.query if url.query else ''} {version}"]
+            named = {name.lower(): value for name, value in headers}
+            lines += [f"{name}: {value}" for name, value in headers if name.lower() not in _HOP_HEADERS]
+            lines += [f"Host: {url.netloc.rpartition('@')[2]}", "Connection: close"]
+            _send(up_writer, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), attempt, "sent")
+            if "100-continue" in named.get("expect", "").lower():
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if "chunked" in named.get("transfer-encoding", "").lower():
+                await _copy_chunked(reader, up_writer, attempt)
+            elif named.get("content-length", "0").strip() not in ("", "0"):
+                length = named["content-length"].strip()
+                if not (length.isascii() and length.isdigit()):
+                    await _answer(writer, 400, "a malformed Content-Length")
+                    return
+                await _copy_exactly(reader, up_writer, int(length), attempt)
+            await up_writer.drain()
+            # The response: its head says the connection closes; the rest is relayed as it comes.
+            while True:
+                head = await asyncio.wait_for(up_reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+                status = head.split(b" ", 2)[1:2]
+                informational = bool(status) and status[0].startswith(b"1") and status[0] != b"101"
+                if not informational:
+                    head = _closing(head)
+                _send(writer, head, attempt, "received")
+                if not informational:
+                    break
+            await _pump(up_reader, writer, attempt, "received")
+        finally:
+            run.writers.discard(up_writer)
+            self._open.discard(up_writer)
+            up_writer.transport.abort()
+
+
+def with_egress(result: ExecResult, attempts: list[EgressAttempt], dropped: int) -> ExecResult:
+    """``result`` carrying its run's attempts (and a note when more were made than kept)."""
+    notes = list(result.notes)
+    if dropped:
+        notes.append(f"egress: {dropped} more connection attempts than the {MAX_RECORDS} listed in egress")
+    return result.model_copy(update={"egress": attempts, "notes": notes})
+
+
+def _authority(target: str) -> tuple[str | None, int]:
+    """(host, port) of a CONNECT target ``host:port`` / ``[v6]:port``; (None, 0) when malformed."""
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        return None, 0
+    if host.startswith("["):
+        if not host.endswith("]"):
+            return None, 0
+        host = host[1:-1]
+    elif ":" in host:
+        return None, 0
+    return host, int(port)
+
+
+def _closing(head: bytes) -> bytes:
+    """A response head whose connection closes after it (we send one request per upstream connection)."""
+    lines = head.decode("latin-1").split("\r\n")
+    kept = [lines[0]] + [line for line in lines[1:] if line and line.partition(":")[0].strip().lower()
+                         not in ("connection", "keep-alive", "proxy-connection")]
+    return ("\r\n".join([*kept, "Connection: close"]) + "\r\n\r\n").encode("latin-1")
+
+
+def _send(writer: asyncio.StreamWriter, data: bytes, attempt: _Attempt, way: str) -> None:
+    writer.write(data)
+    setattr(attempt, way, getattr(attempt, way) + len(data))
+
+
+async def _copy_exactly(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int,
+                        attempt: _Attempt) -> None:
+    while length > 0:
+        data = await reader.read(min(length, _CHUNK))
+        if not data:
+            raise asyncio.IncompleteReadError(b"", length)
+        _send(writer, data, attempt, "sent")
+        length -= len(data)
+        await writer.drain()
+
+
+async def _copy_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, attempt: _Attempt) -> None:
+    while True:
+        line = await reader.readuntil(b"\r\n")
+        _send(writer, line, attempt, "sent")
+        size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+        if size == 0:
+            while True:  # trailers, up to the empty line
+                trailer = await reader.readuntil(b"\r\n")
+                _send(writer, trailer, attempt, "sent")
+                if trailer == b"\r\n":
+                    return
+        await _copy_exactly(reader, writer, size + 2, attempt)
+
+
+async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, attempt: _Attempt, way: str) -> bool:
+    """Copy until EOF (then half-close ``dst``); False when a side failed."""
+    try:
+        while True:
+            data = await src.read(_CHUNK)
+            if not data:
+                break
+            _send(dst, data, attempt, way)
+            await dst.drain()
+        if dst.can_write_eof():
+            dst.write_eof()
+        return True
+    except (OSError, RuntimeError):
+        return False
+
+
+async def _relay(attempt: _Attempt, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> None:
+    """Both ways until both ends are done; a failure on one side closes both."""
+    out = asyncio.ensure_future(_pump(reader, up_writer, attempt, "sent"))
+    back = asyncio.ensure_future(_pump(up_reader, writer, attempt, "received"))
+    try:
+        for done in asyncio.as_completed([out, back]):
+            if not await done:
+                break
+    finally:
+        up_writer.transport.abort()
+        writer.transport.abort()
+        await asyncio.gather(out, back, return_exceptions=True)
+
+
+_DENIED = "X-Execbox-Egress: denied\r\n"
+
+
+async def _answer(writer: asyncio.StreamWriter, status: int, text: str) -> None:
+    """A short plain-text answer from the proxy itself; the connection closes after it."""
+    phrase = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
+              503: "Service Unavailable"}[status]
+    body = f"execbox proxy: {text}\n".encode()
+    writer.write(f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: "
+                 f"{len(body)}\r\nConnection: close\r\n{_DENIED if status == 403 else ''}\r\n".encode() + body)
+    with contextlib.suppress(OSError, RuntimeError):
+        await asyncio.wait_for(writer.drain(), 5)
+
+
+__all__ = ["CA_VARIABLES", "FORWARDER", "MOUNT_POINT", "EgressProxy", "ProxyRun", "local_addresses", "resolve",
+           "sweep_orphans", "with_egress"]
