@@ -366,3 +366,93 @@ def test_sigterm_to_the_cli_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
     time.sleep(0.5)
     assert running() == []
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("execbox-")] == []
+
+
+class TestAudit:
+    """`execbox audit verify/show`, and what run, gc and doctor do with the audit log."""
+
+    @staticmethod
+    def log() -> Path:
+        return Path(os.environ["XDG_STATE_HOME"]) / "execbox" / "audit.jsonl"
+
+    def test_verify_passes_after_runs_and_names_an_edited_record(self, local_mode: None) -> None:
+        for word in ("one", "two", "three"):
+            assert cli("run", *LOCAL, "--", "echo", word).exit_code == 0
+        ok = cli("audit", "verify")
+        assert ok.exit_code == 0 and "intact: 3 records" in ok.stdout
+        lines = self.log().read_text().splitlines(keepends=True)
+        lines[1] = lines[1].replace('"exit_code":0', '"exit_code":1')
+        self.log().write_text("".join(lines))
+        bad = cli("audit", "verify", "--json")
+        report = json.loads(bad.stdout)
+        assert bad.exit_code == 1 and report["ok"] is False
+        assert report["problem"].startswith("record seq 2 (audit.jsonl:2) was edited")
+
+    def test_verify_a_log_given_by_path_names_a_truncation(self, local_mode: None, tmp_path: Path) -> None:
+        for _ in range(3):
+            cli("run", *LOCAL, "--", "true")
+        copy = tmp_path / "copy.jsonl"
+        copy.write_text("".join(self.log().read_text().splitlines(keepends=True)[:2]))
+        copy.with_name("copy.jsonl.head").write_bytes(self.log().with_name("audit.jsonl.head").read_bytes())
+        result = cli("audit", "verify", "--log", str(copy))
+        assert result.exit_code == 1 and "truncated" in result.stderr and "seq 3" in result.stderr
+
+    def test_verify_an_hmac_log_without_the_key_is_not_a_pass(self, local_mode: None,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("CODE_EXEC_AUDIT_KEY", "s3cret-key")
+        cli("run", *LOCAL, "--", "true")
+        assert cli("audit", "verify").exit_code == 0
+        monkeypatch.delenv("CODE_EXEC_AUDIT_KEY")
+        result = cli("audit", "verify")
+        assert result.exit_code == 2 and "NOT checked" in result.stderr
+
+    def test_show_filters_by_session_and_since(self, local_mode: None) -> None:
+        cli("run", *LOCAL, "--", "true")
+        cli("run", *LOCAL, "--", "false")
+        records = [json.loads(line) for line in cli("audit", "show", "--json").stdout.splitlines()]
+        assert [r["exit_code"] for r in records] == [0, 1]
+        only = cli("audit", "show", "--json", "--session", records[1]["session"]).stdout.splitlines()
+        assert [json.loads(line)["seq"] for line in only] == [2]
+        assert cli("audit", "show", "--since", "1h").stdout.count(" exec ") == 2
+        assert cli("audit", "show", "--since", "2999-01-01").stdout == ""
+        text = cli("audit", "show").stdout.splitlines()
+        assert "exit=1" in text[1] and "backend=local_subprocess" in text[1]
+        bad = cli("audit", "show", "--since", "yesterday-ish")
+        assert bad.exit_code == 2 and "--since" in bad.stderr
+
+    def test_a_refused_run_is_in_the_log(self, home: Path) -> None:
+        assert cli("run", *LOCAL, "--", "true").exit_code == 125
+        (line,) = cli("audit", "show").stdout.splitlines()
+        assert "refused" in line and "NotASandboxError" in line
+
+    def test_gc_records_what_it_removed(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from execbox.backends.local_subprocess import LocalSubprocessBackend
+
+        async def removed(self: LocalSubprocessBackend) -> list[str]:
+            return ["execbox-local-123-456-abc", "execbox-local-789-012-def"]
+
+        monkeypatch.setattr(LocalSubprocessBackend, "gc", removed)
+        assert cli("gc", "--backend", "local_subprocess").exit_code == 0
+        (record,) = [json.loads(line) for line in cli("audit", "show", "--json").stdout.splitlines()]
+        assert record["event"] == "gc" and record["backend"] == "local_subprocess"
+        assert record["removed"] == ["execbox-local-123-456-abc", "execbox-local-789-012-def"]
+
+    def test_doctor_warns_when_the_log_is_off(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("CODE_EXEC_AUDIT_LOG", "off")
+        assert "warning: the audit log is off" in cli("doctor").stdout
+        audit = json.loads(cli("doctor", "--json").stdout)["audit"]
+        assert audit["enabled"] is False and audit["problems"]
+        assert cli("audit", "verify").exit_code == 2
+
+    def test_doctor_reports_a_failed_write_and_never_prints_the_key(self, local_mode: None, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+        (tmp_path / "file").write_text("")
+        monkeypatch.setenv("CODE_EXEC_AUDIT_LOG", str(tmp_path / "file" / "audit.jsonl"))
+        monkeypatch.setenv("CODE_EXEC_AUDIT_KEY", "do-not-print-me")
+        with pytest.warns(RuntimeWarning):
+            result = cli("run", *LOCAL, "--", "echo", "hi")
+        assert result.exit_code == 0 and result.stdout == "hi\n"
+        assert "note: audit log: this exec was NOT recorded" in result.stderr
+        text = cli("doctor").stdout
+        assert "audit write(s) failed" in text and "cannot be written" in text
+        assert "do-not-print-me" not in text and "do-not-print-me" not in cli("doctor", "--json").stdout
