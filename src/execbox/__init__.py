@@ -27,7 +27,17 @@ from execbox.core.errors import (
     WorkspacePathError,
 )
 from execbox.core.hookspecs import PluginWarning, hookimpl
-from execbox.core.models import Capabilities, EgressAttempt, ExecRequest, ExecResult, Limits
+from execbox.core.models import (
+    Capabilities,
+    CellError,
+    CellResult,
+    DisplayData,
+    EgressAttempt,
+    ExecRequest,
+    ExecResult,
+    Limits,
+)
+from execbox.core.output import OutputEvent
 from execbox.core.settings import Settings
 from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox, run_blocking
 
@@ -36,15 +46,19 @@ __all__ = [
     "AsyncSandbox",
     "BackendUnavailableError",
     "Capabilities",
+    "CellError",
+    "CellResult",
     "ConfigError",
-    "ExecRequest",
+    "DisplayData",
     "EgressAttempt",
+    "ExecRequest",
     "ExecResult",
     "ExecboxError",
     "ExecutionBackend",
     "FileTooLargeError",
     "Limits",
     "NotASandboxError",
+    "OutputEvent",
     "PluginError",
     "PluginWarning",
     "RefusedError",

@@ -12,7 +12,11 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
                      RemoteSession (a provider's sandbox: supply its exec, small command, file calls)
     processes        run_process + reaped (output cap, deadline, whole-tree kill), ProcessOutcome, CommandEnv
                      (the request env reaches only the final command, never a host-side launcher)
-    results          build_result, failed_to_start, TIMEOUT_EXIT_CODE, BoundedCapture
+    results          build_result, failed_to_start, TIMEOUT_EXIT_CODE, BoundedCapture; CellResult, CellError,
+                     DisplayData (run_cell's result and its MIME bundles)
+    streaming        ExecSpec.on_output (OnOutput), fed by the captures ``ExecSpec.captures()`` builds (or by
+                     ``run_process(on_output=)``); declare ``Capabilities(streaming=True)`` when it reaches the
+                     caller while the command runs; OutputEvent (what a streaming caller receives)
     env policy       sandbox_env (the whole environment of a sandboxed command), filter_env, host_env (the
                      minimal environment of every host-side helper)
     workspace        normalize, safe_read, safe_write, remove_tree (never follow a link, bounded reads,
@@ -45,8 +49,19 @@ from execbox.core.errors import (
 from execbox.core.hookspecs import PluginWarning, hookimpl
 from execbox.core.hostsession import HostWorkspaceSession
 from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import Capabilities, EgressAttempt, ExecRequest, ExecResult, ExecSpec, Limits, NetworkMode
-from execbox.core.output import BoundedCapture
+from execbox.core.models import (
+    Capabilities,
+    CellError,
+    CellResult,
+    DisplayData,
+    EgressAttempt,
+    ExecRequest,
+    ExecResult,
+    ExecSpec,
+    Limits,
+    NetworkMode,
+)
+from execbox.core.output import BoundedCapture, OnOutput, OutputEvent
 from execbox.core.owner import owner_alive, owner_id, pid_alive
 from execbox.core.procs import CommandEnv, ProcessOutcome, reaped, run_process
 from execbox.core.remote import RemoteSession
@@ -63,8 +78,11 @@ __all__ = [
     "BackendUnavailableError",
     "BoundedCapture",
     "Capabilities",
+    "CellError",
+    "CellResult",
     "CommandEnv",
     "ConfigError",
+    "DisplayData",
     "EgressAttempt",
     "ExecRequest",
     "ExecResult",
@@ -76,6 +94,8 @@ __all__ = [
     "Limits",
     "NetworkMode",
     "NotASandboxError",
+    "OnOutput",
+    "OutputEvent",
     "PluginWarning",
     "ProcessOutcome",
     "RemoteSession",

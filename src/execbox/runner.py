@@ -10,7 +10,7 @@ import contextlib
 import functools
 import os
 import posixpath
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -38,6 +38,7 @@ from execbox.core.models import (
     Limits,
     NetworkMode,
 )
+from execbox.core.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
 from execbox.core.pool import WarmPool
 from execbox.core.results import explain
 from execbox.core.scheduler import Slots, default_max_concurrent
@@ -251,8 +252,10 @@ class AsyncRunner:
         by_field = {"memory_mb": "memory", "cpus": "cpu", "pids_limit": "pids", "disk_mb": "disk"}
         return {limit for field, limit in by_field.items() if field in self.settings.model_fields_set}
 
-    async def execute(self, request: ExecRequest, *, backend: str | None = None) -> ExecResult:
-        """Run one request in a fresh sandbox that is gone afterwards, also on error or cancellation."""
+    async def execute(self, request: ExecRequest, *, backend: str | None = None,
+                      output: LiveOutput | None = None) -> ExecResult:
+        """Run one request in a fresh sandbox that is gone afterwards, also on error or cancellation. ``output``
+        receives the output as it arrives (see ``stream``)."""
         resolved, dropped, asked = self.prepare(request)
         impl, _ = await self._admitted(backend, resolved, asked, session=False, dropped=dropped)
         spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60)
@@ -265,7 +268,7 @@ class AsyncRunner:
                     session = await impl.open_session(spec)
             try:
                 result = await _exec_audited(self.audit, impl, session, resolved, dropped,
-                                             asked_timeout=request.timeout)
+                                             asked_timeout=request.timeout, output=output)
             finally:
                 if pooled:
                     self.pool.discard(session)  # used once; removed in the background
@@ -324,16 +327,29 @@ class AsyncRunner:
     async def run(self, command: str | Sequence[str], *, backend: str | None = None, network: NetworkMode | None = None,
                   timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
                   files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
-                  max_output_bytes: int | None = None, limits: Limits | None = None) -> ExecResult:
-        """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox."""
+                  max_output_bytes: int | None = None, limits: Limits | None = None,
+                  on_stdout: OnText | None = None, on_stderr: OnText | None = None) -> ExecResult:
+        """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox. ``on_stdout(text)`` /
+        ``on_stderr(text)`` get the output as it arrives (the result is the same as without them)."""
         request = _command_request(command, **_request_kw(network, timeout, env, stdin, files, workdir,
                                                           max_output_bytes, limits))
-        return await self.execute(request, backend=backend)
+        return await deliver(lambda out: self.execute(request, backend=backend, output=out), on_stdout, on_stderr)
 
     async def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
-        backend = kw.pop("backend", None)
+        backend, on_stdout, on_stderr = kw.pop("backend", None), kw.pop("on_stdout", None), kw.pop("on_stderr", None)
         request = _request(code=code, language=language, **_request_kw(**kw))
-        return await self.execute(request, backend=backend)
+        return await deliver(lambda out: self.execute(request, backend=backend, output=out), on_stdout, on_stderr)
+
+    def stream(self, command: str | Sequence[str], *, backend: str | None = None,
+               **kw: Any) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+        """``async for event in runner.stream(cmd):`` OutputEvents as the output arrives, then the ExecResult."""
+        request = _command_request(command, **_request_kw(**kw))
+        return stream_events(lambda out: self.execute(request, backend=backend, output=out))
+
+    def stream_code(self, code: str, language: Language = "python", *, backend: str | None = None,
+                    **kw: Any) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+        request = _request(code=code, language=language, **_request_kw(**kw))
+        return stream_events(lambda out: self.execute(request, backend=backend, output=out))
 
     def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
                 name: str | None = None, lifetime_s: float = 3600.0, **options: Any) -> AsyncSandbox:
@@ -368,7 +384,7 @@ def _request_kw(network: NetworkMode | None = None, timeout: float | None = None
 
 
 async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecRequest, dropped: list[str], *,
-                   asked_timeout: float | None = None) -> ExecResult:
+                   asked_timeout: float | None = None, output: LiveOutput | None = None) -> ExecResult:
     """Place the files, resolve the workdir, run, and stamp the result with what the runner knows (the limit that
     cut it short, in words: core.results.explain; ``asked_timeout`` is the timeout as requested, before clamping)."""
     argv, files = request.materialize(session.workspace)
@@ -382,9 +398,11 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
         argv = ["/bin/sh", "-c", 'mkdir -p -- "$1" && cd -- "$1" && shift && exec "$@"', "execbox-workdir", workdir,
                 *argv]
     assert request.timeout and request.max_output_bytes and request.network and request.limits  # prepare() set them
+    if output is not None:
+        output.set_cap(request.max_output_bytes)
     spec = ExecSpec(argv=argv, env=request.env, stdin=request.stdin, workdir=session.workspace,
                     timeout=request.timeout, max_output_bytes=request.max_output_bytes, network=request.network,
-                    limits=request.limits)
+                    limits=request.limits, on_output=output.feed if output else None)
     with backend_errors(backend.name):
         result = await session.exec(spec)
     result = result.model_copy(update={
@@ -475,7 +493,7 @@ class AsyncSandbox:
                                "`async with runner.sandbox() as sb:` and call it inside that block")
         return self.backend, self._session
 
-    async def execute(self, request: ExecRequest) -> ExecResult:
+    async def execute(self, request: ExecRequest, *, output: LiveOutput | None = None) -> ExecResult:
         backend, session = self._live()
         try:
             resolved, dropped = self._admit(backend, request)
@@ -484,7 +502,7 @@ class AsyncSandbox:
                 exc, request, backend=backend.name, session=self.id, oneshot=False))
             raise
         return await _exec_audited(self.runner.audit, backend, session, resolved, dropped, session_id=self.id,
-                                   asked_timeout=request.timeout)
+                                   asked_timeout=request.timeout, output=output)
 
     def _admit(self, backend: ExecutionBackend, request: ExecRequest) -> tuple[ExecRequest, list[str]]:
         """The request resolved for this sandbox, or the refusal: the session's rules."""
@@ -503,11 +521,26 @@ class AsyncSandbox:
         self.runner.guard.check_secrets(backend)
         return resolved, dropped
 
-    async def exec(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
-        return await self.execute(_command_request(command, **_request_kw(**kw)))
+    async def exec(self, command: str | Sequence[str], *, on_stdout: OnText | None = None,
+                   on_stderr: OnText | None = None, **kw: Any) -> ExecResult:
+        """Run a command in this sandbox; ``on_stdout`` / ``on_stderr`` get the output as it arrives."""
+        request = _command_request(command, **_request_kw(**kw))
+        return await deliver(lambda out: self.execute(request, output=out), on_stdout, on_stderr)
 
-    async def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
-        return await self.execute(_request(code=code, language=language, **_request_kw(**kw)))
+    async def run_code(self, code: str, language: Language = "python", *, on_stdout: OnText | None = None,
+                       on_stderr: OnText | None = None, **kw: Any) -> ExecResult:
+        request = _request(code=code, language=language, **_request_kw(**kw))
+        return await deliver(lambda out: self.execute(request, output=out), on_stdout, on_stderr)
+
+    def stream(self, command: str | Sequence[str], **kw: Any) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+        """``async for event in sb.stream(cmd):`` OutputEvents as the output arrives, then the ExecResult."""
+        request = _command_request(command, **_request_kw(**kw))
+        return stream_events(lambda out: self.execute(request, output=out))
+
+    def stream_code(self, code: str, language: Language = "python",
+                    **kw: Any) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+        request = _request(code=code, language=language, **_request_kw(**kw))
+        return stream_events(lambda out: self.execute(request, output=out))
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         backend, session = self._live()

@@ -817,6 +817,7 @@ class BubblewrapSession(Session):
                 stdin=request.stdin,
                 timeout=request.timeout,
                 max_output_bytes=request.max_output_bytes,
+                on_output=request.on_output,
             )
             oom = cgroup.oom_killed() if cgroup else False
             started = await anyio.to_thread.run_sync(_sandbox_started, status_file)
@@ -864,6 +865,7 @@ class BubblewrapBackend(ExecutionBackend):
         persistent_sessions=True,
         file_transfer=True,
         limits=frozenset({"memory", "pids", "cpu", "wall_time"}),
+        streaming=True,
     )
 
     settings_model = BubblewrapSettings

@@ -222,6 +222,7 @@ class DaytonaBackend(ExecutionBackend):
         file_transfer=True,
         limits=frozenset({"cpu", "wall_time"}),
         remote=True,
+        streaming=False,  # process.exec returns the output when the command ends; collected then
     )
 
     settings_model = DaytonaSettings

@@ -26,6 +26,7 @@ class LocalSubprocessBackend(ExecutionBackend):
         persistent_sessions=True,
         file_transfer=True,
         limits=frozenset({"memory", "wall_time"}),
+        streaming=True,
     )
 
     async def open_session(self, spec: SessionSpec) -> HostWorkspaceSession:

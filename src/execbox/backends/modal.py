@@ -90,7 +90,7 @@ class ModalSession(_remote.RemoteSession):
     def run_exec(self, request: ExecSpec) -> ExecResult:
         marker = _remote.new_marker()
         env = {**sandbox_env(request.env, home=WORKSPACE), _remote.MARKER: marker}
-        out, err = BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes)
+        out, err = request.captures()
         started = time.monotonic()
         proc = self.sb.exec(*_remote.wrapped(request.argv), timeout=max(1, math.ceil(request.timeout)),
                             workdir=request.workdir, env=env, text=False)
@@ -166,6 +166,7 @@ class ModalBackend(ExecutionBackend):
         file_transfer=True,
         limits=frozenset({"memory", "cpu", "wall_time"}),
         remote=True,
+        streaming=True,  # the exec's StreamReaders yield chunks as they arrive
     )
 
     settings_model = ModalSettings

@@ -130,6 +130,7 @@ class SingularitySession(Session):
             stdin=request.stdin,
             timeout=request.timeout,
             max_output_bytes=request.max_output_bytes,
+            on_output=request.on_output,
         )
         result = outcome.to_result()
         if outcome.timed_out and self.instance:
@@ -179,6 +180,7 @@ class SingularityBackend(ExecutionBackend):
         persistent_sessions=True,
         file_transfer=True,
         limits=frozenset({"wall_time"}),
+        streaming=True,
     )
 
     settings_model = SingularitySettings

@@ -448,7 +448,7 @@ class SshSession(Session):
             stdin_path = f"{self.workspace}.stdin-{run_id}"
             self._sftp_call(lambda sftp: self._put(sftp, stdin_path, request.stdin or b"", 0o600))
         command, env_block = self._command(request, run_id, stdin_path)
-        run = _Run(BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes))
+        run = _Run(*request.captures())
         try:
             chan = conn.transport.open_session(timeout=30)
             chan.exec_command(command)
@@ -609,6 +609,7 @@ class SshBackend(ExecutionBackend):
         file_transfer=True,
         limits=frozenset({"memory", "wall_time"}),
         remote=True,
+        streaming=True,  # the channel is read as data arrives
     )
 
     settings_model = SshSettings

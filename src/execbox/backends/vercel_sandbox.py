@@ -82,7 +82,8 @@ class VercelSession(_remote.RemoteSession):
     def run_exec(self, request: ExecSpec) -> ExecResult:
         marker = _remote.new_marker()
         env = {**sandbox_env(request.env, home=WORKSPACE), _remote.MARKER: marker}
-        out, err = _remote.TextCapture(request.max_output_bytes), _remote.TextCapture(request.max_output_bytes)
+        out = _remote.TextCapture(request.max_output_bytes, request.on_output, "stdout")
+        err = _remote.TextCapture(request.max_output_bytes, request.on_output, "stderr")
         argv = _remote.wrapped(request.argv)
         started = time.monotonic()
         done = self.sb.run_process(argv[0], argv[1:], cwd=request.workdir, env=env,
@@ -143,6 +144,7 @@ class VercelSandboxBackend(ExecutionBackend):
         file_transfer=True,
         limits=frozenset({"cpu", "wall_time"}),
         remote=True,
+        streaming=True,  # run_process writes each log chunk to the text streams as it arrives
     )
 
     settings_model = VercelSettings

@@ -70,6 +70,7 @@ class HostWorkspaceSession(Session):
                 timeout=request.timeout,
                 max_output_bytes=request.max_output_bytes,
                 command_env=command_env,
+                on_output=request.on_output,
             )
         return outcome.to_result()
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import posixpath
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+
+from execbox.core.output import BoundedCapture, OnOutput
 
 NetworkMode = Literal["none", "egress", "proxy", "host"]
 Isolation = Literal["none", "process", "namespace", "container", "gvisor", "microvm", "remote_vm"]
@@ -36,6 +39,9 @@ class Capabilities(BaseModel):
     file_transfer: bool = False
     limits: frozenset[LimitName] = frozenset()
     remote: bool = False
+    # Output reaches a streaming caller while the command runs (ExecSpec.on_output is fed as bytes arrive).
+    # Opt-in: a backend that does not stream still works, its output is delivered when the run ends.
+    streaming: bool = False
 
     @field_serializer("network_modes", "limits")
     def _sorted(self, value: frozenset[str]) -> list[str]:
@@ -147,6 +153,14 @@ class ExecSpec(BaseModel):
     max_output_bytes: int = Field(gt=0)
     network: NetworkMode
     limits: Limits = Field(default_factory=Limits)
+    # Set when the caller streams: called with (stream, bytes) as output arrives, from any thread. Backends pass
+    # it on by building their captures with ``captures()`` (or ``run_process(on_output=)``); never serialised.
+    on_output: OnOutput | None = Field(default=None, exclude=True, repr=False)
+
+    def captures(self) -> tuple[BoundedCapture, BoundedCapture]:
+        """This run's stdout and stderr captures: bounded by ``max_output_bytes``, streaming to ``on_output``."""
+        return (BoundedCapture(self.max_output_bytes, self.on_output, "stdout"),
+                BoundedCapture(self.max_output_bytes, self.on_output, "stderr"))
 
 
 def _encodable(text: str, what: str) -> None:
@@ -205,3 +219,62 @@ class ExecResult(BaseModel):
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+class DisplayData(BaseModel):
+    """One rich output of a Python cell, as a MIME bundle (the Jupyter convention): ``data`` maps a MIME type to
+    its content: text for text types, base64 for binary ones (image/png), a JSON value for application/json.
+    ``kind`` is "result" for the value of the cell's last expression, "display" for display() and figures."""
+
+    kind: Literal["display", "result"] = "display"
+    data: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def text(self) -> str | None:
+        value = self.data.get("text/plain")
+        return value if isinstance(value, str) else None
+
+    def binary(self, mime: str) -> bytes | None:
+        """The decoded bytes of a base64 type (``image/png``, ``image/jpeg``), or None when absent or not base64."""
+        value = self.data.get(mime)
+        if not isinstance(value, str):
+            return None
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:
+            return None
+
+
+class CellError(BaseModel):
+    """The exception a cell raised: its type name, its message and the formatted traceback."""
+
+    name: str
+    value: str = ""
+    traceback: str = ""
+
+
+class CellResult(BaseModel):
+    """What one ``run_cell`` did in the session's Python interpreter. An exception in the cell is data
+    (``error``), not an exception of execbox."""
+
+    outputs: list[DisplayData] = Field(default_factory=list)
+    stdout: str = ""
+    stderr: str = ""
+    error: CellError | None = None
+    # Cells run so far in this interpreter, this one included: 1 in a fresh one.
+    execution_count: int = 0
+    timed_out: bool = False
+    truncated: bool = False
+    oom_killed: bool = False
+    # The interpreter's earlier state (variables, imports, open files) is gone: this cell had to kill it, or
+    # it had died since the last cell and this one ran in a fresh interpreter. ``notes`` say which.
+    state_lost: bool = False
+    duration_s: float = 0.0
+    backend: str = ""
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """The cell ran to its end without an exception (``state_lost`` is told apart: check it too)."""
+        return self.error is None and not self.timed_out and not self.oom_killed

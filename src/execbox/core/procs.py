@@ -26,7 +26,7 @@ import anyio
 
 from execbox.core.envpolicy import host_env, is_injection_name
 from execbox.core.models import ExecResult
-from execbox.core.output import BoundedCapture
+from execbox.core.output import BoundedCapture, OnOutput
 from execbox.core.results import build_result, exit_status
 
 _REAPER = os.path.join(os.path.dirname(__file__), "_reaper.py")
@@ -119,6 +119,7 @@ async def run_process(
     max_output_bytes: int,
     terminate_signal: int = signal.SIGTERM,
     command_env: CommandEnv | None = None,
+    on_output: OnOutput | None = None,
 ) -> ProcessOutcome:
     """Run ``argv`` (usually already wrapped by ``reaped`` or a sandbox launcher) to completion or deadline.
 
@@ -126,9 +127,11 @@ async def run_process(
     request's: loader and interpreter-injection variables are removed from it whatever a backend passes.
     The command's own variables travel in ``command_env``. At the deadline ``terminate_signal`` goes to the
     process, whose job is to kill its tree; after a grace period the whole process group is SIGKILLed.
-    Cancellation kills the same way before re-raising.
+    Cancellation kills the same way before re-raising. ``on_output`` (the spec's) receives the output as it
+    is read, chunk by chunk, for a streaming caller.
     """
-    out, err = BoundedCapture(max_output_bytes), BoundedCapture(max_output_bytes)
+    out = BoundedCapture(max_output_bytes, on_output, "stdout")
+    err = BoundedCapture(max_output_bytes, on_output, "stderr")
     started = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         *argv,

@@ -28,7 +28,7 @@ import anyio
 from execbox.core.backend import Session
 from execbox.core.errors import BackendUnavailableError, ExecboxError, FileTooLargeError, WorkspacePathError
 from execbox.core.models import ExecResult, ExecSpec
-from execbox.core.output import BoundedCapture
+from execbox.core.output import BoundedCapture, OnOutput, StreamName
 from execbox.core.owner import owner_alive, owner_id
 
 T = TypeVar("T")
@@ -226,8 +226,8 @@ class RemoteSession(Session):
 class TextCapture:
     """A text stream (write/flush) that feeds a BoundedCapture: for SDKs that deliver decoded chunks."""
 
-    def __init__(self, cap: int) -> None:
-        self.capture = BoundedCapture(cap)
+    def __init__(self, cap: int, on_output: OnOutput | None = None, stream: StreamName = "stdout") -> None:
+        self.capture = BoundedCapture(cap, on_output, stream)
 
     def write(self, text: str) -> int:
         self.capture.write(text.encode("utf-8", errors="replace"))

@@ -124,6 +124,7 @@ class DockerBackend(ExecutionBackend):
         persistent_sessions=True,
         file_transfer=True,
         limits=frozenset({"memory", "cpu", "pids", "disk", "wall_time"}),
+        streaming=True,  # attach / exec sockets are demultiplexed as they arrive (docker/stream.py)
     )
 
     def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:

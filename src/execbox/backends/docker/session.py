@@ -40,7 +40,6 @@ from execbox.backends.docker.hardening import (
 from execbox.backends.docker.stream import close, drain, hijacked, pump
 from execbox.plugin import (
     BackendUnavailableError,
-    BoundedCapture,
     ExecResult,
     ExecSpec,
     Limits,
@@ -306,7 +305,7 @@ class DockerSession(Session):
         command, env = self._command(request, door)
         kw = self._create_kwargs(command, user=self.plan.user, env=env, workdir=request.workdir,
                                  expires_in=request.timeout + 60, stdin=True)
-        out, err = BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes)
+        out, err = request.captures()
         container = self._create(kw)
         try:
             # Attach before start: not one byte of output can be missed, and stdin is ours from the start.
@@ -369,7 +368,7 @@ class DockerSession(Session):
         assert self._keeper_id
         cid = self._keeper_id
         command, env = self._command(request, door)
-        out, err = BoundedCapture(request.max_output_bytes), BoundedCapture(request.max_output_bytes)
+        out, err = request.captures()
         exec_id = self.backend.call(lambda c: c.api.exec_create(
             cid, command, stdin=True, stdout=True, stderr=True, user=self.plan.user, environment=env,
             workdir=request.workdir))["Id"]
