@@ -358,16 +358,18 @@ class AuditLog:
             return 0, hashlib.sha256(last).hexdigest()
 
     def _write_head(self, seq: int, last: str) -> None:
+        """Overwrite the head in place: one pwrite of a fixed 512 bytes (one sector: a crash leaves the old head or
+        the new one, and a rename per record would cost more than the record itself)."""
         alg = "hmac-sha256" if self.key else "sha256"
-        head = json.dumps({"seq": seq, "hash": last, "alg": alg, "mac": head_mac(seq, last, self.key)}).encode() + b"\n"
-        tmp = self.head_path.with_name(self.head_path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        head = json.dumps({"seq": seq, "hash": last, "alg": alg, "mac": head_mac(seq, last, self.key)}).encode()
+        fd = os.open(self.head_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, head)
+            os.pwrite(fd, head.ljust(HEAD_BYTES - 1) + b"\n", 0)
         finally:
             os.close(fd)
-        os.replace(tmp, self.head_path)
 
+
+HEAD_BYTES = 512
 
 FAILURES_FILE = "audit-failures.jsonl"
 
