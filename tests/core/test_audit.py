@@ -146,6 +146,23 @@ class TestTamperingIsNamed:
         problem = verify(path).problem or ""
         assert "truncated" in problem and "ends at seq 7" in problem and "seq 8 to 10" in problem
 
+    def test_a_truncation_stays_visible_after_more_records_are_written(self, tmp_path: Path) -> None:
+        path = filled(tmp_path)
+        write_lines(path, lines_of(path)[:7])
+        AuditLog(path).record("approval.request", after=True)  # the writer chains on, and says what it found
+        problem = verify(path).problem or ""
+        assert problem.startswith("record seq 8 (audit.jsonl:8): a writer found the log cut short (it ended at seq 7, "
+                                  "the head named seq 10)")
+
+    def test_a_cut_inside_a_record_is_not_mistaken_for_a_crash(self, tmp_path: Path) -> None:
+        path = filled(tmp_path)
+        text = path.read_text()
+        path.write_text(text[: text.index('"seq":6') + 10])  # mid-record 6: looks like a torn write
+        AuditLog(path).record("approval.request", after=True)
+        events = [json.loads(line)["event"] for line in lines_of(path)[5:]]
+        assert events == ["audit.torn", "audit.gap", "approval.request"]
+        assert "cut short (it ended at seq 6, the head named seq 10)" in (verify(path).problem or "")
+
     def test_a_log_cut_to_nothing(self, tmp_path: Path) -> None:
         path = filled(tmp_path)
         path.write_text("")
@@ -160,6 +177,14 @@ class TestTamperingIsNamed:
         path = filled(tmp_path)
         path.with_name("audit.jsonl.head").unlink()
         assert "head file audit.jsonl.head is missing" in (verify(path).problem or "")
+
+    def test_a_removed_head_stays_visible_after_more_records_are_written(self, tmp_path: Path) -> None:
+        path = filled(tmp_path)
+        write_lines(path, lines_of(path)[:7])
+        path.with_name("audit.jsonl.head").unlink()  # cut, and hide the cut from the head
+        AuditLog(path).record("approval.request", after=True)
+        problem = verify(path).problem or ""
+        assert problem.startswith("record seq 8 (audit.jsonl:8): a writer found the head file missing at seq 7")
 
     def test_a_foreign_line(self, tmp_path: Path) -> None:
         path = filled(tmp_path)

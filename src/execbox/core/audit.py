@@ -16,9 +16,12 @@ its first record chaining to the last of the old one.
 
 Truncation. A hash chain alone cannot tell a log cut after record N from a log that ended at N. The head file
 can: ``verify`` fails when the log ends before the head says it does (or the head is missing while records
-exist). Honest limits: someone who can write both files and rewrite the head consistently (anyone, without a
-key; with a key, only by putting back an older head they copied) can still cut the tail unseen, and someone who
-deletes every file leaves nothing to verify. Ship the records off the host if that matters.
+exist); and a writer that finds the log shorter than its head (or the head gone) first appends an ``audit.gap``
+record, so the cut stays visible after more records are written (a torn last line with the head in step is a
+crash, cut and recorded as ``audit.torn``; one the head says was followed by more is a cut). Honest limits:
+someone who can write both files and rewrite the head consistently (anyone, without a key; with a key, only by
+putting back an older head they copied) can still cut the tail unseen, and someone who deletes every file leaves
+nothing to verify. Ship the records off the host if that matters.
 
 Failures. A record that cannot be written never raises into the run it describes: ``record()`` returns a note
 (the caller puts it on the result), warns, and appends the failure to ``audit-failures.jsonl`` in the per-user
@@ -284,25 +287,47 @@ class AuditLog:
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 seq, prev, size = self._tail(fd)
-                line = self._line(seq + 1, prev, event, fields)
-                if size and size + len(line) > self.max_bytes:
-                    os.close(fd)
-                    fd = -1
-                    os.rename(self.path, self.path.with_name(f"{self.path.name}.{seq:012d}"))
-                    fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                                 | os.O_CLOEXEC, 0o600)
-                written = os.write(fd, line)
-                if written != len(line):  # a full disk: cut the partial line off rather than leave half a record
-                    os.ftruncate(fd, os.fstat(fd).st_size - written)
-                    raise OSError(errno.ENOSPC, "the disk is full (a partial write)")
+                pending: list[tuple[str, Mapping[str, Any]]] = [(event, fields)]
+                gap = self._gap(seq, prev)
+                if gap is not None:
+                    pending.insert(0, ("audit.gap", gap))
+                for name, values in pending:
+                    line = self._line(seq + 1, prev, name, values)
+                    if size and size + len(line) > self.max_bytes:
+                        os.fdatasync(fd)
+                        os.close(fd)
+                        fd = -1
+                        os.rename(self.path, self.path.with_name(f"{self.path.name}.{seq:012d}"))
+                        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                     | os.O_CLOEXEC, 0o600)
+                        size = 0
+                    written = os.write(fd, line)
+                    if written != len(line):  # a full disk: cut the partial line off rather than leave half a record
+                        os.ftruncate(fd, os.fstat(fd).st_size - written)
+                        raise OSError(errno.ENOSPC, "the disk is full (a partial write)")
+                    size += written
+                    record = json.loads(line)
+                    seq, prev = record["seq"], record["hash"]
                 os.fdatasync(fd)
-                record = json.loads(line)
-                self._write_head(record["seq"], record["hash"])
+                self._write_head(seq, prev)
             finally:
                 if fd >= 0:
                     os.close(fd)
         finally:
             os.close(lock)  # releases the flock
+
+    def _gap(self, seq: int, last: str) -> dict[str, Any] | None:
+        """When the log ends before the head file says (records cut off the end, or every file removed), what the
+        next record must say first: a writer that just chained on would make the cut invisible."""
+        head = read_head(self.head_path)
+        if head is None and seq == 0:
+            self._write_head(0, GENESIS)  # a new log: its head exists before its first record
+            return None
+        if head is None:  # removed (a crash cannot: the head is written before the first record)
+            return {"head_seq": None, "head_hash": None, "log_seq": seq, "log_hash": last}
+        if head[0] < seq or (head[0] == seq and head[1] == last):
+            return None  # the head behind (a writer stopped between its record and the head update), or in step
+        return {"head_seq": head[0], "head_hash": head[1], "log_seq": seq, "log_hash": last}
 
     def _line(self, seq: int, prev: str, event: str, fields: Mapping[str, Any]) -> bytes:
         record: dict[str, Any] = {"seq": seq, "ts": now_iso(), "event": event, **fields,
@@ -447,6 +472,8 @@ def request_fields(request: Any, dropped: Sequence[str] | None) -> dict[str, Any
         out["env"] = {"names": sorted(request.env)}
     else:
         out["env"] = {"passed": sorted(request.env), "dropped": sorted(dropped)}
+    if getattr(request, "secrets", None):  # declared secrets (core.secrets_inject): their names, never a value
+        out["secrets"] = sorted(request.secrets)
     if request.workdir:
         out["workdir"] = request.workdir
     return out
@@ -623,6 +650,13 @@ def verify(path: str | os.PathLike[str], key: bytes | None = None) -> Verificati
             return report
         if rec["prev"] != prev:
             report.problem = _break(line, seq, expected, last, lines)
+            return report
+        if rec.get("event") == "audit.gap":
+            log_seq, head_seq = rec.get("log_seq"), rec.get("head_seq")
+            found = (f"the head file missing at seq {log_seq}" if head_seq is None else
+                     f"the log cut short (it ended at seq {log_seq}, the head named seq {head_seq})")
+            report.problem = f"record seq {seq} ({line.where}): a writer found {found}: records may have been removed"
+            return report
             return report
         if rec.get("event") == "audit.torn":
             report.warnings.append(f"record seq {seq} ({line.where}): a torn line (a crash mid-write) was dropped")
