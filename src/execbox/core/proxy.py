@@ -445,7 +445,9 @@ class EgressProxy:
                     self._record(run, _Attempt("", 0, reason="not an HTTP proxy request (no complete request head)"))
                 return
             await self._dispatch(run, head, reader, writer)
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
+            pass
+        except asyncio.CancelledError:  # the proxy is closing: a connection handler ends quietly
             pass
         finally:
             run.writers.discard(writer)
