@@ -267,6 +267,27 @@ class TestConcurrentWriters:
         seen = {(r["thread"], r["n"]) for r in audit.records(path)}
         assert seen == {(i, j) for i in range(8) for j in range(50)}
 
+    def test_verify_while_writers_write_sees_a_consistent_log(self, tmp_path: Path) -> None:
+        path = tmp_path / "audit.jsonl"
+        log = AuditLog(path, max_bytes=8 << 10)
+        log.record("approval.request", n=-1)
+        done = threading.Event()
+
+        def write() -> None:
+            for n in range(300):
+                log.record("approval.request", n=n)
+            done.set()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        reports = []
+        while not done.is_set():
+            reports.append(verify(path))
+        writer.join()
+        reports.append(verify(path))
+        assert [r.problem for r in reports if r.problem] == []
+        assert reports[-1].records == 301 and len(reports) > 1
+
 
 class TestFailures:
     def test_an_unwritable_log_returns_a_note_warns_and_is_kept_for_doctor(self, tmp_path: Path) -> None:

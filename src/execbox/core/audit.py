@@ -49,7 +49,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
 import anyio.to_thread
@@ -575,16 +575,58 @@ class Line:
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def iter_lines(path: Path) -> Iterator[Line]:
-    """Every line of every file of a log, parsed when it is a JSON object (``record`` None otherwise)."""
-    for file in log_files(path):
-        with open(file, "rb") as fh:
-            for number, raw in enumerate(fh, 1):
-                try:
-                    rec = json.loads(raw)
-                except ValueError:
-                    rec = None
-                yield Line(file, number, raw, rec if isinstance(rec, dict) else None)
+def iter_lines(path: Path, files: Sequence[tuple[Path, BinaryIO, int]] | None = None) -> Iterator[Line]:
+    """Every line of every file of a log, parsed when it is a JSON object (``record`` None otherwise); of the
+    ``files`` of a ``snapshot`` (each read up to its size then) when given."""
+    if files is None:
+        for file in log_files(path):
+            with open(file, "rb") as opened:
+                yield from _parsed(file, opened, None)
+    else:
+        for file, fh, size in files:
+            yield from _parsed(file, fh, size)
+
+
+def _parsed(file: Path, fh: BinaryIO, size: int | None) -> Iterator[Line]:
+    left = size
+    for number, raw in enumerate(fh, 1):
+        if left is not None:
+            if left <= 0:
+                return
+            raw = raw[:left]
+            left -= len(raw)
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            rec = None
+        yield Line(file, number, raw, rec if isinstance(rec, dict) else None)
+
+
+@contextlib.contextmanager
+def snapshot(path: Path) -> Iterator[tuple[list[tuple[Path, BinaryIO, int]], tuple[int, str, str, str] | None]]:
+    """The log's files (open, with their sizes) and its head as of one moment: taken under a shared lock, so no
+    writer is mid-record or between its record and the head; read afterwards (a rotation does not move an open
+    file, and what is appended later is past the size taken)."""
+    handles: list[tuple[Path, BinaryIO, int]] = []
+    try:
+        try:
+            lock: int | None = os.open(path.with_name(path.name + ".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            lock = None  # no writer ever ran here (or it cannot be read): nothing to wait for
+        try:
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_SH)
+            head = read_head(path.with_name(path.name + ".head"))
+            for file in log_files(path):
+                opened = open(file, "rb")  # noqa: SIM115 - closed below, after the caller has read it
+                handles.append((file, opened, os.fstat(opened.fileno()).st_size))
+        finally:
+            if lock is not None:
+                os.close(lock)
+        yield handles, head
+    finally:
+        for entry in handles:
+            entry[1].close()
 
 
 @dataclass
@@ -617,13 +659,19 @@ def verify(path: str | os.PathLike[str], key: bytes | None = None) -> Verificati
     before its head says (truncation). With ``key``, every record from the first MAC'd one on must carry a valid
     HMAC: a chain rebuilt without the key fails at the first record it changed."""
     path = Path(path)
-    report = Verification(path, files=len(log_files(path)))
+    with snapshot(path) as (files, head):
+        return _verify(path, key, files, head)
+
+
+def _verify(path: Path, key: bytes | None, files: list[tuple[Path, BinaryIO, int]],
+            head: tuple[int, str, str, str] | None) -> Verification:
+    report = Verification(path, files=len(files))
     if report.files == 0:
         report.problem = f"no audit log at {path} (nothing was recorded there, or every file was removed)"
         return report
     expected, prev, seen_mac = 1, GENESIS, False
     last: Line | None = None
-    lines = iter_lines(path)
+    lines = iter_lines(path, files)
     for line in lines:
         rec, seq = line.record, line.seq
         if rec is None or seq is None or not isinstance(rec.get("hash"), str) or "prev" not in rec:
@@ -667,7 +715,7 @@ def verify(path: str | os.PathLike[str], key: bytes | None = None) -> Verificati
         report.problem = ("no record carries a MAC although a key was given: the log was written without the key, "
                           "or rebuilt without it")
         return report
-    report.problem = _check_head(path, report, prev, key)
+    report.problem = _check_head(path, report, prev, key, head)
     return report
 
 
@@ -686,9 +734,9 @@ def _break(line: Line, seq: int, expected: int, last: Line | None, rest: Iterato
     return f"records {missing} were removed (before seq {seq}, {line.where})"
 
 
-def _check_head(path: Path, report: Verification, last_hash: str, key: bytes | None) -> str | None:
+def _check_head(path: Path, report: Verification, last_hash: str, key: bytes | None,
+                head: tuple[int, str, str, str] | None) -> str | None:
     head_path = path.with_name(path.name + ".head")
-    head = read_head(head_path)
     if head is None:
         if report.records == 0:
             return None
