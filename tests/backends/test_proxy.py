@@ -99,8 +99,8 @@ PROBE = textwrap.dedent("""
     def udp(host, udp_port):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_DGRAM) as s:
-            # a DNS query for pypi.org
-            return s.sendto(bytes.fromhex("abcd01000001000000000000047079706903") + b"org\\0\\0\\1\\0\\1", (host, udp_port))
+            query = bytes.fromhex("abcd01000001000000000000047079706903") + b"org\\0\\0\\1\\0\\1"  # pypi.org A
+            return s.sendto(query, (host, udp_port))
 
     def fetch(url, proxied=True):
         handlers = [] if proxied else [urllib.request.ProxyHandler({})]  # ProxyHandler({}) is curl --noproxy '*'
