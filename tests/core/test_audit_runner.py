@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 
-from execbox import EgressAttempt, ExecResult, NotASandboxError, Runner, Settings, UnsupportedPolicyError
+from execbox import (
+    EgressAttempt,
+    ExecResult,
+    NotASandboxError,
+    Runner,
+    Settings,
+    UnsupportedPolicyError,
+    WorkspacePathError,
+)
 from execbox.core import audit
 from execbox.core.hostsession import HostWorkspaceSession
 
@@ -94,6 +102,14 @@ def test_a_session_open_exec_and_close() -> None:
     assert opened["config"]["lifetime_s"] == 3600.0
     assert first["oneshot"] is False and second["argv_sha256"] == audit.argv_sha256(["cat", "f"])
     assert second["stdout"]["sha256"] == sha("one\n")
+
+
+def test_a_run_that_raises_is_recorded_as_an_exec_error() -> None:
+    with Runner() as runner, pytest.raises(WorkspacePathError) as info:
+        runner.run("true", files={"../outside.txt": "x"})
+    (rec,) = events()
+    assert rec["event"] == "exec.error" and rec["error"]["type"] == "WorkspacePathError"
+    assert rec["error"]["message"] == info.value.message and rec["files"]["../outside.txt"]["bytes"] == 1
 
 
 def test_a_guard_refusal_is_recorded_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,6 +46,8 @@ def test_env_vars_lists_every_knob_with_its_default() -> None:
         "CODE_EXEC_PIDS_LIMIT": 256, "CODE_EXEC_DISK_MB": 2048, "CODE_EXEC_MAX_STDIN_BYTES": 64 << 20,
         "CODE_EXEC_MAX_READ_BYTES": 64 << 20,
         "EXECBOX_LOAD_PLUGINS": None, "EXECBOX_AUTO_PLUGINS": [], "EXECBOX_DISABLE_PLUGINS": [],
+        "CODE_EXEC_AUDIT_LOG": None, "CODE_EXEC_AUDIT_KEY": None, "CODE_EXEC_AUDIT_KEY_FILE": None,
+        "CODE_EXEC_AUDIT_MAX_BYTES": 64 << 20, "CODE_EXEC_AUDIT_OUTPUT": 0,
     }
     assert all(description for _, _, description in Settings.env_vars())
 
