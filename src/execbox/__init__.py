@@ -23,6 +23,7 @@ from execbox.core.errors import (
     RefusedError,
     SandboxError,
     SecretFileError,
+    TransferTooLargeError,
     UnsupportedPolicyError,
     WorkspacePathError,
 )
@@ -35,7 +36,10 @@ from execbox.core.models import (
     EgressAttempt,
     ExecRequest,
     ExecResult,
+    FileInfo,
     Limits,
+    Mount,
+    Transfer,
 )
 from execbox.core.output import OutputEvent
 from execbox.core.settings import Settings
@@ -55,8 +59,10 @@ __all__ = [
     "ExecResult",
     "ExecboxError",
     "ExecutionBackend",
+    "FileInfo",
     "FileTooLargeError",
     "Limits",
+    "Mount",
     "NotASandboxError",
     "OutputEvent",
     "PluginError",
@@ -69,6 +75,8 @@ __all__ = [
     "Session",
     "SessionSpec",
     "Settings",
+    "Transfer",
+    "TransferTooLargeError",
     "UnsupportedPolicyError",
     "Verdict",
     "WorkspacePathError",

@@ -22,6 +22,11 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
     workspace        normalize, safe_read, safe_write, remove_tree (never follow a link, bounded reads,
                      removal that survives any tree the code built); disk (a size-limited workspace: mount_sized,
                      release_sized, unavailable_reason)
+    files            Session.list_files / upload / download have defaults (set ``Session.host_workspace`` when the
+                     workspace is a host directory, else they run find and tar through ``exec``); transfer (the
+                     bounded, symlink-safe tar walkers behind them), TransferLimits, FileInfo, Transfer; Mount
+                     (a host path to bind: declare ``Capabilities(mounts=True)`` and honour ``SessionSpec.mounts``);
+                     packages (wheels fetched on the host with its pip configuration, for images and caches)
     policy           seccomp_policy (the one syscall deny list, for a backend that installs a filter); egress
                      (the allowlist of network mode proxy) and proxy (EgressProxy: the host-side proxy, one per
                      sandbox, a Unix socket to bind in, the in-sandbox forwarder, sweep_orphans for gc)
@@ -33,7 +38,7 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
 
 from __future__ import annotations
 
-from execbox.core import disk, egress, proxy, remote, seccomp_policy
+from execbox.core import disk, egress, packages, proxy, remote, seccomp_policy, transfer
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
 from execbox.core.envpolicy import filter_env, host_env, sandbox_env
 from execbox.core.errors import (
@@ -58,8 +63,11 @@ from execbox.core.models import (
     ExecRequest,
     ExecResult,
     ExecSpec,
+    FileInfo,
     Limits,
+    Mount,
     NetworkMode,
+    Transfer,
 )
 from execbox.core.output import BoundedCapture, OnOutput, OutputEvent
 from execbox.core.owner import owner_alive, owner_id, pid_alive
@@ -68,6 +76,7 @@ from execbox.core.remote import RemoteSession
 from execbox.core.results import TIMEOUT_EXIT_CODE, build_result, failed_to_start
 from execbox.core.settings import EnvSettings as BackendSettings
 from execbox.core.settings import Settings, comma_list, setting
+from execbox.core.transfer import TransferLimits
 from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
 
 KIT_VERSION = "1.0"
@@ -89,9 +98,11 @@ __all__ = [
     "ExecSpec",
     "ExecboxError",
     "ExecutionBackend",
+    "FileInfo",
     "FileTooLargeError",
     "HostWorkspaceSession",
     "Limits",
+    "Mount",
     "NetworkMode",
     "NotASandboxError",
     "OnOutput",
@@ -104,6 +115,8 @@ __all__ = [
     "SessionSpec",
     "Settings",
     "TIMEOUT_EXIT_CODE",
+    "Transfer",
+    "TransferLimits",
     "UnsupportedPolicyError",
     "Verdict",
     "WorkspacePathError",
@@ -119,6 +132,7 @@ __all__ = [
     "normalize",
     "owner_alive",
     "owner_id",
+    "packages",
     "pid_alive",
     "proxy",
     "reaped",
@@ -130,4 +144,5 @@ __all__ = [
     "sandbox_env",
     "seccomp_policy",
     "setting",
+    "transfer",
 ]

@@ -11,6 +11,7 @@ import functools
 import os
 import posixpath
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -19,6 +20,7 @@ from anyio.from_thread import start_blocking_portal
 from pydantic import ValidationError
 
 from execbox.core import audit as audit_log
+from execbox.core import packages, transfer
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import filter_env
 from execbox.core.errors import (
@@ -34,17 +36,21 @@ from execbox.core.models import (
     ExecRequest,
     ExecResult,
     ExecSpec,
+    FileInfo,
     Language,
     Limits,
+    Mount,
     NetworkMode,
+    Transfer,
 )
 from execbox.core.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
 from execbox.core.pool import WarmPool
 from execbox.core.results import explain
 from execbox.core.scheduler import Slots, default_max_concurrent
 from execbox.core.settings import Settings
-from execbox.core.workspace import normalize
+from execbox.core.workspace import is_directory_error, normalize
 from execbox.guard.guard import Guard
+from execbox.guard.mounts import admit_upload
 from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
 
 T = TypeVar("T")
@@ -253,12 +259,20 @@ class AsyncRunner:
         return {limit for field, limit in by_field.items() if field in self.settings.model_fields_set}
 
     async def execute(self, request: ExecRequest, *, backend: str | None = None,
-                      output: LiveOutput | None = None) -> ExecResult:
+                      output: LiveOutput | None = None, options: Mapping[str, Any] | None = None,
+                      upload: Uploads | None = None, download: Uploads | None = None) -> ExecResult:
         """Run one request in a fresh sandbox that is gone afterwards, also on error or cancellation. ``output``
-        receives the output as it arrives (see ``stream``)."""
+        receives the output as it arrives (see ``stream``). ``options``: the backend's own options for this run
+        (``{"image": ...}`` for docker). ``upload``: local paths copied in first, ``{local: remote}``;
+        ``download``: workspace paths copied out after the run, ``{remote: local}`` ("." = the whole workspace)."""
         resolved, dropped, asked = self.prepare(request)
-        impl, _ = await self._admitted(backend, resolved, asked, session=False, dropped=dropped)
-        spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60)
+        uploads, downloads = _pairs(upload, "upload"), _pairs(download, "download")
+        for local, _remote in uploads:
+            admit_upload(local)
+        impl, caps = await self._admitted(backend, resolved, asked, session=False, dropped=dropped, options=options)
+        mounts = self.guard.check_mounts(impl, caps, resolved.mounts, state=[str(self.package_cache)])
+        spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60,
+                           mounts=mounts)
         _enough_threads(self.slots.total)
         async with self.slots.slot(self.settings.queue_timeout_sec, "this run") as waited:
             session = self.pool.take(impl, spec)
@@ -266,9 +280,16 @@ class AsyncRunner:
             if session is None:
                 with backend_errors(impl.name):
                     session = await impl.open_session(spec)
+            session.session_spec = spec
             try:
+                for local, remote in uploads:
+                    await self.upload_to(impl, session, local, remote)
                 result = await _exec_audited(self.audit, impl, session, resolved, dropped,
                                              asked_timeout=request.timeout, output=output)
+                result = await self.collected(impl, session, resolved, result)
+                for remote, local in downloads:
+                    moved = await self.download_from(impl, session, remote, local)
+                    result.notes.extend(f"download: {s}" for s in moved.skipped)
             finally:
                 if pooled:
                     self.pool.discard(session)  # used once; removed in the background
@@ -276,6 +297,39 @@ class AsyncRunner:
                     with anyio.CancelScope(shield=True):
                         await session.close()
         return result.model_copy(update={"queued_s": waited, "pooled": pooled})
+
+    @property
+    def transfer_limits(self) -> transfer.TransferLimits:
+        """The bounds of uploads, downloads and listings (CODE_EXEC_MAX_TRANSFER_BYTES / _FILES)."""
+        return transfer.TransferLimits(self.settings.max_transfer_bytes, self.settings.max_transfer_files)
+
+    @property
+    def package_cache(self) -> Path:
+        """The per-user wheel cache (CODE_EXEC_PACKAGE_CACHE; see core.packages)."""
+        return packages.default_cache_dir(self.settings.package_cache)
+
+    async def upload_to(self, backend: ExecutionBackend, session: Session, local: str, remote: str) -> Transfer:
+        rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
+        with backend_errors(backend.name):
+            return await transfer.upload_path(session, _text(os.fspath(local), "local path"), rel,
+                                              limits=self.transfer_limits)
+
+    async def download_from(self, backend: ExecutionBackend, session: Session, remote: str, local: str) -> Transfer:
+        rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
+        with backend_errors(backend.name):
+            return await transfer.download_path(session, rel, _text(os.fspath(local), "local path"),
+                                                limits=self.transfer_limits)
+
+    async def collected(self, backend: ExecutionBackend, session: Session, request: ExecRequest,
+                        result: ExecResult) -> ExecResult:
+        """The result with the files the request's ``collect`` globs matched (bounded by CODE_EXEC_MAX_READ_BYTES
+        in all; what is left out is said in the notes)."""
+        if not request.collect:
+            return result
+        with backend_errors(backend.name):
+            files, notes = await transfer.collect(session, list(request.collect), limits=self.transfer_limits,
+                                                  max_bytes=self.settings.max_read_bytes)
+        return result.model_copy(update={"files": files, "notes": [*result.notes, *notes]})
 
     async def warm(self, backend: str | None = None, *, network: NetworkMode | None = None,
                    limits: Limits | None = None, timeout: float | None = None) -> int:
@@ -328,17 +382,25 @@ class AsyncRunner:
                   timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
                   files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
                   max_output_bytes: int | None = None, limits: Limits | None = None,
-                  on_stdout: OnText | None = None, on_stderr: OnText | None = None) -> ExecResult:
+                  on_stdout: OnText | None = None, on_stderr: OnText | None = None,
+                  mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                  upload: Uploads | None = None, download: Uploads | None = None,
+                  options: Mapping[str, Any] | None = None) -> ExecResult:
         """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox. ``on_stdout(text)`` /
-        ``on_stderr(text)`` get the output as it arrives (the result is the same as without them)."""
+        ``on_stderr(text)`` get the output as it arrives (the result is the same as without them). Files: see
+        ``execute``; ``mounts`` bind host paths (read-only unless ``Mount(..., writable=True)``); ``collect``
+        globs return matching workspace files on ``result.files``."""
         request = _command_request(command, **_request_kw(network, timeout, env, stdin, files, workdir,
-                                                          max_output_bytes, limits))
-        return await deliver(lambda out: self.execute(request, backend=backend, output=out), on_stdout, on_stderr)
+                                                          max_output_bytes, limits, mounts, collect))
+        return await deliver(lambda out: self.execute(request, backend=backend, output=out, options=options,
+                                                      upload=upload, download=download), on_stdout, on_stderr)
 
     async def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
         backend, on_stdout, on_stderr = kw.pop("backend", None), kw.pop("on_stdout", None), kw.pop("on_stderr", None)
+        extra = {k: kw.pop(k, None) for k in ("options", "upload", "download")}
         request = _request(code=code, language=language, **_request_kw(**kw))
-        return await deliver(lambda out: self.execute(request, backend=backend, output=out), on_stdout, on_stderr)
+        return await deliver(lambda out: self.execute(request, backend=backend, output=out, **extra), on_stdout,
+                             on_stderr)
 
     def stream(self, command: str | Sequence[str], *, backend: str | None = None,
                **kw: Any) -> AsyncGenerator[OutputEvent | ExecResult, None]:
@@ -352,11 +414,14 @@ class AsyncRunner:
         return stream_events(lambda out: self.execute(request, backend=backend, output=out))
 
     def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
-                name: str | None = None, lifetime_s: float = 3600.0, **options: Any) -> AsyncSandbox:
+                name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
+                package_cache: bool = False, pip: Sequence[str] | None = None, **options: Any) -> AsyncSandbox:
         """A persistent sandbox. Keywords beyond these are the backend's own options (its settings_model's fields,
-        e.g. ``image=`` for docker), on top of the runner's and the environment's."""
+        e.g. ``image=`` for docker), on top of the runner's and the environment's. ``mounts``: host paths bound
+        in for the sandbox's life. ``package_cache``: the per-user wheel cache, read-only, where pip looks;
+        ``pip``: requirements installed from it when the sandbox opens (implies ``package_cache``)."""
         return AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s,
-                            options=options)
+                            options=options, mounts=mounts, package_cache=package_cache or bool(pip), pip=pip)
 
 
 def _enough_threads(slots: int) -> None:
@@ -366,10 +431,25 @@ def _enough_threads(slots: int) -> None:
         limiter.total_tokens = 2 * slots + 8
 
 
+Uploads = Mapping[str, str] | Sequence[tuple[str, str]]
+
+
+def _pairs(value: Uploads | None, what: str) -> list[tuple[str, str]]:
+    """``{a: b}`` or ``[(a, b), ...]`` as a list of pairs of str (paths as str or os.PathLike)."""
+    if value is None:
+        return []
+    items = list(value.items()) if isinstance(value, Mapping) else list(value)
+    try:
+        return [(os.fspath(a), os.fspath(b)) for a, b in items]
+    except (TypeError, ValueError):
+        raise ConfigError(f"invalid {what}: give a mapping or a list of (source, destination) paths") from None
+
+
 def _request_kw(network: NetworkMode | None = None, timeout: float | None = None, env: Mapping[str, str] | None = None,
                 stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
                 workdir: str | None = None, max_output_bytes: int | None = None,
-                limits: Limits | None = None) -> dict[str, Any]:
+                limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+                collect: Sequence[str] | str | None = None) -> dict[str, Any]:
     if env is not None and not isinstance(env, Mapping):
         raise ConfigError(f"invalid env: {type(env).__name__}; give a mapping of names to values")
     if files is not None and not isinstance(files, Mapping):
@@ -379,6 +459,8 @@ def _request_kw(network: NetworkMode | None = None, timeout: float | None = None
         "stdin": None if stdin is None else _bytes(stdin, "stdin"),
         "files": {k: _bytes(v, f"files[{k!r}]") for k, v in files.items()} if files else None,
         "workdir": workdir, "max_output_bytes": max_output_bytes, "limits": limits,
+        "mounts": list(mounts) if mounts else None,
+        "collect": [collect] if isinstance(collect, str) else list(collect) if collect else None,
     }
     return {k: v for k, v in kw.items() if v is not None}
 
@@ -436,8 +518,15 @@ class AsyncSandbox:
     """A persistent sandbox: files and installed packages survive between execs until it closes."""
 
     def __init__(self, runner: AsyncRunner, backend: str | None, *, network: NetworkMode | None, limits: Limits | None,
-                 name: str | None, lifetime_s: float, options: Mapping[str, Any] | None = None) -> None:
+                 name: str | None, lifetime_s: float, options: Mapping[str, Any] | None = None,
+                 mounts: Sequence[Mount] | None = None, package_cache: bool = False,
+                 pip: Sequence[str] | None = None) -> None:
         self.runner = runner
+        self._mounts = list(mounts or [])
+        self._package_cache = package_cache
+        self._pip = packages.check_requirements(pip) if pip else []
+        # Variables every exec of this sandbox gets from execbox itself (the package cache's pip settings).
+        self._extra_env: dict[str, str] = {}
         #: True when the sandbox was made by a module-level helper: it then closes its runner too.
         self.owns_runner = False
         self._backend_name = backend
@@ -459,7 +548,12 @@ class AsyncSandbox:
         resolved, _, asked = self.runner.prepare(probe)
         self.backend, self.capabilities = await self.runner._admitted(self._backend_name, resolved, asked, session=True,
                                                                       options=self._options, session_id=self.id)
-        spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name)
+        cache = self.runner.package_cache
+        mounts = self.runner.guard.check_mounts(self.backend, self.capabilities, self._mounts, state=[str(cache)])
+        if self._package_cache:
+            mounts = (*mounts, *self._cache_mount(self.backend, self.capabilities, cache))
+        spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name,
+                           mounts=mounts)
         _enough_threads(self.runner.slots.total)
         self.queued_s = await self.runner.slots.acquire(self.runner.settings.queue_timeout_sec, "this sandbox")
         try:
@@ -468,8 +562,32 @@ class AsyncSandbox:
         except BaseException:
             self.runner.slots.release()
             raise
+        self._session.session_spec = spec
         await self.runner.audit.arecord("sandbox.open", **audit_log.sandbox_fields(self.id, self.backend, spec))
+        if self._pip:
+            try:
+                installed = await self.pip_install(*self._pip)
+                if not installed.ok:
+                    raise SandboxError(f"pip could not install {', '.join(self._pip)} in the sandbox from the "
+                                       f"package cache: {installed.stderr[-800:]}", backend=self.backend.name)
+            except BaseException:
+                await self.close()
+                raise
         return self
+
+    def _cache_mount(self, backend: ExecutionBackend, caps: Capabilities, cache: Path) -> tuple[Mount, ...]:
+        """The package cache, read-only at packages.SANDBOX_DIR, and pip pointed at it (offline when the network is
+        none). Trusted: execbox's own directory, filled only on the host (core.packages)."""
+        if not caps.mounts:
+            raise UnsupportedPolicyError(
+                f"refused: backend {backend.name!r} cannot bind the package cache (it takes no mounts); install "
+                "packages in the sandbox itself, or bake them into the image", backend=backend.name)
+        packages.ensure_cache(cache)
+        self._extra_env = {"PIP_FIND_LINKS": packages.SANDBOX_DIR, "PIP_BREAK_SYSTEM_PACKAGES": "1",
+                           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        if self._network == "none":
+            self._extra_env["PIP_NO_INDEX"] = "1"  # nothing to reach: do not make pip retry an index for minutes
+        return (Mount(str(cache), packages.SANDBOX_DIR),)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
@@ -501,8 +619,9 @@ class AsyncSandbox:
             await self.runner.audit.arecord("refused", **audit_log.refusal_fields(
                 exc, request, backend=backend.name, session=self.id, oneshot=False))
             raise
-        return await _exec_audited(self.runner.audit, backend, session, resolved, dropped, session_id=self.id,
-                                   asked_timeout=request.timeout, output=output)
+        result = await _exec_audited(self.runner.audit, backend, session, resolved, dropped, session_id=self.id,
+                                     asked_timeout=request.timeout, output=output)
+        return await self.runner.collected(backend, session, resolved, result)
 
     def _admit(self, backend: ExecutionBackend, request: ExecRequest) -> tuple[ExecRequest, list[str]]:
         """The request resolved for this sandbox, or the refusal: the session's rules."""
@@ -514,11 +633,17 @@ class AsyncSandbox:
             raise UnsupportedPolicyError(
                 f"refused: this sandbox was opened with limits {self._limits}; a session cannot change them per exec. "
                 "Open another sandbox with the limits you need", backend=backend.name)
+        if request.mounts:
+            raise UnsupportedPolicyError(
+                "refused: a sandbox's mounts are fixed when it opens; give them to sandbox(mounts=[...])",
+                backend=backend.name)
         # Admitted when it opened: the network and limits cannot change, and the backend is the same one. Only
         # the seed scan runs again: it guards every unsandboxed run, and a seed may have appeared since.
         resolved, dropped, _ = self.runner.prepare(request.model_copy(update={"network": self._network,
                                                                                "limits": self._limits}))
         self.runner.guard.check_secrets(backend)
+        if self._extra_env:
+            resolved = resolved.model_copy(update={"env": {**self._extra_env, **resolved.env}})
         return resolved, dropped
 
     async def exec(self, command: str | Sequence[str], *, on_stdout: OnText | None = None,
@@ -550,9 +675,60 @@ class AsyncSandbox:
 
     async def read_file(self, path: str) -> bytes:
         backend, session = self._live()
-        rel = normalize(_text(path, "path"), session.workspace)
+        if normalize(_text(path, "path"), session.workspace, allow_root=True) == "":
+            raise is_directory_error("")
+        rel = normalize(path, session.workspace)
         with backend_errors(backend.name):
             return await session.read_file(rel, self.runner.settings.max_read_bytes)
+
+    async def list_files(self, path: str = ".", *, recursive: bool = False) -> list[FileInfo]:
+        """What is in the directory ``path`` of the workspace (everything below it with ``recursive``): names,
+        sizes and types, links shown as links (never followed); bounded by CODE_EXEC_MAX_TRANSFER_FILES."""
+        backend, session = self._live()
+        rel = normalize(_text(path, "path"), session.workspace, allow_root=True)
+        with backend_errors(backend.name):
+            return await session.list_files(rel, recursive=bool(recursive), limits=self.runner.transfer_limits)
+
+    async def upload(self, local_path: str | os.PathLike[str], remote: str | None = None) -> Transfer:
+        """Copy a local file or directory into the workspace at ``remote`` (default: its name at the top of the
+        workspace; "." = into the workspace itself), streamed as tar and bounded by CODE_EXEC_MAX_TRANSFER_BYTES.
+        Links in the local tree are copied as links, never followed; the guard refuses the same places as for a
+        mount (your home itself, ~/.ssh, ...) and scans the tree for wallet seeds."""
+        backend, session = self._live()
+        local = _text(os.fspath(local_path), "local path")
+        admit_upload(local, backend=backend.name)
+        return await self.runner.upload_to(backend, session, local,
+                                           remote if remote is not None else os.path.basename(os.path.abspath(local)))
+
+    async def download(self, remote: str, local_path: str | os.PathLike[str]) -> Transfer:
+        """Copy a workspace file or directory ("." = the whole workspace) to ``local_path`` (the file, or the
+        directory made or merged into). Bounded by CODE_EXEC_MAX_TRANSFER_BYTES / _FILES before a byte is read;
+        nothing is followed and no symlink, hard link or device the code left is created here (``skipped``)."""
+        backend, session = self._live()
+        return await self.runner.download_from(backend, session, remote, os.fspath(local_path))
+
+    async def pip_install(self, *requirements: str) -> ExecResult:
+        """Install Python packages into this sandbox from the per-user package cache (``package_cache=True``):
+        the wheels are fetched on the host by a trusted step (core.packages: the host's pip configuration,
+        wheels only) when the cache lacks them, then pip installs them inside the sandbox with no index. The
+        result is the install's; a note says how many wheels came from the cache and how many were fetched."""
+        backend, session = self._live()
+        reqs = packages.check_requirements(requirements)
+        if not self._extra_env:
+            raise ConfigError("this sandbox was opened without the package cache: open it with "
+                              "sandbox(..., package_cache=True) (or pip=[...])")
+        probe = await self.exec(["python3", "-c", packages.PROBE], timeout=60)
+        if not probe.ok:
+            raise SandboxError(f"the sandbox has no working python3 to install into: {probe.stderr[-400:]}",
+                               backend=backend.name)
+        target = packages.PythonTarget.parse(probe.stdout)
+        fill = await anyio.to_thread.run_sync(packages.fill_cache, self.runner.package_cache, reqs, target)
+        result = await self.exec(["python3", "-m", "pip", "install", "--no-index", "--find-links",
+                                  packages.SANDBOX_DIR, "--progress-bar", "off", *reqs])
+        note = (f"package cache: {len(fill.downloaded)} wheel(s) fetched on the host ({', '.join(fill.downloaded)}), "
+                f"{len(fill.cached)} from the cache") if fill.downloaded else (
+                f"package cache: every wheel came from the cache ({len(fill.cached)}), nothing was downloaded")
+        return result.model_copy(update={"notes": [*result.notes, note]})
 
 
 class Runner:
@@ -610,8 +786,8 @@ class Runner:
     def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
         return self._call(functools.partial(self.aio.run_code, code, language, **kw))
 
-    def execute(self, request: ExecRequest, *, backend: str | None = None) -> ExecResult:
-        return self._call(functools.partial(self.aio.execute, request, backend=backend))
+    def execute(self, request: ExecRequest, *, backend: str | None = None, **kw: Any) -> ExecResult:
+        return self._call(functools.partial(self.aio.execute, request, backend=backend, **kw))
 
     def sandbox(self, backend: str | None = None, **kw: Any) -> Sandbox:
         return Sandbox(self.aio.sandbox(backend, **kw))
@@ -676,3 +852,15 @@ class Sandbox:
 
     def read_file(self, path: str) -> bytes:
         return self._call(self.aio.read_file, path)
+
+    def list_files(self, path: str = ".", *, recursive: bool = False) -> list[FileInfo]:
+        return self._call(self.aio.list_files, path, recursive=recursive)
+
+    def upload(self, local_path: str | os.PathLike[str], remote: str | None = None) -> Transfer:
+        return self._call(self.aio.upload, local_path, remote)
+
+    def download(self, remote: str, local_path: str | os.PathLike[str]) -> Transfer:
+        return self._call(self.aio.download, remote, local_path)
+
+    def pip_install(self, *requirements: str) -> ExecResult:
+        return self._call(self.aio.pip_install, *requirements)

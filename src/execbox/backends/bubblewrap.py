@@ -680,6 +680,7 @@ def _masks(bound: list[str]) -> list[str]:
 
 class BubblewrapSession(Session):
     workspace = WORKSPACE
+    host_workspace: str  # the host directory bound at /workspace: file transfer works on it directly
 
     def __init__(self, report: HostReport, settings: BubblewrapSettings, spec: SessionSpec,
                  core: Settings | None = None) -> None:
@@ -687,6 +688,7 @@ class BubblewrapSession(Session):
         self.settings = settings
         self.spec = spec
         self.owner = report.host_identity
+        self.host_owner = self.owner
         self.root = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-")
         self.host_workspace = os.path.join(self.root, "workspace")
         self._closed = False
@@ -758,6 +760,9 @@ class BubblewrapSession(Session):
         args += ["--bind", self.host_workspace, WORKSPACE]
         if self.egress is not None:  # the proxy's sockets: the only way out of the network namespace
             args += ["--ro-bind", self.egress.directory, proxy.MOUNT_POINT]
+        for mount in self.spec.mounts:  # the caller's host paths (admitted by the guard), outer targets first
+            self._check_mount_target(mount.target)
+            args += ["--bind" if mount.writable else "--ro-bind", mount.source, mount.target]
         for extra in self.settings.ro_binds:
             unsafe = unsafe_bind(extra)
             if unsafe:
@@ -768,6 +773,22 @@ class BubblewrapSession(Session):
         args += ["--remount-ro", "/"]
         args += ["--chdir", request.workdir]
         return args
+
+    def _check_mount_target(self, target: str) -> None:
+        """A mount below /workspace lands on a directory the code could have replaced (each exec is a new sandbox
+        over the same workspace): refuse a link or a file there rather than mount wherever it leads."""
+        if not target.startswith(WORKSPACE + "/"):
+            return
+        path = self.host_workspace
+        for part in target[len(WORKSPACE) + 1:].split("/"):
+            path = os.path.join(path, part)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                return  # bwrap makes it
+            if not stat.S_ISDIR(st.st_mode):
+                raise SandboxError(f"the mount point {target} was replaced by the code (it is no longer a "
+                                   "directory); open a new sandbox", backend=BubblewrapBackend.name)
 
     def _rlimits(self, request: ExecSpec, cgroup: RunCgroup | None) -> dict[str, int]:
         rlimits = {"CORE": 0, "FSIZE": FILE_SIZE_LIMIT, "CPU": math.ceil(request.timeout) + 1}
@@ -846,6 +867,35 @@ class BubblewrapSession(Session):
         await anyio.to_thread.run_sync(self.destroy)
 
 
+def _unreachable_by(path: str, identity: tuple[int, int] | None, writable: bool) -> str | None:
+    """Why the host user ``identity`` (None: this process's user) cannot open ``path`` (x on every directory
+    above, r on it, w too when ``writable``), or None. bwrap opens the source as that user."""
+    if identity is None:
+        return None if os.access(path, os.R_OK | (os.W_OK if writable else 0)) else "it is not readable" + (
+            " and writable" if writable else "") + " by you"
+    uid, gid = identity
+
+    def allows(st: os.stat_result, bits: int) -> bool:
+        shift = 6 if st.st_uid == uid else 3 if st.st_gid == gid else 0
+        return (st.st_mode >> shift) & bits == bits
+
+    current = "/"
+    for part in [p for p in path.split("/") if p]:
+        try:
+            st = os.stat(current)
+        except OSError as exc:
+            return f"{current} cannot be read: {exc.strerror}"
+        if not allows(st, 1):
+            return f"uid {uid} cannot enter {current}"
+        current = os.path.join(current, part)
+    try:
+        st = os.stat(current)
+    except OSError as exc:
+        return f"{current} cannot be read: {exc.strerror}"
+    need = 4 | (2 if writable else 0) | (1 if stat.S_ISDIR(st.st_mode) else 0)
+    return None if allows(st, need) else f"uid {uid} cannot {'write' if writable else 'read'} {current}"
+
+
 def _sandbox_started(status_file: str) -> bool:
     try:
         with open(status_file) as fh:
@@ -866,6 +916,7 @@ class BubblewrapBackend(ExecutionBackend):
         file_transfer=True,
         limits=frozenset({"memory", "pids", "cpu", "wall_time"}),
         streaming=True,
+        mounts=True,  # execbox.Mount as --ro-bind / --bind (a source the dropped uid can reach)
     )
 
     settings_model = BubblewrapSettings
@@ -900,6 +951,14 @@ class BubblewrapBackend(ExecutionBackend):
         if spec.network == "proxy" and not shutil.which("python3", path="/usr/local/bin:/usr/bin"):
             raise _unavailable("network mode proxy runs a small forwarder with python3 inside the sandbox, and "
                                "there is no python3 under /usr here", "apt-get install python3 (dnf install python3)")
+        identity = settings.host_identity()
+        for mount in spec.mounts:
+            unreachable = _unreachable_by(mount.source, identity, mount.writable)
+            if unreachable:
+                raise ConfigError(f"cannot mount {mount.source}: {unreachable}. bubblewrap runs the sandbox as "
+                                  f"{settings.user} (CODE_EXEC_BWRAP_USER) when execbox runs as root: make the path "
+                                  "reachable by that user, or mount another one", backend=self.name,
+                                  env_var="CODE_EXEC_BWRAP_USER")
         return await create_cleanly(lambda made: made.append(BubblewrapSession(report, settings, spec, self.settings)),
                                     lambda session: session.destroy())
 

@@ -9,16 +9,31 @@ The runner places files, applies the policy and the guard; backends only run wha
 from __future__ import annotations
 
 import importlib.util
+import posixpath
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
+import anyio
+
+from execbox.core import transfer
 from execbox.core.errors import BackendUnavailableError, ConfigError
-from execbox.core.models import Capabilities, ExecRequest, ExecResult, ExecSpec, Limits, NetworkMode
+from execbox.core.models import (
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    ExecSpec,
+    FileInfo,
+    Limits,
+    Mount,
+    NetworkMode,
+    Transfer,
+)
 from execbox.core.settings import EnvSettings, Settings
+from execbox.core.transfer import TransferLimits
 
 #: How long a successful ``check()`` answer is trusted, per backend instance.
 CHECK_TTL_S = 30.0
@@ -45,6 +60,8 @@ class SessionSpec:
     lifetime_s: float
     # A caller-chosen name, for backends that can resume a named sandbox (daytona).
     name: str | None = None
+    # Host paths to bind in (sources resolved and admitted by the guard); only for backends claiming ``mounts``.
+    mounts: tuple[Mount, ...] = ()
 
 
 class Session(ABC):
@@ -56,6 +73,14 @@ class Session(ABC):
 
     #: Where the workspace is, as the sandboxed command sees it (e.g. "/workspace").
     workspace: str
+    #: The workspace as a directory on this host, for sessions that have one (docker, bubblewrap, local
+    #: launchers). Set it and ``list_files``/``upload``/``download`` work on that directory directly (symlink-safe,
+    #: bounded); leave it None and they run find and tar inside the sandbox through ``exec``.
+    host_workspace: str | None = None
+    #: uid:gid that files placed in ``host_workspace`` are given (when execbox runs as root), or None.
+    host_owner: tuple[int, int] | None = None
+    #: What the sandbox was opened with; set by the runner right after ``open_session``.
+    session_spec: SessionSpec | None = None
 
     @abstractmethod
     async def exec(self, spec: ExecSpec) -> ExecResult:
@@ -73,6 +98,37 @@ class Session(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Remove everything the session created. Must be safe to call twice."""
+
+    # -- whole files and directories: defaults every backend with file_transfer gets (core/transfer.py) --
+
+    async def list_files(self, path: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
+        """The entries of the directory ``path`` ("" = the workspace; everything below it with ``recursive``), or
+        the one entry of a file; never following a link, bounded by ``limits``."""
+        if self.host_workspace is not None:
+            root = self.host_workspace
+            return await anyio.to_thread.run_sync(
+                lambda: transfer.host_list(root, path, recursive=recursive, limits=limits))
+        return await transfer.sandbox_list(self, path, recursive=recursive, limits=limits)
+
+    async def download(self, path: str, out: IO[bytes], *, limits: TransferLimits) -> Transfer:
+        """Write a tar of ``path`` ("" = the workspace) to ``out``: members named under its basename ("." for the
+        workspace), symlinks stored as links and never followed, refused past ``limits`` before reading."""
+        if self.host_workspace is not None:
+            root = self.host_workspace
+            return await anyio.to_thread.run_sync(lambda: transfer.host_pack(root, path, out, limits=limits))
+        await transfer.sandbox_pack(self, path, out, limits=limits)
+        return Transfer()
+
+    async def upload(self, path: str, archive: IO[bytes], *, limits: TransferLimits) -> Transfer:
+        """Extract a tar whose members are named under ``basename(path)`` ("." when ``path`` is the workspace) so
+        that it becomes ``path``; never through a symlink the code planted."""
+        prefix = posixpath.basename(path) if path else "."
+        if self.host_workspace is not None:
+            root, owner = self.host_workspace, self.host_owner
+            return await anyio.to_thread.run_sync(lambda: transfer.host_unpack(
+                root, path, archive, limits=limits, prefix=prefix, owner=owner, keep_symlinks=True))
+        await transfer.sandbox_unpack(self, path, archive, limits=limits)
+        return Transfer()
 
 
 class ExecutionBackend(ABC):

@@ -11,7 +11,8 @@
     │                             missing (CLI exit 126; never retryable)
     └── SandboxError              a sandbox broke while in use (connection dropped, container vanished)
         ├── WorkspacePathError    a path escapes the workspace (``..``, absolute, or a planted symlink)
-        └── FileTooLargeError     a file to read back is larger than the read cap (CODE_EXEC_MAX_READ_BYTES)
+        ├── FileTooLargeError     a file to read back is larger than the read cap (CODE_EXEC_MAX_READ_BYTES)
+        └── TransferTooLargeError an upload, download or listing is over its bounds (bytes, entries, depth)
 
 A command that runs and fails is not an error: it is an ExecResult with a non-zero exit code.
 """
@@ -106,3 +107,8 @@ class FileTooLargeError(SandboxError):
             f"refused to read {rel!r}: it holds {what}, over the read cap of {max_bytes} bytes. Raise "
             "CODE_EXEC_MAX_READ_BYTES if you expect files that large, or have the code write less",
             env_var="CODE_EXEC_MAX_READ_BYTES", **kw)  # type: ignore[arg-type]
+
+
+class TransferTooLargeError(SandboxError):
+    """An upload, download or listing is over its bounds (CODE_EXEC_MAX_TRANSFER_BYTES / _FILES, or depth);
+    nothing past the bound was read."""

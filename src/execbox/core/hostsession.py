@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import math
 import tempfile
+from typing import IO
 
 import anyio
 
 from execbox.core.backend import Session
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import SandboxError
-from execbox.core.models import ExecResult, ExecSpec
+from execbox.core.models import ExecResult, ExecSpec, FileInfo, Transfer
 from execbox.core.procs import CommandEnv, reaped, run_process
+from execbox.core.transfer import TransferLimits
 from execbox.core.workspace import remove_tree, safe_read, safe_write
 
 FILE_SIZE_LIMIT = 1 << 30  # no single file over 1 GiB: a runaway writer cannot fill the disk
@@ -34,6 +36,7 @@ class HostWorkspaceSession(Session):
 
     def __init__(self, prefix: str = "execbox-local-") -> None:
         self.workspace = tempfile.mkdtemp(prefix=prefix)
+        self.host_workspace = self.workspace  # the sandbox sees the host directory itself
         self._closed = False
 
     def launcher(self, argv: list[str]) -> list[str]:
@@ -81,6 +84,18 @@ class HostWorkspaceSession(Session):
     async def read_file(self, path: str, max_bytes: int) -> bytes:
         self._live()
         return await anyio.to_thread.run_sync(lambda: safe_read(self.workspace, path, max_bytes=max_bytes))
+
+    async def list_files(self, path: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
+        self._live()
+        return await super().list_files(path, recursive=recursive, limits=limits)
+
+    async def download(self, path: str, out: IO[bytes], *, limits: TransferLimits) -> Transfer:
+        self._live()
+        return await super().download(path, out, limits=limits)
+
+    async def upload(self, path: str, archive: IO[bytes], *, limits: TransferLimits) -> Transfer:
+        self._live()
+        return await super().upload(path, archive, limits=limits)
 
     async def close(self) -> None:
         if self._closed:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import base64
+import os
 import posixpath
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from execbox.core.output import BoundedCapture, OnOutput
 
@@ -39,6 +40,8 @@ class Capabilities(BaseModel):
     file_transfer: bool = False
     limits: frozenset[LimitName] = frozenset()
     remote: bool = False
+    # Host paths can be bound into the sandbox (``Mount``), read-only unless asked otherwise.
+    mounts: bool = False
     # Output reaches a streaming caller while the command runs (ExecSpec.on_output is fed as bytes arrive).
     # Opt-in: a backend that does not stream still works, its output is delivered when the run ends.
     streaming: bool = False
@@ -64,6 +67,96 @@ class Limits(BaseModel):
         return {fields[k] for k, v in self.model_dump().items() if v is not None}
 
 
+# Places a mount may not cover inside the sandbox: the kernel's views, the tmpfs, the workspace (and what holds
+# it), and where execbox mounts its own package cache.
+_MOUNT_TARGETS_REFUSED = ("/proc", "/sys", "/dev", "/tmp", "/opt/execbox")
+WORKSPACE_DIR = "/workspace"
+
+
+class Mount(BaseModel):
+    """A host path bound into the sandbox at ``target``: read-only unless ``writable``.
+
+    ``execbox.Mount("/src/repo", "/workspace/repo")``. The guard refuses sources that would expose the host
+    (``/``, your home directory itself, the Docker socket, execbox's own state, secret-bearing places) and
+    scans the tree for wallet seeds; only backends that claim ``mounts`` take them.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    target: str
+    writable: bool = False
+
+    def __init__(self, source: str | os.PathLike[str] | None = None, target: str | None = None,
+                 writable: bool = False, **kw: Any) -> None:
+        if source is not None:
+            kw["source"] = os.fspath(source)
+        if target is not None:
+            kw["target"] = target
+        try:
+            super().__init__(writable=writable, **kw)
+        except ValidationError as exc:  # bad input is an ExecboxError, never another exception
+            from execbox.core.errors import ConfigError
+
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'mount'}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"invalid mount: {problems}") from None
+
+    @field_validator("source")
+    @classmethod
+    def _host_path(cls, value: str) -> str:
+        if not value.startswith("/") or "\0" in value:
+            raise ValueError(f"mount source {value[:200]!r} must be an absolute host path (no NUL)")
+        _encodable(value, "the mount source")
+        return value
+
+    @field_validator("target")
+    @classmethod
+    def _sandbox_path(cls, value: str) -> str:
+        clean = posixpath.normpath(value) if value.startswith("/") else ""
+        if not clean or "\0" in value or clean.startswith("//"):
+            raise ValueError(f"mount target {value[:200]!r} must be an absolute path inside the sandbox")
+        _encodable(value, "the mount target")
+        if clean == "/" or WORKSPACE_DIR.startswith(clean.rstrip("/") + "/") or clean == WORKSPACE_DIR:
+            raise ValueError(f"mount target {clean!r} would cover the sandbox's root or its workspace; mount below "
+                             f"{WORKSPACE_DIR} (e.g. {WORKSPACE_DIR}/data) or at another directory such as /data")
+        for bad in _MOUNT_TARGETS_REFUSED:
+            if clean == bad or clean.startswith(bad + "/"):
+                raise ValueError(f"mount target {clean!r} lies in {bad}, which the sandbox provides itself; choose "
+                                 f"another place, e.g. {WORKSPACE_DIR}/data or /data")
+        return clean
+
+    @classmethod
+    def parse(cls, spec: str) -> Mount:
+        """``HOST:SANDBOX[:rw|:ro]`` (the CLI's ``--mount``)."""
+        parts = spec.split(":")
+        writable = False
+        if len(parts) == 3 and parts[2] in ("rw", "ro"):
+            writable = parts.pop() == "rw"
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"--mount takes HOST:SANDBOX[:rw], got {spec!r}")
+        return cls(parts[0], parts[1], writable)
+
+
+class FileInfo(BaseModel):
+    """One entry of ``list_files``: its path relative to the workspace, its name, type and size in bytes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    name: str
+    type: Literal["file", "directory", "symlink", "other"]
+    size: int = 0
+
+
+class Transfer(BaseModel):
+    """What an upload or download moved, and what it left out (each ``skipped`` entry says why)."""
+
+    files: int = 0
+    directories: int = 0
+    bytes: int = 0
+    skipped: list[str] = Field(default_factory=list)
+
+
 class ExecRequest(BaseModel):
     """One command to run. Either ``argv`` or ``code`` (+ ``language``)."""
 
@@ -83,6 +176,10 @@ class ExecRequest(BaseModel):
     max_output_bytes: int | None = Field(default=None, gt=0)
     network: NetworkMode | None = None
     limits: Limits | None = None
+    # Host paths bound into the sandbox (one-shot runs; a session's mounts are fixed when it opens).
+    mounts: list[Mount] = Field(default_factory=list)
+    # Globs of workspace files to return on the result (``ExecResult.files``), e.g. "out/*.png" or "**/*.csv".
+    collect: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_command(self) -> ExecRequest:
@@ -114,6 +211,17 @@ class ExecRequest(BaseModel):
         if argv and sum(len(w.encode()) + 1 for w in argv) > MAX_COMMAND_LINE_BYTES:
             raise ValueError(f"argv is over {MAX_COMMAND_LINE_BYTES} bytes: pass large data on stdin or as a file")
         return argv
+
+    @field_validator("collect")
+    @classmethod
+    def _globs(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            clean = posixpath.normpath(pattern) if pattern else ""
+            if not clean or "\0" in pattern or clean.startswith(("/", "../")) or clean == "..":
+                raise ValueError(f"collect pattern {pattern[:200]!r} must be a glob relative to the workspace, "
+                                 "such as 'out/*.png' or '**/*.csv'")
+            _encodable(pattern, "a collect pattern")
+        return patterns
 
     @field_validator("code", "workdir")
     @classmethod
@@ -190,6 +298,9 @@ class EgressAttempt(BaseModel):
 class ExecResult(BaseModel):
     """What happened. A failed command is a result with a non-zero exit code, not an exception."""
 
+    # collected files may hold any bytes: base64 in JSON.
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+
     exit_code: int
     stdout: str = ""
     stderr: str = ""
@@ -211,6 +322,8 @@ class ExecResult(BaseModel):
     retryable: bool = False
     # Network mode proxy: every connection attempt of this run, in order (empty in other modes).
     egress: list[EgressAttempt] = Field(default_factory=list)
+    # The workspace files the request's ``collect`` globs matched: path relative to the workspace -> bytes.
+    files: dict[str, bytes] = Field(default_factory=dict)
     # Seconds the run waited for a free sandbox slot (CODE_EXEC_MAX_CONCURRENT), apart from its timeout.
     queued_s: float = 0.0
     # True when the run's sandbox came from the warm pool (started ahead, never used before).

@@ -6,8 +6,9 @@
 - Labels: every remote sandbox carries ``execbox=1``, its owner (host, pid, process start time), when it
   was created and when it expires, so ``gc`` removes only our own, and only expired or orphaned ones.
 - ``RemoteSession``: what their sessions share: the file calls, the path check once code has run, a
-  close that ends the sandbox once. Each provider supplies its exec, its small command, its file calls and
-  how its SDK's errors translate.
+  close that ends the sandbox once. Whole directories (``list_files``/``upload``/``download``) use the Session
+  defaults: GNU find and tar run inside the remote sandbox, the archive moved with the file calls. Each
+  provider supplies its exec, its small command, its file calls and how its SDK's errors translate.
 - Shell snippets that run inside the remote sandbox: the argv wrapper (a signal death becomes
   128+signal whatever the provider reports, and every process the run starts carries a marker variable),
   the reaper that kills the marked processes after a timeout (a setsid grandchild included), and the path
@@ -30,6 +31,7 @@ from execbox.core.errors import BackendUnavailableError, ExecboxError, FileTooLa
 from execbox.core.models import ExecResult, ExecSpec
 from execbox.core.output import BoundedCapture, OnOutput, StreamName
 from execbox.core.owner import owner_alive, owner_id
+from execbox.core.workspace import is_directory_error
 
 T = TypeVar("T")
 
@@ -191,8 +193,11 @@ class RemoteSession(Session):
         ran = self.dirty  # before any code ran, the workspace holds only what the caller wrote
         target = self._target(path)
         if ran:  # the size first, inside the sandbox: a sparse 5 GiB file must not cross the network to be refused
-            code, size = self.run_small(["stat", "-c", "%s", "--", target])
-            if code == 0 and size.strip().isdigit() and int(size) > max_bytes:
+            code, out = self.run_small(["stat", "-c", "%s %F", "--", target])
+            size, _, kind = out.strip().partition(" ")
+            if code == 0 and kind == "directory":
+                raise is_directory_error(path)
+            if code == 0 and size.isdigit() and int(size) > max_bytes:
                 raise FileTooLargeError(path, int(size), max_bytes)
         data = self.read_bytes(target)
         if len(data) > max_bytes:

@@ -14,11 +14,22 @@ import stat
 from execbox.core.errors import FileTooLargeError, SandboxError, WorkspacePathError
 
 
-def normalize(path: str, workspace: str | None = None) -> str:
+def is_directory_error(rel: str) -> WorkspacePathError:
+    """What reading a directory (or the workspace itself) as a file says: where to go instead."""
+    shown = "the workspace itself" if rel in ("", ".") else repr(rel)
+    return WorkspacePathError(f"{shown} is a directory, not a file: use list_files({rel or '.'!r}) to see what is "
+                              f"in it, or download({rel or '.'!r}, local_path) to copy it out")
+
+
+def normalize(path: str, workspace: str | None = None, *, allow_root: bool = False) -> str:
     """A clean relative POSIX path inside the workspace, or WorkspacePathError.
 
     An absolute path is accepted only when it lies under ``workspace`` (the sandbox's own view of it).
+    ``allow_root``: the workspace itself ("", "." or ``workspace``) is accepted and returned as "".
     """
+    if allow_root and path is not None and (path in ("", ".", "./") or (
+            workspace and path.rstrip("/") == workspace.rstrip("/"))):
+        return ""
     if not path or "\0" in path:
         raise WorkspacePathError(f"invalid workspace path {path!r}")
     if path.startswith("/"):
@@ -76,6 +87,9 @@ def safe_read(root: str, rel: str, *, max_bytes: int) -> bytes:
     except OSError as exc:
         raise _refuse(rel, exc) from None
     st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode):
+        os.close(fd)
+        raise is_directory_error(rel)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise WorkspacePathError(f"refused {rel!r}: not a regular file")

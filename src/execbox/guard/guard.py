@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from execbox.core.backend import ExecutionBackend, Verdict
 from execbox.core.errors import ConfigError, NotASandboxError, SecretFileError, UnsupportedPolicyError
-from execbox.core.models import Capabilities, ExecRequest
+from execbox.core.models import Capabilities, ExecRequest, Mount
 from execbox.core.settings import Settings
+from execbox.guard.mounts import admit_mounts
 from execbox.guard.secrets import find_secrets
 
 UNSANDBOXED_ISOLATION = frozenset({"none", "process"})
@@ -65,6 +67,19 @@ class Guard:
                 "to your signer (a hardware wallet or a signing service), or run in a sandbox backend such as docker",
                 backend=backend.name,
             )
+
+    def check_mounts(self, backend: ExecutionBackend, caps: Capabilities, mounts: Sequence[Mount],
+                     state: Sequence[str] = ()) -> tuple[Mount, ...]:
+        """The mounts, resolved and admitted (guard.mounts), for a backend that can bind host paths."""
+        if not mounts:
+            return ()
+        if not caps.mounts:
+            where = "the files live in the provider's sandbox" if caps.remote else "it cannot bind host paths"
+            raise UnsupportedPolicyError(
+                f"refused: backend {backend.name!r} takes no mounts ({where}). Copy what the code needs in instead: "
+                "upload(local, remote) on a sandbox, upload= on run, or --file / --dir on the CLI; or use docker or "
+                "bubblewrap", backend=backend.name)
+        return admit_mounts(mounts, backend=backend.name, state=state)
 
     def check_policy(self, backend: ExecutionBackend, caps: Capabilities, request: ExecRequest,
                      requested_limits: set[str]) -> None:

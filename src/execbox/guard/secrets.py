@@ -205,9 +205,14 @@ def candidate_files(workspace: Path, home: Path, extra: list[Path]) -> list[Path
 
 
 def find_secrets(workspace: Path, home: Path, extra: list[Path]) -> list[SecretFinding]:
+    return scan_files(candidate_files(workspace, home, extra))
+
+
+def scan_files(paths: list[Path]) -> list[SecretFinding]:
+    """Scan exactly these files (e.g. the env files found in a mounted tree), within the same bounds."""
     findings = []
     scanned_files = scanned_bytes = 0
-    for path in candidate_files(workspace, home, extra):
+    for path in paths:
         try:
             st = path.stat()
         except OSError:

@@ -125,6 +125,7 @@ class DockerBackend(ExecutionBackend):
         file_transfer=True,
         limits=frozenset({"memory", "cpu", "pids", "disk", "wall_time"}),
         streaming=True,  # attach / exec sockets are demultiplexed as they arrive (docker/stream.py)
+        mounts=True,  # execbox.Mount: plain private binds, read-only unless asked, checked in the inspect output
     )
 
     def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
@@ -286,7 +287,7 @@ class DockerBackend(ExecutionBackend):
         return Plan(image=self.docker.image, user=self.user, keeper=keeper, limits=spec.limits, network=spec.network,
                     runtime=self.docker.runtime, tmpfs_mb=self.docker.tmpfs_mb,
                     egress_network=self.docker.egress_network,
-                    disk=caps is not None and "disk" in caps.limits)
+                    disk=caps is not None and "disk" in caps.limits, mounts=spec.mounts)
 
     async def open_session(self, spec: SessionSpec) -> DockerSession:
         if spec.network not in self.capabilities.network_modes:

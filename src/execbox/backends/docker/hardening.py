@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,8 +103,11 @@ def _contains(outer: Path, inner: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
-def hardened(kw: dict[str, Any], *, socket_path: str | None) -> dict[str, Any]:
-    """Refuse create arguments that break the hardening table. Returns ``kw`` unchanged."""
+def hardened(kw: dict[str, Any], *, socket_path: str | None,
+             user_mounts: Sequence[tuple[str, str, bool]] = ()) -> dict[str, Any]:
+    """Refuse create arguments that break the hardening table. Returns ``kw`` unchanged. ``user_mounts``: the
+    (source, target, writable) binds the guard admitted for this session (``execbox.Mount``); any other
+    writable mount than the workspace is refused."""
     problems = []
     if kw.get("privileged"):
         problems.append("privileged mode")
@@ -131,13 +135,18 @@ def hardened(kw: dict[str, Any], *, socket_path: str | None) -> dict[str, Any]:
     if kw.get("memswap_limit") != kw.get("mem_limit"):
         problems.append("swap headroom (memswap_limit != mem_limit)")
     mounts = kw.get("mounts") or []
-    writable = [m for m in mounts if not m.get("ReadOnly")]
+    declared = {(src, dst) for src, dst, rw in user_mounts if rw}
+    writable = [m for m in mounts if not m.get("ReadOnly") and (m.get("Source"), m.get("Target")) not in declared]
     if len(writable) != 1 or writable[0].get("Target") != WORKSPACE or writable[0].get("Type") != "bind":
-        problems.append("the one writable mount must be the workspace bind at /workspace")
+        problems.append("the one writable mount must be the workspace bind at /workspace (besides the mounts the "
+                        "caller asked for)")
     for m in writable:
         with contextlib.suppress(OSError):  # a missing source is the engine's error to report
             if os.stat(m.get("Source") or "/").st_mode & 0o022:
                 problems.append(f"workspace {m.get('Source')} is writable by other local users")
+    for m in mounts:
+        if m.get("Type") != "bind" or (m.get("BindOptions") or {}).get("Propagation"):
+            problems.append(f"mount at {m.get('Target')} is not a plain private bind")
     forbidden = [Path(os.path.expanduser("~")).resolve(), install_dir()]
     if socket_path:
         forbidden.append(Path(socket_path).resolve())
@@ -165,6 +174,7 @@ class Contract:
     pids: int
     runtime: str | None  # None: whatever the engine's default is, if it is a runtime execbox knows
     proxy_dir: str | None = None  # network mode proxy: the host directory bound read-only at /run/execbox
+    mounts: tuple[tuple[str, str, bool], ...] = ()  # the caller's binds (execbox.Mount): source, target, writable
 
 
 def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
@@ -219,5 +229,10 @@ def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
     wanted = [("bind", c.workspace, WORKSPACE, True)]
     if c.proxy_dir:
         wanted.append(("bind", c.proxy_dir, "/run/execbox", False))
+    wanted += [("bind", source, target, writable) for source, target, writable in c.mounts]
     want("Mounts", sorted(mounts, key=str), sorted(wanted, key=str))
+    for m in attrs.get("Mounts") or []:
+        if m.get("Propagation") not in (None, "", "rprivate", "private"):
+            problems.append(f"Mounts[{m.get('Destination')}].Propagation={m.get('Propagation')!r} (the contract says "
+                            "rprivate: nothing mounted later on either side may show through)")
     return problems

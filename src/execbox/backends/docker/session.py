@@ -43,6 +43,7 @@ from execbox.plugin import (
     ExecResult,
     ExecSpec,
     Limits,
+    Mount,
     NotASandboxError,
     SandboxError,
     Session,
@@ -131,10 +132,12 @@ class Plan:
     tmpfs_mb: int
     egress_network: str
     disk: bool  # mount a size-limited workspace (limits.disk_mb)
+    mounts: tuple[Mount, ...] = ()  # the caller's host paths (admitted by the guard; sources resolved)
 
 
 class DockerSession(Session):
     workspace = WORKSPACE
+    host_workspace: str  # the host directory bound at /workspace: file transfer works on it directly
 
     def __init__(self, backend: DockerBackend, spec: SessionSpec, plan: Plan) -> None:
         self.backend = backend
@@ -148,6 +151,7 @@ class DockerSession(Session):
         # (DockerBackend.workspace_access refuses any other), and mkdtemp's 0700 is already right.
         if os.geteuid() == 0:
             os.chown(self.host_workspace, *self._owner)
+        self.host_owner = self._owner if os.geteuid() == 0 else None
         self._lock = threading.Lock()
         self._closed = False
         self._sized = False
@@ -201,9 +205,14 @@ class DockerSession(Session):
             kw["mounts"].append(Mount(proxy.MOUNT_POINT, self._egress_dir(), type="bind", read_only=True))
         else:
             kw["network_mode"] = p.network  # "none" or "host" (the guard has judged host already)
+        for m in p.mounts:  # the caller's host paths: read-only unless asked otherwise
+            kw["mounts"].append(Mount(m.target, m.source, type="bind", read_only=not m.writable))
         if p.runtime:
             kw["runtime"] = p.runtime
-        return hardened(kw, socket_path=self.backend.socket_path)
+        return hardened(kw, socket_path=self.backend.socket_path, user_mounts=self._user_mounts())
+
+    def _user_mounts(self) -> tuple[tuple[str, str, bool], ...]:
+        return tuple((m.source, m.target, m.writable) for m in self.plan.mounts)
 
     def _egress_dir(self) -> str:
         if self.egress is None:
@@ -215,7 +224,8 @@ class DockerSession(Session):
         network = {"egress": p.egress_network, "proxy": "none"}.get(p.network, p.network)
         return Contract(user=user, network=network, proxy_dir=self._egress_dir() if p.network == "proxy" else None,
                         workspace=self.host_workspace, memory_bytes=(p.limits.memory_mb or 0) << 20,
-                        nano_cpus=int((p.limits.cpus or 0) * 1e9), pids=p.limits.pids or 0, runtime=p.runtime)
+                        nano_cpus=int((p.limits.cpus or 0) * 1e9), pids=p.limits.pids or 0, runtime=p.runtime,
+                        mounts=self._user_mounts())
 
     def _create(self, kw: dict[str, Any]) -> Any:
         container = self.backend.call(lambda c: c.containers.create(**kw))

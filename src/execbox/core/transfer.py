@@ -1,0 +1,703 @@
+"""Whole files and directories in and out of a sandbox, as tar streams, bounded, never following a link.
+
+The interchange is one tar stream whose members are named under one prefix: the basename of the path moved
+(``out`` -> ``out``, ``out/a.png``...), or ``.`` for the workspace itself. Two ways to make and take it:
+
+- Host side (``host_list``, ``host_pack``, ``host_unpack``): for sessions whose workspace is a directory on this
+  host (docker, bubblewrap, singularity, local launchers). Every directory is opened with O_NOFOLLOW relative to
+  its parent and checked to be the one listed; a symlink is stored as a symlink (never followed), a FIFO, socket
+  or device is skipped and reported. Bounded before anything is read: total bytes of regular files (a sparse
+  5 GiB file is refused from its size, not by reading it), number of entries, and depth (a tree thousands of
+  levels deep is refused at ``MAX_DEPTH``); directories are walked iteratively.
+- Inside the sandbox (``sandbox_list``, ``sandbox_pack``, ``sandbox_unpack``): for every other session (ssh,
+  remote providers, third-party backends), with GNU find and tar run by the session's own ``exec``, and the
+  archive moved with its ``read_file``/``write_file``. What the sandbox's tar does stays inside the sandbox; what
+  it hands back is extracted here by ``host_unpack`` like any untrusted archive.
+
+Downloads to this host (``host_unpack(..., keep_symlinks=False)``) never create a symlink, a device or a hard
+link: those are listed in ``Transfer.skipped``. Names that would leave the destination (``..``, absolute) are
+skipped too.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import re
+import stat
+import tarfile
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING
+
+from execbox.core.errors import FileTooLargeError, SandboxError, TransferTooLargeError, WorkspacePathError
+from execbox.core.models import ExecSpec, FileInfo, Limits, Transfer
+from execbox.core.workspace import _open_dir, _refuse
+
+if TYPE_CHECKING:
+    from execbox.core.backend import Session
+
+#: Deepest tree a transfer or listing walks (levels below the path given); deeper is refused.
+MAX_DEPTH = 256
+CHUNK = 1 << 20
+#: How long a helper command inside the sandbox (find, tar) may take.
+HELPER_TIMEOUT_S = 120.0
+BYTES_VAR = "CODE_EXEC_MAX_TRANSFER_BYTES"
+FILES_VAR = "CODE_EXEC_MAX_TRANSFER_FILES"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class TransferLimits:
+    """The bounds of one transfer or listing: bytes of regular files, entries, depth."""
+
+    max_bytes: int
+    max_entries: int
+    max_depth: int = MAX_DEPTH
+
+
+class _Budget:
+    def __init__(self, limits: TransferLimits, what: str) -> None:
+        self.limits = limits
+        self.what = what
+        self.entries = 0
+        self.bytes = 0
+
+    def entry(self, path: str, depth: int) -> None:
+        self.entries += 1
+        if self.entries > self.limits.max_entries:
+            raise TransferTooLargeError(
+                f"refused: {self.what} holds more than {self.limits.max_entries} entries. Raise {FILES_VAR}, or "
+                "pick a smaller directory (or collect by glob)", env_var=FILES_VAR)
+        if depth > self.limits.max_depth:
+            raise TransferTooLargeError(
+                f"refused: {self.what} goes deeper than {self.limits.max_depth} levels (at {path[:200]!r}...). "
+                "Pick a shallower directory", env_var=FILES_VAR)
+
+    def data(self, path: str, size: int) -> None:
+        self.bytes += size
+        if self.bytes > self.limits.max_bytes:
+            raise TransferTooLargeError(
+                f"refused: {self.what} holds more than {self.limits.max_bytes} bytes (reached at {path[:200]!r}, "
+                f"{size} bytes; sparse files count at their full size). Raise {BYTES_VAR} if you expect that much, "
+                "or pick less", env_var=BYTES_VAR)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}/{name}" if prefix else name
+
+
+@dataclass
+class _Entry:
+    path: str  # relative to the path walked ("" for that path itself)
+    st: os.stat_result
+    dir_fd: int  # the directory holding it (valid while the walk is at this entry)
+    name: str  # its name in dir_fd; "" for the walked root when it is the workspace itself
+
+
+def _walk(root: str, rel: str, budget: _Budget, *, recursive: bool = True,
+          skipped: list[str] | None = None) -> Iterator[_Entry]:
+    """``rel`` itself, then (a directory) everything below it, depth first, in name order. No link is followed:
+    each directory is opened O_NOFOLLOW relative to its parent and must be the one that was listed."""
+    parts = rel.split("/") if rel else []
+    try:
+        parent = _open_dir(root, parts[:-1], create=False, owner=None)
+    except OSError as exc:
+        raise _refuse(rel, exc) from None
+    try:
+        if parts:
+            name = parts[-1]
+            try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except OSError as exc:
+                raise _refuse(rel, exc) from None
+            yield _Entry("", st, parent, name)
+            if not stat.S_ISDIR(st.st_mode):
+                return
+            top = _open_child(parent, name, st)
+            if top is None:
+                raise WorkspacePathError(f"cannot open {rel!r}: it changed while it was being opened, or is unreadable")
+        else:
+            top = os.dup(parent)
+            yield _Entry("", os.fstat(top), parent, "")
+    finally:
+        os.close(parent)
+    # One frame per open directory: its fd, its path, its depth, the entries still to visit.
+    stack: list[tuple[int, str, int, list[tuple[str, os.stat_result]]]] = []
+    try:
+        stack.append((top, "", 1, _listing(top, "", 1, budget, skipped)))
+        while stack:
+            fd, prefix, depth, pending = stack[-1]
+            if not pending:
+                os.close(fd)
+                stack.pop()
+                continue
+            name, st = pending.pop()
+            path = _join(prefix, name)
+            yield _Entry(path, st, fd, name)
+            if recursive and stat.S_ISDIR(st.st_mode):
+                child = _open_child(fd, name, st)
+                if child is None:
+                    if skipped is not None:
+                        skipped.append(f"{path}: unreadable directory, or it changed while being read (left out)")
+                    continue
+                stack.append((child, path, depth + 1, []))  # on the stack first: closed even if listing fails
+                stack[-1] = (child, path, depth + 1, _listing(child, path, depth + 1, budget, skipped))
+    finally:
+        for fd, *_ in stack:
+            os.close(fd)
+
+
+def _listing(fd: int, prefix: str, depth: int, budget: _Budget,
+             skipped: list[str] | None) -> list[tuple[str, os.stat_result]]:
+    """The entries of the directory ``fd`` (lstat), counted against the budget as they are read; reversed name
+    order so that popping visits them in order."""
+    found: list[tuple[str, os.stat_result]] = []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                path = _join(prefix, entry.name)
+                budget.entry(path, depth)
+                try:
+                    found.append((entry.name, entry.stat(follow_symlinks=False)))
+                except OSError:
+                    if skipped is not None:
+                        skipped.append(f"{path}: vanished while being listed")
+    except OSError as exc:
+        if skipped is None:
+            raise SandboxError(f"cannot list {prefix or 'the workspace'!r}: {exc.strerror}") from None
+        skipped.append(f"{prefix or '.'}: cannot be listed ({exc.strerror})")
+    found.sort(key=lambda item: item[0], reverse=True)
+    return found
+
+
+def _open_child(parent: int, name: str, st: os.stat_result) -> int | None:
+    """The directory ``name`` in ``parent``, only if it is still the one ``st`` describes (not swapped)."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError:
+        return None
+    now = os.fstat(fd)
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        return None
+    return fd
+
+
+# --- host side --------------------------------------------------------------------------------------------
+
+
+def host_list(root: str, rel: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
+    """The entries of the directory ``root/rel`` (everything below it with ``recursive``), or the one entry of a
+    file; paths relative to ``root``. Never follows a link."""
+    budget = _Budget(limits, f"listing {rel or 'the workspace'!r}")
+    out: list[FileInfo] = []
+    for entry in _walk(root, rel, budget, recursive=recursive):
+        if entry.path == "" and stat.S_ISDIR(entry.st.st_mode):
+            continue
+        path = _join(rel, entry.path) if entry.path else rel
+        kind = _kind(entry.st.st_mode)
+        out.append(FileInfo(path=path, name=posixpath.basename(path), type=kind,  # type: ignore[arg-type]
+                            size=entry.st.st_size if kind == "file" else 0))
+    return out
+
+
+class _Exactly:
+    """Reads exactly ``size`` bytes of ``fh`` (zeros if it shrank, the rest cut if it grew): a tar header has
+    already promised that many."""
+
+    def __init__(self, fh: IO[bytes], size: int) -> None:
+        self.fh = fh
+        self.left = size
+        self.changed = False
+
+    def read(self, n: int = -1) -> bytes:
+        want = self.left if n < 0 else min(n, self.left)
+        data = self.fh.read(want) if want else b""
+        if len(data) < want:
+            self.changed = True
+            data += b"\0" * (want - len(data))
+        self.left -= len(data)
+        return data
+
+
+def host_pack(root: str, rel: str, out: IO[bytes], *, limits: TransferLimits, prefix: str | None = None,
+              what: str | None = None) -> Transfer:
+    """Write a tar of ``root/rel`` (``rel`` "" = ``root`` itself) to ``out``, members named under ``prefix``
+    (default: the basename of ``rel``, or "." for the root). Symlinks are stored as links; FIFOs, sockets and
+    devices are skipped and reported; setuid/setgid bits are dropped; owners are not stored."""
+    prefix = prefix if prefix is not None else (posixpath.basename(rel) if rel else ".")
+    budget = _Budget(limits, what or f"{rel or 'the workspace'!r}")
+    stats = Transfer()
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for entry in _walk(root, rel, budget, skipped=stats.skipped):
+            name = _join(prefix, entry.path) if entry.path else prefix
+            shown = _join(rel, entry.path) if entry.path else (rel or ".")
+            st = entry.st
+            info = tarfile.TarInfo(name)
+            info.mode = stat.S_IMODE(st.st_mode) & 0o777
+            info.mtime = int(st.st_mtime)
+            if stat.S_ISDIR(st.st_mode):
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+                stats.directories += 1
+            elif stat.S_ISLNK(st.st_mode):
+                try:
+                    info.linkname = os.readlink(entry.name, dir_fd=entry.dir_fd)
+                except OSError:
+                    stats.skipped.append(f"{shown}: symlink vanished while being read")
+                    continue
+                info.type = tarfile.SYMTYPE
+                tar.addfile(info)
+            elif stat.S_ISREG(st.st_mode):
+                budget.data(shown, st.st_size)
+                try:
+                    fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                                 dir_fd=entry.dir_fd)
+                except OSError as exc:
+                    stats.skipped.append(f"{shown}: cannot be opened ({exc.strerror})")
+                    continue
+                with os.fdopen(fd, "rb") as fh:
+                    now = os.fstat(fd)
+                    if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                        stats.skipped.append(f"{shown}: replaced while being read (left out)")
+                        continue
+                    info.size = st.st_size
+                    reader = _Exactly(fh, st.st_size)
+                    tar.addfile(info, reader)
+                if reader.changed:
+                    stats.skipped.append(f"{shown}: shrank while being read (the rest is zeros)")
+                stats.files += 1
+                stats.bytes += st.st_size
+            else:
+                stats.skipped.append(f"{shown}: a {_special(st.st_mode)}, not copied")
+    return stats
+
+
+def _special(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device"
+
+
+def _member_rel(name: str, prefix: str) -> str | None:
+    """Where a member named ``name`` goes, relative to the destination; None if it is not under ``prefix`` or
+    would leave the destination."""
+    if not name or "\0" in name or name.startswith("/"):
+        return None
+    clean = posixpath.normpath(name)
+    if clean == ".." or clean.startswith("../"):
+        return None
+    if prefix == ".":
+        return "" if clean == "." else clean
+    if clean == prefix:
+        return ""
+    if clean.startswith(prefix + "/"):
+        return clean[len(prefix) + 1:]
+    return None
+
+
+class _Dirs:
+    """The last parent directory opened (O_NOFOLLOW all the way down from the root), kept open for its
+    siblings."""
+
+    def __init__(self, root: str, owner: tuple[int, int] | None) -> None:
+        self.root = root
+        self.owner = owner
+        self.key: str | None = None
+        self.fd = -1
+
+    def get(self, rel_dir: str) -> int:
+        if rel_dir != self.key:
+            self.close()
+            self.fd = _open_dir(self.root, rel_dir.split("/") if rel_dir else [], create=True, owner=self.owner)
+            self.key = rel_dir
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd, self.key = -1, None
+
+
+def host_unpack(root: str, dest: str, archive: IO[bytes], *, limits: TransferLimits, prefix: str,
+                owner: tuple[int, int] | None = None, keep_symlinks: bool = False, workspace: bool = True,
+                shown_as: str | None = None) -> Transfer:
+    """Extract a tar whose members are named under ``prefix`` so that ``prefix`` becomes ``root/dest`` (``dest``
+    "" = ``root`` itself). Every directory on the way is opened O_NOFOLLOW (a symlink planted in the destination
+    is refused, never followed); files are created O_NOFOLLOW. ``keep_symlinks``: recreate symlink members as
+    symlinks (into a sandbox's workspace); otherwise they are skipped and reported, like hard links, devices and
+    FIFOs. ``owner``: chown what is created (a workspace handed to the sandbox user). ``workspace``: the root is
+    a sandbox's workspace (a full disk names CODE_EXEC_DISK_MB). ``shown_as``: how ``dest`` is named in
+    ``skipped`` (its path in the sandbox, for a download)."""
+    budget = _Budget(limits, f"the archive for {dest or 'the workspace'!r}")
+    stats = Transfer()
+    before = 0
+    dirs = _Dirs(root, owner)
+    try:
+        with tarfile.open(fileobj=archive, mode="r|") as tar:
+            for member in tar:
+                sub = _member_rel(member.name, prefix)
+                if sub is None:
+                    stats.skipped.append(f"{member.name[:200]}: outside {prefix!r} (left out)")
+                    continue
+                rel = _join(dest, sub) if sub else dest
+                budget.entry(rel, sub.count("/") + 1 if sub else 0)
+                try:
+                    _extract_one(tar, member, rel, dirs, budget, stats, owner, keep_symlinks)
+                except OSError as exc:
+                    raise _write_error(rel, exc, workspace) from None
+                if shown_as is not None and len(stats.skipped) > before:
+                    shown = _join(shown_as, sub) if sub else (shown_as or ".")
+                    stats.skipped[-1] = shown + stats.skipped[-1][len(rel):]
+                before = len(stats.skipped)
+    except tarfile.TarError as exc:
+        raise SandboxError(f"the archive for {dest or 'the workspace'!r} is malformed: {exc}") from None
+    finally:
+        dirs.close()
+    return stats
+
+
+def _write_error(rel: str, exc: OSError, workspace: bool) -> SandboxError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        if workspace:
+            return SandboxError(f"cannot write {rel!r}: the workspace is full ({exc.strerror}); it holds at most "
+                                "CODE_EXEC_DISK_MB: free space in it or raise the limit", env_var="CODE_EXEC_DISK_MB")
+        return SandboxError(f"cannot write {rel!r}: {exc.strerror}")
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENXIO, errno.EEXIST):
+        return WorkspacePathError(f"refused {rel!r}: it is (or passes through) a symlink, or something other than "
+                                  f"what the archive holds is in its place ({exc.strerror})")
+    return SandboxError(f"cannot write {rel!r}: {exc.strerror}")
+
+
+def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, rel: str, dirs: _Dirs, budget: _Budget,
+                 stats: Transfer, owner: tuple[int, int] | None, keep_symlinks: bool) -> None:
+    parent, name = posixpath.split(rel)
+    if member.isdir():
+        if rel:
+            dirs.get(rel)  # made (and owned) on the way, O_NOFOLLOW like every directory
+        stats.directories += 1
+        return
+    if not rel:
+        raise WorkspacePathError("refused: the archive puts a file where the workspace itself is")
+    if member.issym() and keep_symlinks:
+        fd = dirs.get(parent)
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                stats.skipped.append(f"{rel}: a directory is in the place of this symlink (left out)")
+                return
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        os.symlink(member.linkname, name, dir_fd=fd)
+        if owner:
+            os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
+        return
+    if not member.isreg():
+        what = ("a symlink to " + repr(member.linkname[:200]) if member.issym() else
+                "a hard link" if member.islnk() else "a special file")
+        stats.skipped.append(f"{rel}: {what}, not created")
+        return
+    budget.data(rel, member.size)
+    fd = dirs.get(parent)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    out = os.open(name, flags, 0o600, dir_fd=fd)
+    with os.fdopen(out, "wb") as fh:
+        if not stat.S_ISREG(os.fstat(out).st_mode):
+            raise OSError(errno.ENXIO, "not a regular file")
+        os.set_blocking(out, True)
+        os.ftruncate(out, 0)
+        if owner:
+            os.fchown(out, *owner)
+        os.fchmod(out, (member.mode & 0o755) | 0o600)
+        source = tar.extractfile(member)
+        left = member.size
+        while source is not None and left > 0:
+            chunk = source.read(min(CHUNK, left))
+            if not chunk:
+                break
+            fh.write(chunk)
+            left -= len(chunk)
+    stats.files += 1
+    stats.bytes += member.size
+
+
+# --- inside the sandbox (sessions without a host workspace) ------------------------------------------------
+
+# sh -c LIST execbox WORKSPACE REL RECURSIVE: resolve REL inside the workspace (exit 4 outside it), then one
+# record per entry: "<type letter> <size> <path>\0" (GNU find; paths relative to REL).
+_LIST = r"""
+w=$(realpath -- "$1") || exit 3
+cd "$w" || exit 3
+if [ -n "$2" ]; then
+  t=$(realpath -m -- "$2") || exit 3
+  case "$t" in "${w%/}"/*) ;; *) exit 4 ;; esac
+  [ -e "$2" ] || [ -L "$2" ] || exit 5
+fi
+p=${2:-.}
+if [ -d "$p" ] && [ ! -L "$p" ]; then
+  depth=-maxdepth; [ "$3" = 1 ] && depth=-mindepth
+  find "$p" -mindepth 1 "$depth" 1 -printf '%y %s %P\0'
+else
+  printf 'F '; find "$p" -maxdepth 0 -printf '%y %s \0'
+fi
+"""
+
+# sh -c PACK execbox WORKSPACE REL OUT: a tar of REL (members under its basename; "." for the workspace) at OUT.
+_PACK = r"""
+w=$(realpath -- "$1") || exit 3
+cd "$w" || exit 3
+if [ -z "$2" ]; then exec tar -cf "$3" --exclude="./$4" .; fi
+t=$(realpath -m -- "$2") || exit 3
+case "$t" in "${w%/}"/*) ;; *) exit 4 ;; esac
+cd -- "$(dirname -- "$2")" && exec tar -cf "$w/$3" -- "$(basename -- "$2")"
+"""
+
+# sh -c UNPACK execbox WORKSPACE DEST ARCHIVE: extract ARCHIVE (written by execbox) into DEST's parent.
+_UNPACK = r"""
+w=$(realpath -- "$1") || exit 3
+cd "$w" || exit 3
+d=.
+if [ -n "$2" ]; then
+  d=$(dirname -- "$2")
+  t=$(realpath -m -- "$d") || exit 3
+  case "$t/" in "${w%/}"/*) ;; *) exit 4 ;; esac
+fi
+mkdir -p -- "$d" && tar -xf "$3" -C "$d" --no-same-owner; rc=$?
+rm -f -- "$3"
+exit $rc
+"""
+
+
+async def _helper(session: Session, script: str, *args: str, max_output: int = 1 << 16) -> tuple[int, str, bool]:
+    """Run a small sh script inside the sandbox through the session's own exec: (exit code, stdout, cut)."""
+    spec = session.session_spec
+    result = await session.exec(ExecSpec(
+        argv=["/bin/sh", "-c", script, "execbox", *args], env={}, workdir=session.workspace,
+        timeout=HELPER_TIMEOUT_S, max_output_bytes=max_output,
+        network=spec.network if spec else "none", limits=spec.limits if spec else Limits()))
+    if result.timed_out:
+        raise SandboxError(f"a file-transfer helper did not finish within {HELPER_TIMEOUT_S:g}s in the sandbox")
+    return result.exit_code, result.stdout, result.truncated
+
+
+def _helper_failed(rel: str, code: int, stderr_hint: str = "") -> SandboxError:
+    if code == 4:
+        return WorkspacePathError(f"refused {rel!r}: it is (or passes through) a symlink that leads out of the "
+                                  "workspace")
+    if code == 5:
+        return WorkspacePathError(f"no such file or directory in the workspace: {rel!r}")
+    return SandboxError(f"the file-transfer helper failed in the sandbox for {rel or '.'!r} (exit {code}); it needs "
+                        "/bin/sh, realpath and GNU find and tar in the image" + stderr_hint)
+
+
+_RECORD = re.compile(r"([a-zA-Z]) ([0-9]+) (.*)", re.DOTALL)
+_TYPES = {"f": "file", "d": "directory", "l": "symlink"}
+
+
+async def sandbox_list(session: Session, rel: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
+    # ~ a record per 4 KiB at most: the output cap bounds what comes back.
+    cap = min(64 << 20, max(1 << 16, limits.max_entries * 512))
+    code, out, cut = await _helper(session, _LIST, session.workspace, rel, "1" if recursive else "0", max_output=cap)
+    if code != 0:
+        raise _helper_failed(rel, code)
+    if cut:
+        raise TransferTooLargeError(f"refused: listing {rel or 'the workspace'!r} is longer than execbox reads "
+                                    f"({cap} bytes); raise {FILES_VAR} or list a smaller directory", env_var=FILES_VAR)
+    budget = _Budget(limits, f"listing {rel or 'the workspace'!r}")
+    entries: list[FileInfo] = []
+    if out.startswith("F "):  # a single entry: the path itself
+        match = _RECORD.fullmatch(out[2:].rstrip("\0"))
+        if not match:
+            raise _helper_failed(rel, 0, f"; it printed {out[:100]!r}")
+        kind = _TYPES.get(match.group(1), "other")
+        return [FileInfo(path=rel, name=posixpath.basename(rel), type=kind,  # type: ignore[arg-type]
+                         size=int(match.group(2)) if kind == "file" else 0)]
+    for record in out.split("\0"):
+        if not record:
+            continue
+        match = _RECORD.fullmatch(record)
+        if not match:
+            continue
+        path = _join(rel, match.group(3))
+        budget.entry(path, match.group(3).count("/") + 1)
+        kind = _TYPES.get(match.group(1), "other")
+        entries.append(FileInfo(path=path, name=posixpath.basename(path), type=kind,  # type: ignore[arg-type]
+                                size=int(match.group(2)) if kind == "file" else 0))
+    entries.sort(key=lambda e: e.path)
+    return entries
+
+
+async def sandbox_pack(session: Session, rel: str, out: IO[bytes], *, limits: TransferLimits) -> None:
+    listing = await sandbox_list(session, rel, recursive=True, limits=limits)
+    budget = _Budget(limits, f"{rel or 'the workspace'!r}")
+    for entry in listing:
+        if entry.type == "file":
+            budget.data(entry.path, entry.size)  # refused from the sizes, before a byte is packed
+    name = f".execbox/xfer-{uuid.uuid4().hex[:12]}.tar"
+    await session.write_file(name, b"")  # makes .execbox (as the caller sees the workspace)
+    code, _, _ = await _helper(session, _PACK, session.workspace, rel, name, name)
+    try:
+        if code != 0:
+            raise _helper_failed(rel, code)
+        # Headers and padding: at most ~1.5 KiB per entry with pax names, plus the end blocks.
+        data = await session.read_file(name, limits.max_bytes + 2048 * (len(listing) + 8))
+    finally:
+        await _helper(session, 'rm -f -- "$1/$2"', session.workspace, name)
+    out.write(data)
+
+
+async def sandbox_unpack(session: Session, dest: str, archive: IO[bytes], *, limits: TransferLimits) -> None:
+    name = f".execbox/xfer-{uuid.uuid4().hex[:12]}.tar"
+    data = archive.read(limits.max_bytes + 2048 * (limits.max_entries + 8) + 1)
+    await session.write_file(name, data)
+    code, _, _ = await _helper(session, _UNPACK, session.workspace, dest, name)
+    if code != 0:
+        raise _helper_failed(dest, code)
+
+
+# --- globs --------------------------------------------------------------------------------------------------
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A glob over workspace paths: ``*``, ``?`` and ``[...]`` within one path segment, ``**`` any number of
+    segments (``**/*.png`` also matches ``a.png``)."""
+    parts = posixpath.normpath(pattern).split("/")
+    out = ""
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if part == "**":
+            out += ".*" if last else "(?:[^/]+/)*"
+            continue
+        seg = ""
+        j = 0
+        while j < len(part):
+            c = part[j]
+            if c == "*":
+                seg += "[^/]*"
+            elif c == "?":
+                seg += "[^/]"
+            elif c == "[":
+                end = part.find("]", j + 2 if part[j + 1:j + 2] in ("!", "]") else j + 1)
+                if end < 0:
+                    seg += re.escape(c)
+                else:
+                    body = part[j + 1:end]
+                    if body.startswith("!"):
+                        body = "^" + body[1:]
+                    seg += "[" + body.replace("\\", "\\\\").replace("/", "") + "]"
+                    j = end
+            else:
+                seg += re.escape(c)
+            j += 1
+        out += seg + ("" if last else "/")
+    return re.compile(out, re.DOTALL)
+
+
+def glob_base(pattern: str) -> str:
+    """The longest leading directory of ``pattern`` without wildcards ("" for the workspace)."""
+    parts = posixpath.normpath(pattern).split("/")[:-1]
+    fixed: list[str] = []
+    for part in parts:
+        if any(c in part for c in "*?["):
+            break
+        fixed.append(part)
+    return "/".join(fixed)
+
+
+# --- what the API does with them -----------------------------------------------------------------------------
+
+
+async def upload_path(session: Session, local: str, remote: str, *, limits: TransferLimits) -> Transfer:
+    """Copy the local file or directory ``local`` to ``remote`` in the workspace ("" = the workspace itself),
+    through a temporary tar on this host. Links in the local tree are copied as links, never followed."""
+    import anyio
+
+    source = os.path.realpath(local)  # the caller named it: a link given as the path itself is followed
+    if not os.path.lexists(source):
+        raise WorkspacePathError(f"no such local file or directory: {local!r}")
+    parent, base = os.path.split(source)
+    prefix = posixpath.basename(remote) if remote else "."
+    with tempfile.TemporaryFile(prefix="execbox-upload-") as tmp:
+        packed = await anyio.to_thread.run_sync(lambda: host_pack(
+            parent or "/", base, tmp, limits=limits, prefix=prefix, what=f"the upload of {local!r}"))
+        tmp.seek(0)
+        placed = await session.upload(remote, tmp, limits=limits)
+    packed.skipped.extend(s for s in placed.skipped if s not in packed.skipped)
+    return packed
+
+
+async def download_path(session: Session, remote: str, local: str, *, limits: TransferLimits) -> Transfer:
+    """Copy ``remote`` ("" = the whole workspace) to the local path ``local`` (a file, or a directory made or
+    merged into). Symlinks, hard links, devices and FIFOs the code left are not created here: see ``skipped``."""
+    import anyio
+
+    target = os.path.abspath(local)
+    parent, base = os.path.split(target)
+    if not base:
+        raise WorkspacePathError(f"download needs a local path to create or fill, not {local!r}")
+    os.makedirs(parent, exist_ok=True)
+    prefix = posixpath.basename(remote) if remote else "."
+    with tempfile.TemporaryFile(prefix="execbox-download-") as tmp:
+        packed = await session.download(remote, tmp, limits=limits)
+        tmp.seek(0)
+        placed = await anyio.to_thread.run_sync(lambda: host_unpack(
+            parent, base, tmp, limits=limits, prefix=prefix, keep_symlinks=False, workspace=False, shown_as=remote))
+    placed.skipped[:0] = packed.skipped  # what the sandbox side left out (FIFOs, unreadable directories)
+    return placed
+
+
+async def collect(session: Session, patterns: list[str], *, limits: TransferLimits,
+                  max_bytes: int) -> tuple[dict[str, bytes], list[str]]:
+    """The regular files matching ``patterns`` (``glob_regex``), read with the session's own bounded read: at most
+    ``max_bytes`` in all. What is left out (over the cap, a symlink, a missing directory) is said in the notes."""
+    files: dict[str, bytes] = {}
+    notes: list[str] = []
+    regexes = [glob_regex(p) for p in patterns]
+    bases = sorted({glob_base(p) for p in patterns})
+    roots = [b for b in bases if not any(o != b and (o == "" or b.startswith(o + "/")) for o in bases)]
+    seen: list[FileInfo] = []
+    for base in roots:
+        try:
+            seen += await session.list_files(base, recursive=True, limits=limits)
+        except (WorkspacePathError, TransferTooLargeError) as exc:
+            notes.append(f"collect: {base or '.'}: {exc.message}")
+    total = 0
+    for entry in sorted(seen, key=lambda e: e.path):
+        if not any(r.fullmatch(entry.path) for r in regexes):
+            continue
+        if entry.type == "symlink":
+            notes.append(f"collect: {entry.path} is a symlink: not collected")
+            continue
+        if entry.type != "file":
+            continue
+        if total + entry.size > max_bytes:
+            notes.append(f"collect: {entry.path} ({entry.size} bytes) left out: the collected files may hold at most "
+                         f"{max_bytes} bytes in all (CODE_EXEC_MAX_READ_BYTES)")
+            continue
+        try:
+            data = await session.read_file(entry.path, max_bytes - total)
+        except (WorkspacePathError, FileTooLargeError) as exc:
+            notes.append(f"collect: {entry.path} left out: {exc.message}")
+            continue
+        files[entry.path] = data
+        total += len(data)
+    if not files and not notes:
+        notes.append(f"collect: nothing matched {', '.join(patterns)}")
+    return files, notes
