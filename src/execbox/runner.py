@@ -667,6 +667,11 @@ class AsyncSandbox:
         request = _request(code=code, language=language, **_request_kw(**kw))
         return stream_events(lambda out: self.execute(request, output=out))
 
+    @property
+    def workspace(self) -> str:
+        """Where the workspace is inside the sandbox, as its commands see it (relative paths start there)."""
+        return self._live()[1].workspace
+
     async def write_file(self, path: str, data: bytes | str) -> None:
         backend, session = self._live()
         rel, content = normalize(_text(path, "path"), session.workspace), _bytes(data, "data")

@@ -1,0 +1,566 @@
+"""The MCP server behind ``execbox mcp``: the tools, the grants, the postures and the approvals, on the official
+``mcp`` SDK (v2: MCPServer, resolvers that elicit, the streamable HTTP app).
+
+Every call goes through the runner — its guard, its env policy, its limits, its audit log — never around it.
+Each call is attributed to its caller in the audit log: the MCP client's name and the grant chain.
+
+Transports. stdio (the default): one client, the process's own; when the client closes the pipe, exits or dies,
+the server closes its sandboxes and exits. HTTP (``--http HOST:PORT``, streamable HTTP): bound to 127.0.0.1
+unless told otherwise, and every request needs ``Authorization: Bearer <token>``: the server token
+(EXECBOX_MCP_TOKEN or --token-file) or a delegated grant's token; anything else is a 401. A session is bound to
+the credential that opened it. A persistent sandbox (posture 1) belongs to an MCP session: over stdio, the
+process; over HTTP, the Mcp-Session-Id session, closed when the client deletes it or it is idle for
+EXECBOX_MCP_IDLE_SEC. (The 2026-07-28 protocol over HTTP has no sessions: its requests get one-shot tools only.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import posixpath
+import signal
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.mcpserver import Context, Elicit, MCPServer
+from mcp.types import CallToolResult
+
+from execbox.core import audit as audit_log
+from execbox.core.errors import ConfigError, ExecboxError, SandboxError
+from execbox.core.models import Limits, NetworkMode
+from execbox.core.review import ReviewDecision, ReviewRequest, strictest
+from execbox.core.settings import Settings
+from execbox.core.workspace import normalize
+from execbox.mcp import postures
+from execbox.mcp.grants import (
+    CODE_TOOLS,
+    SESSION_TOOLS,
+    Grant,
+    GrantError,
+    GrantRequest,
+    Signer,
+    load_key,
+    narrow,
+    root_grant,
+)
+from execbox.mcp.review import Approval, Gate, decisions, question, refusal
+from execbox.mcp.settings import MIN_TOKEN_CHARS, McpSettings
+from execbox.mcp.tools import MAX_LISTED, accepted, data_result, error_result, exec_result, read_result, register_tools
+from execbox.runner import AsyncRunner, AsyncSandbox
+
+#: How long a posture-1 sandbox may live: the backstop for a server that is killed (the session ends it first).
+SESSION_LIFETIME_S = 24 * 3600.0
+SANDBOX_WORKSPACE = "/workspace"
+GRANT_SCOPE_KEY = "execbox.grant"
+INSTRUCTIONS = ("execbox runs code in isolated sandboxes. run_code and run_command start a fresh sandbox for each "
+                "call; shell, write_file, read_file and list_files (when offered) share one persistent sandbox for "
+                "this session. Results carry the exit code, capped output and, when a limit cut a run short, one "
+                "sentence saying which and whether retrying can help.")
+
+
+@dataclass
+class Plan:
+    """Where and how a call runs, as its grant and the settings allow."""
+
+    backend: str
+    workspace: str
+    network: NetworkMode | None = None
+    timeout: float | None = None
+    limits: Limits | None = None
+    max_output_bytes: int | None = None
+    sandbox: AsyncSandbox | None = None
+
+
+@dataclass
+class SessionScope:
+    """One MCP session's persistent sandbox (posture 1 and 3), opened on first use."""
+
+    key: str
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    sandbox: AsyncSandbox | None = None
+    closed: bool = False
+
+
+class McpApp:
+    """The server's state: settings, the runner, the signer, the root grant, the sessions' sandboxes."""
+
+    def __init__(self, settings: Settings, mcp_settings: McpSettings, transport: postures.Transport, *,
+                 runner: AsyncRunner | None = None) -> None:
+        postures.check_startup(settings, transport)
+        self.settings = settings
+        self.mcp_settings = mcp_settings
+        self.transport = transport
+        self.tools = postures.offered_tools(settings)
+        self.signer = Signer(load_key(mcp_settings.key_file))
+        self.root = root_grant(self.tools, settings.posture)
+        self.own_grant = self.root
+        if mcp_settings.grant is not None:  # a sub-agent's own stdio server, under the grant it was given
+            self.own_grant = self.signer.verify(mcp_settings.grant.get_secret_value())
+        self.runner = runner or AsyncRunner(settings)
+        self.scopes: dict[str, SessionScope] = {}
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self.server = MCPServer("execbox", instructions=INSTRUCTIONS, log_level="WARNING",
+                                middleware=[self._filter_tools])
+        register_tools(self.server, self)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[McpApp]:
+        """The app for the server's life: on the way out (also cancelled, also on SIGTERM) every session's
+        sandbox is closed and removed, then the runner's backends."""
+        try:
+            async with self.runner, anyio.create_task_group() as tasks:
+                self._tasks = tasks
+                try:
+                    yield self
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self.close_all()
+                    tasks.cancel_scope.cancel()
+        finally:
+            self._tasks = None
+
+    async def close_all(self) -> None:
+        scopes, self.scopes = list(self.scopes.values()), {}
+        for scope in scopes:
+            await self._close_scope(scope)
+
+    # --- callers and grants ---------------------------------------------------------------------------------
+
+    def authenticate(self, authorization: str | None, server_token: str) -> Grant | None:
+        """The grant an HTTP request's Authorization header carries: the root for the server token, a delegated
+        grant for a valid grant token; None (a 401) otherwise."""
+        if not authorization or not authorization[:7].lower() == "bearer ":
+            return None
+        token = authorization[7:].strip()
+        if hmac.compare_digest(token.encode(), server_token.encode()):
+            return self.root
+        try:
+            return self.signer.verify(token)
+        except GrantError:
+            return None
+
+    def grant_for(self, request: Any) -> Grant:
+        scope = getattr(request, "scope", None)
+        if not isinstance(scope, Mapping):
+            return self.own_grant  # stdio: the process's own grant
+        grant = scope.get(GRANT_SCOPE_KEY)
+        if not isinstance(grant, Grant):
+            raise GrantError("refused: this request carries no grant")
+        return grant
+
+    def check(self, grant: Grant, tool: str) -> None:
+        if tool not in self.tools:
+            raise GrantError(f"refused: this server does not offer {tool!r}")
+        grant.check_tool(tool)
+        if tool in CODE_TOOLS and grant.leaf(self.mcp_settings.max_depth):
+            raise GrantError(f"refused: your grant ({grant.describe()}) is a leaf, and a leaf never runs code")
+        if tool in SESSION_TOOLS and grant.posture < 1:
+            raise GrantError(f"refused: {tool} needs posture 1 and your grant has posture {grant.posture}")
+
+    @staticmethod
+    def chain(ctx: Context, grant: Grant) -> list[str]:
+        params = ctx.session.client_params
+        client = params.client_info.name if params is not None else "unknown"
+        return [f"mcp:{client[:64]}", *(f"grant:{g}" for g in grant.chain)]
+
+    async def _filter_tools(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        """tools/list shows a caller only the tools its grant allows."""
+        result = await call_next(ctx)
+        if ctx.method != "tools/list" or result is None:
+            return result
+        try:
+            grant = self.grant_for(ctx.request)
+        except GrantError:
+            grant = None
+        allowed = set() if grant is None else {t for t in grant.tools if _visible(self, grant, t)}
+        if isinstance(result, Mapping):
+            return {**result, "tools": [t for t in result.get("tools", []) if t.get("name") in allowed]}
+        tools = [t for t in getattr(result, "tools", []) if t.name in allowed]
+        return result.model_copy(update={"tools": tools})
+
+    # --- persistent sandboxes ---------------------------------------------------------------------------------
+
+    def _scope_for(self, ctx: Context) -> SessionScope:
+        if self.transport == "stdio":
+            key = "stdio"
+        else:
+            # The SDK keeps the session's Connection (its id and its teardown stack) on the per-request session
+            # proxy only; there is no public accessor yet (mcp 2.3).
+            connection = getattr(ctx.request_context.session, "_connection", None)
+            session_id = getattr(connection, "session_id", None)
+            if connection is None or not session_id:
+                raise SandboxError(
+                    "a persistent sandbox needs an MCP session, and this request has none (the 2026-07-28 protocol "
+                    "over HTTP is stateless). Connect with the initialize handshake (a session with an "
+                    "Mcp-Session-Id) or over stdio, or use run_code / run_command")
+            key = f"http:{session_id}"
+            if key not in self.scopes:
+                connection.exit_stack.push_async_callback(self._end_session, key)
+        scope = self.scopes.get(key)
+        if scope is None:
+            scope = self.scopes[key] = SessionScope(key)
+        return scope
+
+    async def _end_session(self, key: str) -> None:
+        """The MCP session ended (deleted, idle, its connection gone): remove its sandbox, in the background so
+        the SDK's bounded teardown never cuts a slow removal short."""
+        scope = self.scopes.pop(key, None)
+        if scope is None:
+            return
+        scope.closed = True
+        if self._tasks is not None:
+            self._tasks.start_soon(self._close_scope, scope)
+        else:
+            await self._close_scope(scope)
+
+    async def _close_scope(self, scope: SessionScope) -> None:
+        scope.closed = True
+        sandbox, scope.sandbox = scope.sandbox, None
+        if sandbox is not None:
+            with anyio.CancelScope(shield=True):
+                await sandbox.close()
+
+    async def session_sandbox(self, ctx: Context, grant: Grant, chain: list[str]) -> AsyncSandbox:
+        scope = self._scope_for(ctx)
+        async with scope.lock:
+            if scope.closed:
+                raise SandboxError("this MCP session has ended; its sandbox is gone")
+            if scope.sandbox is None:
+                s = self.settings
+                impl, caps = await self.runner.select(postures.session_backend(s) or s.session_backend)
+                grant.check_backend(impl.name)
+                network: NetworkMode = "host" if s.posture == 3 else postures.session_network(s, caps)
+                try:
+                    grant.check_network(network)
+                except GrantError:
+                    network = "none"
+                    grant.check_network(network)
+                sandbox = self.runner.sandbox(impl.name, network=network, limits=_limits(grant),
+                                              lifetime_s=SESSION_LIFETIME_S)
+                with audit_log.caller(*chain):
+                    await sandbox.__aenter__()
+                scope.sandbox = sandbox
+            return scope.sandbox
+
+    # --- the tools ------------------------------------------------------------------------------------------------
+
+    async def plan(self, ctx: Context, grant: Grant, tool: str, chain: list[str], *, network: NetworkMode | None = None,
+                   backend: str | None = None, timeout_s: float | None = None) -> Plan:
+        self.check(grant, tool)
+        timeout = _least(timeout_s, grant.limits.timeout_s)
+        if tool in SESSION_TOOLS:
+            sandbox = await self.session_sandbox(ctx, grant, chain)
+            assert sandbox.backend is not None
+            return Plan(sandbox.backend.name, sandbox.workspace, timeout=timeout, sandbox=sandbox)
+        name = backend or self.settings.backend
+        if name == "auto":
+            name = (await self.runner.select())[0].name
+        grant.check_backend(name)
+        mode = network or self.settings.network
+        grant.check_network(mode)
+        return Plan(name, SANDBOX_WORKSPACE, network=mode, timeout=timeout, limits=_limits(grant),
+                    max_output_bytes=grant.limits.max_output_bytes)
+
+    async def _prepare(self, ctx: Context, tool: str, kind: str, text: str,
+                       args: Mapping[str, Any]) -> tuple[Grant, list[str], Plan, ReviewRequest, list[ReviewDecision]]:
+        grant = self.grant_for(ctx.request_context.request)
+        chain = self.chain(ctx, grant)
+        plan = await self.plan(ctx, grant, tool, chain, network=args.get("network"), backend=args.get("backend"),
+                               timeout_s=args.get("timeout_s"))
+        request = ReviewRequest(tool=tool, kind=kind, text=text, workspace=plan.workspace,  # type: ignore[arg-type]
+                                backend=plan.backend, posture=self.settings.posture, chain=chain)
+        return grant, chain, plan, request, decisions(request, self.settings, self.runner.registry)
+
+    async def gate(self, ctx: Context, tool: str, kind: str, text: str, **args: Any) -> Elicit[Approval] | Gate:
+        """The approval resolver: refuse, allow, or ask the person at the client (MCP elicitation)."""
+        try:
+            _, _, _, request, found = await self._prepare(ctx, tool, kind, text, args)
+        except ExecboxError as exc:
+            return Gate(action="deny", message=exc.message, error=exc.to_dict())
+        action = strictest(found)
+        if action == "allow":
+            return Gate(action="allow")
+        if action == "deny":
+            return Gate(action="deny", message=refusal(request, found, unattended=False))
+        if not _can_elicit(ctx):
+            return Gate(action="deny", unattended=True, message=refusal(request, found, unattended=True))
+        return Elicit(question(request, found), Approval)
+
+    async def call(self, ctx: Context, tool: str, approval: Any, **args: Any) -> CallToolResult:
+        """run_code, run_command, shell: after the approval resolver, run through the runner."""
+        outcome = accepted(approval)
+        if isinstance(outcome, Gate) and outcome.error is not None:
+            return error_result(_error(outcome.error))
+        text = args["code"] if tool == "run_code" else args["command"]
+        kind = ("bash" if args.get("language") == "bash" else "python") if tool == "run_code" else "shell"
+        try:
+            grant, chain, plan, request, found = await self._prepare(ctx, tool, kind, text, args)
+        except ExecboxError as exc:
+            return error_result(exc)
+        decision = strictest(found)
+        if isinstance(outcome, Gate):
+            verdict = "allowed" if outcome.action == "allow" else ("unattended" if outcome.unattended else "denied")
+        elif isinstance(outcome, Approval):
+            verdict = "approved" if outcome.approve else "declined"
+        else:
+            verdict = getattr(approval, "action", "declined")  # decline / cancel
+        allowed = verdict == "approved" or (verdict == "allowed" and decision == "allow")
+        with audit_log.caller(*chain):
+            await self.runner.audit.arecord(
+                "review", tool=tool, decision=decision, outcome=verdict, backend=plan.backend,
+                command_sha256=audit_log.sha256(text), rules=[d.rule for d in found],
+                reasons=[f"{d.source}: {d.reason}" for d in found])
+        if not allowed:
+            return error_result(outcome.message if isinstance(outcome, Gate) and outcome.message
+                                else refusal(request, found, unattended=False))
+        try:
+            with audit_log.caller(*chain):
+                if plan.sandbox is not None:
+                    result = await plan.sandbox.exec(text, timeout=plan.timeout)
+                elif tool == "run_code":
+                    result = await self.runner.run_code(
+                        text, args.get("language", "python"), backend=plan.backend, network=plan.network,
+                        timeout=plan.timeout, limits=plan.limits, max_output_bytes=plan.max_output_bytes)
+                else:
+                    result = await self.runner.run(text, backend=plan.backend, network=plan.network,
+                                                   timeout=plan.timeout, limits=plan.limits,
+                                                   max_output_bytes=plan.max_output_bytes)
+        except ExecboxError as exc:
+            return error_result(exc)
+        return exec_result(result)
+
+    async def files(self, ctx: Context, tool: str, **args: Any) -> CallToolResult:
+        """write_file, read_file, list_files in the session's sandbox."""
+        try:
+            grant = self.grant_for(ctx.request_context.request)
+            chain = self.chain(ctx, grant)
+            plan = await self.plan(ctx, grant, tool, chain)
+            sandbox = plan.sandbox
+            assert sandbox is not None
+            with audit_log.caller(*chain):
+                if tool == "write_file":
+                    data = _decode(args["content"], args["encoding"], self.settings.max_read_bytes)
+                    await sandbox.write_file(args["path"], data)
+                    return data_result({"path": args["path"], "size": len(data)},
+                                       f"wrote {len(data)} bytes to {args['path']}")
+                if tool == "read_file":
+                    return read_result(args["path"], await sandbox.read_file(args["path"]),
+                                       self.settings.max_output_bytes)
+                entries = await list_entries(sandbox, args["path"], bool(args["recursive"]))
+        except ExecboxError as exc:
+            return error_result(exc)
+        shown = entries[:MAX_LISTED]
+        lines = [f"{e['type'][0]} {e['size']:>10} {e['path']}" for e in shown]
+        if len(entries) > MAX_LISTED:
+            lines.append(f"... {len(entries) - MAX_LISTED} more entries not shown; list a subdirectory")
+        return data_result({"path": args["path"], "entries": shown, "truncated": len(entries) > MAX_LISTED},
+                           "\n".join(lines) or "(empty)")
+
+    async def delegate(self, ctx: Context, ask: GrantRequest) -> CallToolResult:
+        try:
+            parent = self.grant_for(ctx.request_context.request)
+            self.check(parent, "delegate")
+            child = narrow(parent, ask, max_depth=self.mcp_settings.max_depth,
+                           default_ttl_s=self.mcp_settings.grant_ttl_sec)
+        except ExecboxError as exc:
+            return error_result(exc)
+        token = self.signer.issue(child)
+        with audit_log.caller(*self.chain(ctx, parent)):
+            await self.runner.audit.arecord("grant.issue", grant=child.public())
+        how = ("Give this token to the sub-agent's MCP client: over HTTP as the header `Authorization: Bearer "
+               "<token>`; for a stdio server of its own, as EXECBOX_MCP_GRANT=<token> (with this server's "
+               "EXECBOX_MCP_KEY_FILE).")
+        return data_result({"token": token, "grant": child.public(), "how": how},
+                           f"{how}\ntoken: {token}\ngrant: {child.public()}")
+
+
+async def list_entries(sandbox: AsyncSandbox, path: str, recursive: bool) -> list[dict[str, Any]]:
+    """A directory's entries (path, type, size): the sandbox's own list_files where the runner has it, else a
+    listing made inside the sandbox (find -P: links are listed, never followed; bounded)."""
+    native = getattr(sandbox, "list_files", None)
+    if native is not None:
+        return [{"path": e.path, "type": e.type, "size": e.size} for e in await native(path, recursive=recursive)]
+    rel = normalize(path, sandbox.workspace, allow_root=True) or "."
+    depth = [] if recursive else ["-maxdepth", "1"]
+    script = ('[ -d "$2" ] && [ ! -L "$2" ] || { echo "not a directory" >&2; exit 2; }; '
+              'find -P "$@" -printf "%y %s %P\\0" | head -z -n "$LIMIT"')
+    result = await sandbox.exec(["sh", "-c", script, "list", "--", rel, "-mindepth", "1", *depth],
+                                env={"LIMIT": str(MAX_LISTED + 1)})
+    if result.exit_code != 0:
+        raise SandboxError(f"cannot list {path!r}: {result.stderr.strip()[:300] or 'no such directory'}")
+    kinds = {"f": "file", "d": "directory", "l": "symlink"}
+    entries = []
+    for record in result.stdout.split("\0"):
+        kind, _, rest = record.partition(" ")
+        size, _, name = rest.partition(" ")
+        if name and size.isdigit():
+            entries.append({"path": posixpath.normpath(posixpath.join(rel, name)), "type": kinds.get(kind, "other"),
+                            "size": int(size)})
+    return sorted(entries, key=lambda e: str(e["path"]))
+
+
+def _visible(app: McpApp, grant: Grant, tool: str) -> bool:
+    try:
+        app.check(grant, tool)
+    except GrantError:
+        return False
+    return True
+
+
+def _least(*values: float | None) -> float | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _limits(grant: Grant) -> Limits | None:
+    g = grant.limits
+    if g.memory_mb is None and g.cpus is None and g.pids is None and g.disk_mb is None:
+        return None
+    return Limits(memory_mb=g.memory_mb, cpus=g.cpus, pids=g.pids, disk_mb=g.disk_mb)
+
+
+def _can_elicit(ctx: Context) -> bool:
+    capabilities = ctx.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
+
+
+def _error(data: Mapping[str, Any]) -> ExecboxError:
+    return GrantError(str(data.get("message", "refused"))) if data.get("type") == "GrantError" else ExecboxError(
+        str(data.get("message", "refused")))
+
+
+def _decode(content: str, encoding: str, cap: int) -> bytes:
+    import base64
+    import binascii
+
+    if encoding == "base64":
+        try:
+            data = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError("content is not valid base64; send text with encoding=text, or valid base64") from None
+    else:
+        try:
+            data = content.encode()
+        except UnicodeEncodeError:
+            raise ConfigError("content is not valid text (a lone surrogate); send it as base64") from None
+    if len(data) > cap:
+        raise ConfigError(f"content is {len(data)} bytes, over the cap of {cap} bytes (CODE_EXEC_MAX_READ_BYTES)")
+    return data
+
+
+# --- transports -------------------------------------------------------------------------------------------------
+
+
+class BearerAuth:
+    """ASGI middleware: every HTTP request needs the server token or a grant token; else 401."""
+
+    def __init__(self, app: Any, state: McpApp, token: str) -> None:
+        self.app = app
+        self.state = state
+        self.token = token
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)  # lifespan
+            return
+        header = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"authorization"), None)
+        grant = self.state.authenticate(header, self.token)
+        if grant is None:
+            body = (b'{"error": "unauthorized: send Authorization: Bearer <token> (the server token, '
+                    b'EXECBOX_MCP_TOKEN, or a grant token)"}')
+            await send({"type": "http.response.start", "status": 401, "headers": [
+                (b"content-type", b"application/json"), (b"www-authenticate", b'Bearer realm="execbox"'),
+                (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        scope = {**scope, GRANT_SCOPE_KEY: grant,
+                 # The SDK binds a session to the principal that opened it: a request with another credential is
+                 # answered as if the session did not exist.
+                 "user": AuthenticatedUser(AccessToken(token=grant.id, client_id=grant.id, scopes=[]))}
+        await self.app(scope, receive, send)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+async def _signals(stop: Any) -> None:
+    """Ctrl-C, SIGTERM and SIGHUP end the server cleanly: its sandboxes are removed on the way out."""
+    with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        async for _ in signals:
+            stop()
+            return
+
+
+async def serve_stdio(settings: Settings, mcp_settings: McpSettings) -> None:
+    app = McpApp(settings, mcp_settings, "stdio")
+    async with app.running(), anyio.create_task_group() as tasks:
+        tasks.start_soon(_signals, tasks.cancel_scope.cancel)
+        await app.server.run_stdio_async()
+        tasks.cancel_scope.cancel()
+
+
+def server_token(mcp_settings: McpSettings, token_file: str | None) -> str:
+    """The bearer token an HTTP server requires; refuses to go on without a usable one."""
+    token = None
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as fh:
+                token = fh.read(4096).strip()
+        except OSError as exc:
+            raise ConfigError(f"--token-file {token_file!r} cannot be read ({exc.strerror})") from None
+    elif mcp_settings.token is not None:
+        token = mcp_settings.token.get_secret_value().strip()
+    if not token:
+        raise ConfigError("refused: `execbox mcp --http` never serves without authentication. Set EXECBOX_MCP_TOKEN "
+                          "or pass --token-file FILE (a random token of 16 characters or more)",
+                          env_var="EXECBOX_MCP_TOKEN")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"refused: the MCP token has {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
+                          "(e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)",
+                          env_var="EXECBOX_MCP_TOKEN")
+    return token
+
+
+def _uvicorn_server() -> type[Any]:
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        """uvicorn without its own signal handlers: it re-raises a caught SIGTERM after shutting down, which would
+        kill the process before the sandboxes are removed. The server's signal task stops it instead."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            yield
+
+    return QuietServer
+
+
+async def serve_http(settings: Settings, mcp_settings: McpSettings, host: str, port: int, token: str,
+                     *, ready: Any = None) -> None:
+    import uvicorn
+
+    _QuietServer = _uvicorn_server()
+    app = McpApp(settings, mcp_settings, "http")
+    starlette = app.server.streamable_http_app(host=host, session_idle_timeout=mcp_settings.session_idle_sec)
+    config = uvicorn.Config(BearerAuth(starlette, app, token), host=host, port=port, log_level="warning",
+                            lifespan="on", timeout_graceful_shutdown=5)
+    server = _QuietServer(config)
+
+    def stop() -> None:
+        server.should_exit = True  # a graceful shutdown: the sessions end, their sandboxes are removed
+
+    async with app.running(), anyio.create_task_group() as tasks:
+        tasks.start_soon(_signals, stop)
+        await server.serve()
+        tasks.cancel_scope.cancel()
+
+
+logging.getLogger("mcp").setLevel(logging.WARNING)

@@ -1,0 +1,252 @@
+"""The tools the MCP server offers, with schemas and descriptions written for a model.
+
+Every tool answers with a result, never a crash: bad arguments, refusals and broken sandboxes come back as an
+error result (``isError``) whose text says what to change. A finished run is not an error, whatever its exit
+code: the result carries the exit code, stdout and stderr (each capped, the middle replaced by a marker that
+says how many bytes were left out) and, when a limit cut the run short, one sentence naming it and whether
+retrying can help. Structured content carries the same fields for clients that read JSON.
+
+(No ``from __future__ import annotations`` here: the tool signatures carry closures — the approval resolvers
+— that the SDK reads from the evaluated annotations.)
+"""
+
+import base64
+import json
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
+from mcp.server.mcpserver.resolve import AcceptedElicitation
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field
+
+from execbox.core.errors import ExecboxError
+from execbox.core.models import ExecResult
+from execbox.mcp.grants import GrantRequest
+from execbox.mcp.review import Approval, Gate
+
+if TYPE_CHECKING:
+    from execbox.mcp.server import McpApp
+
+MAX_LISTED = 1000
+
+
+def exec_result(result: ExecResult) -> CallToolResult:
+    """A finished run, as a model reads it (text) and as a client parses it (structured content)."""
+    data: dict[str, Any] = {
+        "exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
+        "timed_out": result.timed_out, "oom_killed": result.oom_killed, "truncated": result.truncated,
+        "limit": result.limit, "explanation": result.explanation, "retryable": result.retryable,
+        "duration_s": result.duration_s, "backend": result.backend, "notes": list(result.notes),
+    }
+    denied = [a for a in result.egress if not a.allowed]
+    if denied:
+        data["egress_denied"] = [{"host": a.host, "port": a.port, "reason": a.reason} for a in denied[:20]]
+    lines = [f"exit code: {result.exit_code} (backend {result.backend}, {result.duration_s:.2f} s)"]
+    if result.explanation:
+        lines.append(f"{result.explanation} (retrying can help: {'yes' if result.retryable else 'no'})")
+    lines += [f"note: {note}" for note in result.notes]
+    lines += [f"egress denied: {a['host']}:{a['port']} ({a['reason']})" for a in data.get("egress_denied", [])]
+    lines += ["stdout:" + ("\n" + result.stdout if result.stdout else " (empty)"),
+              "stderr:" + ("\n" + result.stderr if result.stderr else " (empty)")]
+    return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structured_content=data)
+
+
+def error_result(error: ExecboxError | str) -> CallToolResult:
+    """A call that could not do what was asked: what went wrong, and what to change."""
+    if isinstance(error, ExecboxError):
+        data: dict[str, Any] = {"error": error.to_dict()}
+        text = f"{type(error).__name__}: {error.message}"
+    else:
+        data = {"error": {"type": "Refused", "message": error, "retryable": False}}
+        text = error
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data, is_error=True)
+
+
+def data_result(data: dict[str, Any], text: str | None = None) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text or json.dumps(data, indent=1))],
+                          structured_content=data)
+
+
+Timeout = Annotated[float | None, Field(
+    gt=0, allow_inf_nan=False,
+    description="Seconds before the run is killed. Leave it out for the default, which is also the maximum.")]
+Network = Annotated[Literal["none", "egress", "proxy", "host"] | None, Field(
+    description="Network mode for this run; leave it out for the server's default (usually none: "
+    "no network). proxy = only allowlisted hosts (package indexes) through a proxy.")]
+Backend = Annotated[str | None, Field(
+    max_length=64, description="Sandbox backend; leave it out for the server's default.")]
+
+
+def register_tools(server: MCPServer, app: "McpApp") -> None:
+    """Add the tools ``app`` offers to ``server``."""
+    s = app.settings
+    limits = (f"Limits: {s.max_timeout_sec:g} s (default and maximum), {s.memory_mb} MiB of memory, "
+              f"{s.max_output_bytes} bytes of output per stream (the middle of longer output is replaced by a "
+              "marker that says how many bytes were left out).")
+    result_doc = ("Returns the exit code, stdout and stderr, and, when a limit cut the run short, one sentence "
+                  "naming it and whether retrying can help. A non-zero exit code is a result, not an error.")
+    approval_doc = ("Commands that are hard to take back (deleting outside the workspace, git push, publishing a "
+                    "package, piping a download into a shell, writing to a device...) first need the user's "
+                    "approval; if it is refused, do not retry.")
+    offered = set(app.tools)
+
+    async def gate_run_code(code: str, language: str, ctx: Context) -> Elicit[Approval] | Gate:
+        return await app.gate(ctx, "run_code", "bash" if language == "bash" else "python", code)
+
+    async def gate_run_command(command: str, ctx: Context) -> Elicit[Approval] | Gate:
+        return await app.gate(ctx, "run_command", "shell", command)
+
+    async def gate_shell(command: str, ctx: Context) -> Elicit[Approval] | Gate:
+        return await app.gate(ctx, "shell", "shell", command)
+
+    async def run_code(
+        code: Annotated[str, Field(max_length=4 << 20, description="The program's source code.")],
+        approval: Annotated[ElicitationResult[Approval], Resolve(gate_run_code)],
+        ctx: Context,
+        language: Annotated[Literal["python", "bash"], Field(
+            description="python (Python 3) or bash.")] = "python",
+        timeout_s: Timeout = None,
+        network: Network = None,
+        backend: Backend = None,
+    ) -> CallToolResult:
+        return await app.call(ctx, "run_code", approval, code=code, language=language, timeout_s=timeout_s,
+                              network=network, backend=backend)
+
+    async def run_command(
+        command: Annotated[str, Field(min_length=1, max_length=1 << 20, description=(
+            "A shell command line, run by /bin/sh -c in the sandbox's workspace, e.g. "
+            "\"python3 -c 'print(1)' && ls -la\"."))],
+        approval: Annotated[ElicitationResult[Approval], Resolve(gate_run_command)],
+        ctx: Context,
+        timeout_s: Timeout = None,
+        network: Network = None,
+        backend: Backend = None,
+    ) -> CallToolResult:
+        return await app.call(ctx, "run_command", approval, command=command, timeout_s=timeout_s, network=network,
+                              backend=backend)
+
+    async def shell(
+        command: Annotated[str, Field(min_length=1, max_length=1 << 20, description=(
+            "A shell command line, run by /bin/sh -c in your persistent sandbox's workspace."))],
+        approval: Annotated[ElicitationResult[Approval], Resolve(gate_shell)],
+        ctx: Context,
+        timeout_s: Timeout = None,
+    ) -> CallToolResult:
+        return await app.call(ctx, "shell", approval, command=command, timeout_s=timeout_s)
+
+    async def write_file(
+        path: Annotated[str, Field(min_length=1, max_length=4096, description=(
+            "Where to write, relative to the workspace (directories are created), e.g. \"src/main.py\"."))],
+        content: Annotated[str, Field(max_length=96 << 20, description="The file's content.")],
+        ctx: Context,
+        encoding: Annotated[Literal["text", "base64"], Field(
+            description="text (UTF-8) or base64 (for binary content).")] = "text",
+    ) -> CallToolResult:
+        return await app.files(ctx, "write_file", path=path, content=content, encoding=encoding)
+
+    async def read_file(
+        path: Annotated[str, Field(min_length=1, max_length=4096, description=(
+            "The file to read, relative to the workspace."))],
+        ctx: Context,
+    ) -> CallToolResult:
+        return await app.files(ctx, "read_file", path=path)
+
+    async def list_files(
+        ctx: Context,
+        path: Annotated[str, Field(max_length=4096, description=(
+            "The directory to list, relative to the workspace; \".\" is the workspace itself."))] = ".",
+        recursive: Annotated[bool, Field(description="Also list everything below it.")] = False,
+    ) -> CallToolResult:
+        return await app.files(ctx, "list_files", path=path, recursive=recursive)
+
+    async def delegate(
+        tools: Annotated[list[str], Field(min_length=1, max_length=8, description=(
+            "The tools the sub-agent may use: a subset of yours (run_code, run_command, shell, write_file, "
+            "read_file, list_files, delegate)."))],
+        ctx: Context,
+        label: Annotated[str, Field(max_length=200, description="Who it is for, e.g. \"test-writer\".")] = "",
+        backends: Annotated[list[str] | None, Field(max_length=32, description=(
+            "Backends it may use; leave it out for yours."))] = None,
+        network: Annotated[list[Literal["none", "egress", "proxy", "host"]] | None, Field(
+            max_length=4, description="Network modes it may use; leave it out for yours.")] = None,
+        egress: Annotated[list[str] | None, Field(max_length=256, description=(
+            "Egress allowlist entries it may reach; leave it out for yours."))] = None,
+        timeout_s: Annotated[float | None, Field(gt=0, allow_inf_nan=False, description=(
+            "Its longest run, seconds; at most yours."))] = None,
+        memory_mb: Annotated[int | None, Field(gt=0, description=(
+            "Its memory per sandbox, MiB; at most yours."))] = None,
+        max_output_bytes: Annotated[int | None, Field(gt=0, description=(
+            "Its output cap per stream, bytes; at most yours."))] = None,
+        posture: Annotated[Literal[0, 1, 3] | None, Field(description=(
+            "0 = one-shot runs only, 1 = also a persistent sandbox; at most yours."))] = None,
+        expires_in_s: Annotated[float | None, Field(gt=0, allow_inf_nan=False, description=(
+            "How long the grant lasts, seconds; never longer than yours."))] = None,
+    ) -> CallToolResult:
+        try:
+            ask = GrantRequest(tools=tools, label=label, backends=backends, network=network, egress=egress,
+                               timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
+                               posture=posture, expires_in_s=expires_in_s)
+        except ValueError as exc:
+            return error_result(f"invalid grant request: {exc}")
+        return await app.delegate(ctx, ask)
+
+    specs: dict[str, tuple[Any, str, ToolAnnotations]] = {
+        "run_code": (run_code, (
+            "Run a Python or bash program in a fresh, isolated sandbox that is thrown away afterwards: nothing "
+            "persists between calls" + (" (use `shell` for that)" if "shell" in offered else "") + ". "
+            f"{limits} {result_doc} {approval_doc}"),
+            ToolAnnotations(title="Run code in a sandbox", destructive_hint=False, open_world_hint=False)),
+        "run_command": (run_command, (
+            "Run a shell command line in a fresh, isolated sandbox that is thrown away afterwards. "
+            f"{limits} {result_doc} {approval_doc}"),
+            ToolAnnotations(title="Run a command in a sandbox", destructive_hint=False, open_world_hint=False)),
+        "shell": (shell, (
+            "Run a shell command in your persistent sandbox (one per MCP session, opened on first use"
+            + (", on this host itself: it is not a sandbox" if s.posture == 3 else "") + "). Files you write and "
+            "packages you install stay until the session ends; each call starts a new /bin/sh in the workspace, "
+            "so `cd` and variables do not carry over: chain them with && in one call. "
+            f"{limits} {result_doc} {approval_doc}"),
+            ToolAnnotations(title="Shell in your sandbox", destructive_hint=s.posture == 3, open_world_hint=False)),
+        "write_file": (write_file, (
+            "Write a file into your persistent sandbox's workspace (replacing it if it exists). Use "
+            "encoding=base64 for binary content. Returns the path and the number of bytes written."),
+            ToolAnnotations(title="Write a file", destructive_hint=False, idempotent_hint=True)),
+        "read_file": (read_file, (
+            "Read a file from your persistent sandbox's workspace. Text comes back as text; other content as "
+            f"base64, with its size. Files over {s.max_output_bytes} bytes are refused: read parts of them with "
+            "`shell` (head -c, tail -c, sed -n)."),
+            ToolAnnotations(title="Read a file", read_only_hint=True)),
+        "list_files": (list_files, (
+            "List a directory of your persistent sandbox's workspace: each entry's path, type (file, directory, "
+            f"symlink, other) and size in bytes; links are shown, never followed; at most {MAX_LISTED} entries."),
+            ToolAnnotations(title="List files", read_only_hint=True)),
+        "delegate": (delegate, (
+            "Issue a narrower grant for a sub-agent: which tools, backends, network modes and limits it may use, "
+            "never more than yours. Returns a token; the sub-agent's MCP client presents it as "
+            "`Authorization: Bearer <token>` (HTTP) or EXECBOX_MCP_GRANT=<token> (its own stdio server). At the "
+            "last level of delegation a grant is a leaf: it cannot run code or delegate."),
+            ToolAnnotations(title="Delegate a narrower grant", read_only_hint=True)),
+    }
+    for name in app.tools:
+        fn, description, annotations = specs[name]
+        server.add_tool(fn, name=name, description=description, annotations=annotations, structured_output=False)
+
+
+def read_result(path: str, data: bytes, cap: int) -> CallToolResult:
+    if len(data) > cap:
+        return error_result(f"refused to read {path!r}: it holds {len(data)} bytes, over the output cap of {cap} "
+                            "bytes (CODE_EXEC_MAX_OUTPUT_BYTES); read parts of it with shell (head -c, tail -c, "
+                            "sed -n)")
+    try:
+        text = data.decode()
+        encoding, content = ("text", text) if "\0" not in text else ("base64", base64.b64encode(data).decode())
+    except UnicodeDecodeError:
+        encoding, content = "base64", base64.b64encode(data).decode()
+    body = {"path": path, "size": len(data), "encoding": encoding, "content": content}
+    header = f"{path}: {len(data)} bytes" + (", base64" if encoding == "base64" else "")
+    return data_result(body, f"{header}\n{content}")
+
+
+def accepted(approval: Any) -> Any:
+    """The resolved approval's data (a Gate or an Approval), or None when the person declined or cancelled."""
+    return approval.data if isinstance(approval, AcceptedElicitation) else None
