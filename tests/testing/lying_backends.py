@@ -11,6 +11,7 @@ is a real sandbox with one wall taken out, so that exactly one check fails on it
     liar_host_files    the host's /tmp and $HOME bound in, read-only
     liar_host_procs    the host's PID namespace and /proc
     liar_env_leak      the request's environment also set on the host-side launcher (``env K=V setpriv ...``)
+    liar_proxy_open    claims network mode proxy, and gives the code the host's network instead
 
 Two more lie about what they run rather than how they isolate it: ``liar_unlimited`` claims memory, cpu,
 pids and disk limits and enforces none; ``liar_broken`` claims everything and runs nothing (every command "exits
@@ -165,6 +166,16 @@ class EnvLeakSession(BwrapSession):
     leak_env = True
 
 
+class ProxyOpenSession(BwrapSession):
+    """Network mode proxy as the host's network: no proxy, no record, every route open."""
+
+    def command(self, request: plugin.ExecSpec) -> list[str]:
+        args = super().command(request)
+        if request.network == "proxy":
+            args.insert(args.index("--unshare-all") + 1, "--share-net")
+        return args
+
+
 def _bwrap_as_root() -> str | None:
     return _root() or _bwrap()
 
@@ -205,6 +216,13 @@ class EnvLeak(Liar):
     needs = staticmethod(_bwrap)
 
 
+class ProxyOpen(Liar):
+    name = "liar_proxy_open"
+    capabilities = CLAIMS.model_copy(update={"network_modes": frozenset({"none", "proxy"})})
+    session = ProxyOpenSession
+    needs = staticmethod(_bwrap)
+
+
 # --- a docker container without no-new-privileges -----------------------------------------------------------
 
 
@@ -242,7 +260,8 @@ class NoNnp(Liar):
 
 # --- limits claimed, not enforced; nothing run at all -------------------------------------------------------
 
-EVERYTHING = CLAIMS.model_copy(update={"limits": frozenset({"memory", "cpu", "pids", "disk", "wall_time"})})
+EVERYTHING = CLAIMS.model_copy(update={"limits": frozenset({"memory", "cpu", "pids", "disk", "wall_time"}),
+                                      "network_modes": frozenset({"none", "proxy"})})
 
 
 class UnlimitedSession(plugin.HostWorkspaceSession):
@@ -274,7 +293,7 @@ class Broken(Liar):
 
 
 LIARS: list[type[Liar]] = [Honest, HostRoot, MappedRoot, Caps, NoNnp, Userns, HostFiles, HostProcs, EnvLeak, Unlimited,
-                           Broken]
+                           Broken, ProxyOpen]
 
 
 @plugin.hookimpl

@@ -120,6 +120,25 @@ def test_self_check_reports_each_broken_claim_of_host_root(liars: None) -> None:
         assert results[name].claim.startswith("sandbox=True: ")
 
 
+PROXY_CHECKS = [name for name in CHECKS if name.startswith("proxy_")]
+
+
+def test_a_lying_proxy_claim_is_caught_by_every_proxy_check(liars: None) -> None:
+    assert len(PROXY_CHECKS) == 3
+    results = {r.name: r for r in self_check("liar_proxy_open", checks=PROXY_CHECKS)}
+    if any(r.status == "skip" for r in results.values()):
+        engine_missing("; ".join(r.message for r in results.values()))
+    seen = {name: r.message for name, r in results.items()}
+    assert seen["proxy_allowed_destination_is_reached"].startswith(
+        "network mode 'proxy' (allowed destination): expected HTTP_PROXY set in the sandbox"), seen
+    assert seen["proxy_denied_name_is_recorded"].startswith(
+        "network mode 'proxy' (denied name): expected both fetches refused; saw {'proxy': '', 'http': 'FETCHED"), seen
+    assert seen["proxy_direct_socket_has_no_route"].startswith(
+        "network mode 'proxy' (direct socket): expected the probe to report BLOCKED; saw exit 0"), seen
+    # Its network-none wall holds: the lie is the proxy claim alone.
+    assert {r.status for r in self_check("liar_proxy_open", checks=["network_none_enforced"])} == {"pass"}
+
+
 def test_self_check_of_an_unavailable_backend_says_why(liars: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")  # no docker CLI
     [result] = self_check("liar_nnp")

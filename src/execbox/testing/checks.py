@@ -668,6 +668,170 @@ def check_network_none_enforced(kit: Kit) -> None:
         listener.close()
 
 
+# --- network mode proxy --------------------------------------------------------------------------------------
+
+
+class TokenServer:
+    """A plain-HTTP server on this host's loopback: answers every GET with its path, counts connections."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = f"TOKEN {self.path.strip('/')}".encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        class Counting(http.server.ThreadingHTTPServer):
+            def process_request(self, request: Any, client_address: Any) -> None:
+                server.connections += 1
+                super().process_request(request, client_address)
+
+        self.connections = 0
+        self.httpd = Counting(("127.0.0.1", 0), Handler)
+        self.port: int = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def fetch(self, token: str) -> str:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            s.sendall(f"GET /{token} HTTP/1.0\r\n\r\n".encode())
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+        return data.decode(errors="replace").rpartition("\r\n\r\n")[2]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# Fetches argv[1] through the proxy the variables name (plain HTTP), then the same URL's path through a CONNECT
+# tunnel opened by hand; NO_PROXY is dropped, so a loopback destination goes to the proxy too.
+PROBE_PROXY_FETCH = textwrap.dedent("""
+    import json, os, socket, sys, urllib.parse, urllib.request
+    for name in ("NO_PROXY", "no_proxy"):
+        os.environ.pop(name, None)
+    url, out = sys.argv[1], {"proxy": os.environ.get("HTTP_PROXY", "")}
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            out["http"] = "FETCHED " + response.read().decode()
+    except Exception as exc:
+        out["http"] = "REFUSED %s %s" % (type(exc).__name__, exc)
+    try:
+        proxy = urllib.parse.urlsplit(out["proxy"])
+        target = urllib.parse.urlsplit(url)
+        with socket.create_connection((proxy.hostname, proxy.port), timeout=10) as s:
+            head = "CONNECT %s HTTP/1.1\\r\\n\\r\\nGET %s HTTP/1.0\\r\\n\\r\\n"
+            s.sendall((head % (target.netloc, target.path)).encode())
+            data = b""
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        out["connect"] = data.decode(errors="replace")
+    except Exception as exc:
+        out["connect"] = "REFUSED %s %s" % (type(exc).__name__, exc)
+    print(json.dumps(out))
+""")
+
+
+def _proxy_runner(kit: Kit, allow: list[str]) -> Runner:
+    """The kit's runner with network mode proxy and an allowlist of exactly ``allow``."""
+    settings = kit.runner.settings.model_copy(update={"egress_allow": allow, "egress_defaults": False,
+                                                      "network": "proxy"})
+    return Runner(settings, options=kit.runner.aio.options)
+
+
+def _local_proxy(kit: Kit) -> None:
+    kit.require(network="proxy")
+    if kit.caps.remote:
+        raise NotClaimed("the code runs on another machine: its provider enforces the allowlist, and a destination "
+                         "on this host is out of its reach either way")
+
+
+@check("network mode proxy: an allowlisted destination is reached through the proxy variables, and recorded")
+def check_proxy_allowed_destination_is_reached(kit: Kit) -> None:
+    _local_proxy(kit)
+    claim = "network mode 'proxy' (allowed destination)"
+    server = TokenServer()
+    try:
+        expect(server.fetch("control") == "TOKEN control", claim, "the host's own control fetch to work",
+               server.connections)
+        token = uuid.uuid4().hex
+        with _proxy_runner(kit, [f"127.0.0.1/32:{server.port}"]) as runner:
+            result = runner.run(["python3", "-c", PROBE_PROXY_FETCH, f"http://127.0.0.1:{server.port}/{token}"],
+                                backend=kit.backend, network="proxy")
+        seen = reported(result, claim, "fetch probe")
+        expect(seen["proxy"].startswith("http://"), claim, "HTTP_PROXY set in the sandbox", seen)
+        expect(seen["http"] == f"FETCHED TOKEN {token}", claim, "a plain-HTTP fetch through the proxy", seen)
+        expect(seen["connect"].startswith("HTTP/1.1 200") and seen["connect"].endswith(f"TOKEN {token}"), claim,
+               "a CONNECT tunnel through the proxy", seen)
+        allowed = [a for a in result.egress if a.allowed and a.port == server.port and a.bytes_received > 0]
+        expect(len(allowed) == 2 and all(a.address == "127.0.0.1" for a in allowed), claim,
+               "both connections in the result's egress record, allowed, with bytes", result.egress)
+        expect(server.connections == 3, claim, "exactly the two proxied connections at the server",
+               f"{server.connections - 1} connection(s)")
+    finally:
+        server.close()
+
+
+@check("network mode proxy: a name outside the allowlist is refused and recorded, and nothing is connected")
+def check_proxy_denied_name_is_recorded(kit: Kit) -> None:
+    _local_proxy(kit)
+    claim = "network mode 'proxy' (denied name)"
+    server = TokenServer()
+    try:
+        expect(server.fetch("control") == "TOKEN control", claim, "the host's own control fetch to work",
+               server.connections)
+        # The address is allowlisted, the name is not: a proxy that resolved "localhost" would reach the server.
+        with _proxy_runner(kit, [f"127.0.0.1/32:{server.port}"]) as runner:
+            result = runner.run(["python3", "-c", PROBE_PROXY_FETCH, f"http://localhost:{server.port}/denied"],
+                                backend=kit.backend, network="proxy")
+        seen = reported(result, claim, "fetch probe")
+        expect(seen["http"].startswith("REFUSED") and "TOKEN" not in seen["connect"], claim,
+               "both fetches refused", seen)
+        denied = [a for a in result.egress if a.host == "localhost"]
+        expect(len(denied) == 2 and not any(a.allowed or a.bytes_received for a in denied)
+               and all("not in the allowlist" in a.reason for a in denied), claim,
+               "two refusals of localhost in the egress record, 'not in the allowlist'", result.egress)
+        time.sleep(0.2)
+        expect(server.connections == 1, claim, "no connection at the server", f"{server.connections - 1}")
+    finally:
+        server.close()
+
+
+@check("network mode proxy: a direct connection, ignoring the proxy, has no route")
+def check_proxy_direct_socket_has_no_route(kit: Kit) -> None:
+    kit.require(network="proxy")
+    claim = "network mode 'proxy' (direct socket)"
+    listener = Listener()
+    try:
+        socket.create_connection(("127.0.0.1", listener.port), timeout=3).close()
+        expect(listener.wait_for(1) == 1, claim, "the host's own control connection to be accepted",
+               f"{listener.accepted} accepted")
+        result = kit.run(["python3", "-c", PROBE_CONNECT, str(listener.port)], network="proxy")
+        expect(result.exit_code == 0 and "BLOCKED" in result.stdout, claim, "the probe to report BLOCKED",
+               shown(result))
+        expect("CONNECTED" not in result.stdout and listener.wait_for(2, 0.5) == 1, claim,
+               "no connection from the sandbox to a listener on the host's loopback",
+               f"{listener.accepted - 1} connection(s) from the sandbox")
+        if not kit.caps.remote:
+            ifaces = result.stdout.split("IFACES", 1)[1].split()
+            expect(ifaces in ([], ["lo"]), claim, "no interface but lo", ifaces)
+    finally:
+        listener.close()
+
+
 # --- limits ---------------------------------------------------------------------------------------------------
 
 
