@@ -349,6 +349,14 @@ class TestSettings:
         with pytest.raises(ConfigError, match="is empty"):
             AuditLog.from_settings(Settings(audit_key_file=tmp_path / "key"))
 
+    def test_declared_secrets_are_recorded_by_name_only(self) -> None:
+        from types import SimpleNamespace
+
+        request = SimpleNamespace(code=None, argv=["env"], stdin=None, files={}, env={"A": "1"}, workdir=None,
+                                  secrets={"OPENAI_API_KEY": "sk-the-value-itself"})
+        fields = audit.request_fields(request, [])
+        assert fields["secrets"] == ["OPENAI_API_KEY"] and "sk-the-value-itself" not in json.dumps(fields)
+
     def test_output_text_is_kept_only_when_asked_and_capped(self) -> None:
         assert "text" not in audit.stream_fields("hello", 0)
         kept = audit.stream_fields("hello world", 5)

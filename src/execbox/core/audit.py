@@ -474,6 +474,9 @@ def request_fields(request: Any, dropped: Sequence[str] | None) -> dict[str, Any
         out["env"] = {"passed": sorted(request.env), "dropped": sorted(dropped)}
     if getattr(request, "secrets", None):  # declared secrets (core.secrets_inject): their names, never a value
         out["secrets"] = sorted(request.secrets)
+    secrets = getattr(request, "secrets", None)  # declared secrets (core.secrets_inject): names only, never values
+    if secrets:
+        out["secrets"] = sorted(secrets)
     if request.workdir:
         out["workdir"] = request.workdir
     return out
