@@ -30,6 +30,7 @@ from execbox.core.errors import (
     SandboxError,
     UnsupportedPolicyError,
 )
+from execbox.core.kernel import CellResult, Kernel
 from execbox.core.models import (
     ISOLATION_STRENGTH,
     Capabilities,
@@ -514,6 +515,22 @@ async def _exec_audited(audit: audit_log.AuditLog, backend: ExecutionBackend, se
     return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})
 
 
+async def _session_exec(backend: ExecutionBackend, session: Session, spec: ExecSpec) -> ExecResult:
+    """One exec of a sandbox's own machinery (run_cell's interpreter), with the backend's errors translated."""
+    with backend_errors(backend.name):
+        return await session.exec(spec)
+
+
+def _cell_fields(result: CellResult, audit: audit_log.AuditLog) -> dict[str, Any]:
+    """What the audit log keeps of a cell: its outcome, output hashes (text only when configured), MIME types."""
+    return {"timed_out": result.timed_out, "oom_killed": result.oom_killed, "state_lost": result.state_lost,
+            "error": result.error.name if result.error else None, "duration_s": result.duration_s,
+            "execution_count": result.execution_count,
+            "stdout": audit_log.stream_fields(result.stdout, audit.keep_output),
+            "stderr": audit_log.stream_fields(result.stderr, audit.keep_output),
+            "outputs": [sorted(output.data) for output in result.outputs]}
+
+
 class AsyncSandbox:
     """A persistent sandbox: files and installed packages survive between execs until it closes."""
 
@@ -536,6 +553,7 @@ class AsyncSandbox:
         self._name = name
         self._lifetime_s = lifetime_s
         self._session: Session | None = None
+        self._kernel: Kernel | None = None  # run_cell's interpreter, started by the first cell
         #: Seconds this sandbox waited for a slot (CODE_EXEC_MAX_CONCURRENT) before it opened.
         self.queued_s = 0.0
         self.backend: ExecutionBackend | None = None
@@ -595,6 +613,10 @@ class AsyncSandbox:
             await self.runner.aclose()
 
     async def close(self) -> None:
+        kernel, self._kernel = self._kernel, None
+        if kernel is not None:
+            with anyio.CancelScope(shield=True):
+                await kernel.close()
         if self._session is not None:
             session, self._session = self._session, None
             try:
@@ -666,6 +688,32 @@ class AsyncSandbox:
                     **kw: Any) -> AsyncGenerator[OutputEvent | ExecResult, None]:
         request = _request(code=code, language=language, **_request_kw(**kw))
         return stream_events(lambda out: self.execute(request, output=out))
+
+    async def run_cell(self, code: str, *, timeout: float | None = None, on_stdout: OnText | None = None,
+                       on_stderr: OnText | None = None) -> CellResult:
+        """Run Python in this sandbox's persistent interpreter (core/kernel.py): variables, imports and open files
+        persist from cell to cell; the last expression's value and display()ed objects come back as MIME bundles,
+        matplotlib figures as PNG. A cell past its timeout is interrupted (KeyboardInterrupt, state kept) or, if
+        it does not stop, its interpreter is killed: the result then says ``state_lost``, never silently."""
+        backend, session = self._live()
+        request = _request(code=_text(code, "code"), language="python", timeout=timeout)
+        try:
+            resolved, _ = self._admit(backend, request)
+        except ExecboxError as exc:
+            await self.runner.audit.arecord("refused", **audit_log.refusal_fields(
+                exc, request, backend=backend.name, session=self.id, oneshot=False))
+            raise
+        if self._kernel is None:
+            assert resolved.limits and resolved.max_output_bytes and self.capabilities
+            self._kernel = Kernel(functools.partial(_session_exec, backend, session), workspace=session.workspace,
+                                  network=self._network, limits=resolved.limits, lifetime_s=self._lifetime_s,
+                                  max_output_bytes=resolved.max_output_bytes, streaming=self.capabilities.streaming,
+                                  max_display_bytes=self.runner.settings.max_display_bytes, backend=backend.name)
+        kernel, timeout_s = self._kernel, resolved.timeout or self.runner.settings.max_timeout_sec
+        result = await deliver(lambda out: kernel.run_cell(code, timeout=timeout_s, live=out), on_stdout, on_stderr)
+        note = await self.runner.audit.arecord("cell", **audit_log.exec_fields(
+            backend, resolved, [], session=self.id, oneshot=False), **_cell_fields(result, self.runner.audit))
+        return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})
 
     @property
     def workspace(self) -> str:
@@ -848,6 +896,10 @@ class Sandbox:
 
     def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
         return self._call(self.aio.run_code, code, language, **kw)
+
+    def run_cell(self, code: str, **kw: Any) -> CellResult:
+        """Python in this sandbox's persistent interpreter; see AsyncSandbox.run_cell."""
+        return self._call(self.aio.run_cell, code, **kw)
 
     def execute(self, request: ExecRequest) -> ExecResult:
         return self._call(self.aio.execute, request)

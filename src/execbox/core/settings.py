@@ -170,6 +170,9 @@ class Settings(EnvSettings):
     max_read_bytes: int = setting(
         "CODE_EXEC_MAX_READ_BYTES", 64 << 20, "largest file `read_file` returns, bytes; a larger one is refused",
         gt=0, le=1 << 40)
+    max_display_bytes: int = setting(
+        "CODE_EXEC_MAX_DISPLAY_BYTES", 16 << 20, "rich outputs (images, HTML, JSON) one `run_cell` returns, bytes "
+        "in all; more are dropped, with a note", gt=0, le=1 << 28)
     max_transfer_bytes: int = setting(
         "CODE_EXEC_MAX_TRANSFER_BYTES", 512 << 20, "largest upload or download (all its files together, sparse "
         "files at full size), bytes; more is refused before it is read", gt=0, le=1 << 42)
