@@ -187,12 +187,12 @@ def narrow(parent: Grant, ask: GrantRequest, *, max_depth: int, default_ttl_s: f
     posture = parent.posture if ask.posture is None else ask.posture
     if posture > parent.posture or posture == 2:
         wider.append(f"posture {posture} (yours: {parent.posture})")
-    if posture == 0 and tools & SESSION_TOOLS:
-        raise GrantError(f"refused: {', '.join(sorted(tools & SESSION_TOOLS))} need posture 1 or more (a persistent "
-                         "sandbox); ask for posture 1 or drop them")
     if wider:
         raise GrantError(f"refused: a grant can only narrow its parent ({parent.describe()}); this asks for more: "
                          + "; ".join(wider))
+    if posture == 0 and tools & SESSION_TOOLS:
+        raise GrantError(f"refused: the tools {', '.join(sorted(tools & SESSION_TOOLS))} need posture 1 or more (a "
+                         "persistent sandbox); ask for posture 1 or drop them")
     expires = now + (ask.expires_in_s or default_ttl_s)
     if parent.expires_at is not None:
         expires = min(expires, parent.expires_at)
