@@ -42,6 +42,7 @@ from execbox.core.models import (
     Transfer,
 )
 from execbox.core.output import OutputEvent
+from execbox.core.secrets_inject import Secret
 from execbox.core.settings import Settings
 from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox, run_blocking
 
@@ -71,6 +72,7 @@ __all__ = [
     "Runner",
     "Sandbox",
     "SandboxError",
+    "Secret",
     "SecretFileError",
     "Session",
     "SessionSpec",

@@ -27,6 +27,7 @@ from execbox.core.errors import (
     WorkspacePathError,
 )
 from execbox.core.models import NETWORK_MODES, ExecRequest, Language
+from execbox.core.secrets_inject import Secret
 from execbox.core.settings import EnvSettings, Settings
 from execbox.runner import AsyncRunner, Runner, run_blocking
 
@@ -65,6 +66,23 @@ def _read_stdin(cap: int, as_json: bool) -> bytes:
     return data
 
 
+def _secrets(specs: tuple[str, ...], as_json: bool) -> dict[str, Secret]:
+    """``--secret NAME`` (the value of NAME here) or ``--secret NAME=@FILE``; never a value on the command line,
+    where process listings and shell history would keep it."""
+    secrets: dict[str, Secret] = {}
+    for spec in specs:
+        name, sep, source = spec.partition("=")
+        if sep and not source.startswith("@"):
+            _usage(f"--secret {name}=...: a value on the command line shows in process listings and shell history; "
+                   f"export {name} and pass --secret {name}, or put it in a file and pass --secret {name}=@FILE",
+                   as_json)
+        try:
+            secrets[name] = Secret.from_file(source[1:]) if sep else Secret.from_env(name)
+        except ConfigError as exc:
+            _fail(exc, as_json)
+    return secrets
+
+
 def _usage(message: str, as_json: bool) -> NoReturn:
     if as_json:
         click.echo(json.dumps({"error": {"type": "UsageError", "message": message, "retryable": False,
@@ -95,6 +113,9 @@ def main() -> None:
               help="Bytes per stream (capped at CODE_EXEC_MAX_OUTPUT_BYTES).")
 @click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
               help="A variable for the command (repeatable).")
+@click.option("--secret", "secret_specs", multiple=True, metavar="NAME|NAME=@FILE",
+              help="A secret for the command, redacted from its output: NAME takes the value of NAME in this "
+                   "environment, NAME=@FILE the text of FILE (repeatable). Never a value on the command line.")
 @click.option("--workdir", help="Working directory, relative to the workspace.")
 @click.option("--code", help="Code to run instead of a command.")
 @click.option("--language", type=click.Choice(["python", "bash"]), default="python", show_default=True)
@@ -102,8 +123,8 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the result, or {\"error\": ...}.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(backend: str | None, network: str | None, timeout: float | None, max_output_bytes: int | None,
-        env_pairs: tuple[str, ...], workdir: str | None, code: str | None, language: str, pass_stdin: bool,
-        as_json: bool, command: tuple[str, ...]) -> None:
+        env_pairs: tuple[str, ...], secret_specs: tuple[str, ...], workdir: str | None, code: str | None,
+        language: str, pass_stdin: bool, as_json: bool, command: tuple[str, ...]) -> None:
     """Run a command (after --) or --code in a fresh sandbox.
 
     \b
@@ -118,6 +139,7 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
         if not sep or not name:
             _usage(f"--env takes NAME=VALUE, got {pair!r}", as_json)
         env[name] = value
+    secrets = _secrets(secret_specs, as_json)
     settings = _settings(as_json)
     runner = Runner(settings)
     # SIGTERM (timeout(1), systemd, kubernetes) and SIGHUP (a closed terminal or ssh session) must clean up like
@@ -128,7 +150,7 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
     # in memory, and a larger input is refused, not cut.
     stdin = _read_stdin(settings.max_stdin_bytes, as_json) if pass_stdin and sys.stdin is not None else None
     fields: dict[str, Any] = {"network": network, "timeout": timeout, "max_output_bytes": max_output_bytes,
-                              "workdir": workdir, "env": env, "stdin": stdin or None}
+                              "workdir": workdir, "env": env, "stdin": stdin or None, "secrets": secrets or None}
     fields = {k: v for k, v in fields.items() if v is not None}
     try:
         request = (ExecRequest(argv=list(command), **fields) if command

@@ -20,7 +20,7 @@ from anyio.from_thread import start_blocking_portal
 from pydantic import ValidationError
 
 from execbox.core import audit as audit_log
-from execbox.core import packages, transfer
+from execbox.core import packages, secrets_inject, transfer
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import filter_env
 from execbox.core.errors import (
@@ -330,7 +330,8 @@ class AsyncRunner:
         with backend_errors(backend.name):
             files, notes = await transfer.collect(session, list(request.collect), limits=self.transfer_limits,
                                                   max_bytes=self.settings.max_read_bytes)
-        return result.model_copy(update={"files": files, "notes": [*result.notes, *notes]})
+        result = result.model_copy(update={"files": files, "notes": [*result.notes, *notes]})
+        return secrets_inject.redact_result(result, secrets_inject.redactor_for(request.secrets), result.secrets)
 
     async def warm(self, backend: str | None = None, *, network: NetworkMode | None = None,
                    limits: Limits | None = None, timeout: float | None = None) -> int:
@@ -386,13 +387,14 @@ class AsyncRunner:
                   on_stdout: OnText | None = None, on_stderr: OnText | None = None,
                   mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
                   upload: Uploads | None = None, download: Uploads | None = None,
-                  options: Mapping[str, Any] | None = None) -> ExecResult:
+                  options: Mapping[str, Any] | None = None,
+                  secrets: Mapping[str, secrets_inject.Secret | str] | None = None) -> ExecResult:
         """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox. ``on_stdout(text)`` /
         ``on_stderr(text)`` get the output as it arrives (the result is the same as without them). Files: see
         ``execute``; ``mounts`` bind host paths (read-only unless ``Mount(..., writable=True)``); ``collect``
         globs return matching workspace files on ``result.files``."""
         request = _command_request(command, **_request_kw(network, timeout, env, stdin, files, workdir,
-                                                          max_output_bytes, limits, mounts, collect))
+                                                          max_output_bytes, limits, mounts, collect, secrets))
         return await deliver(lambda out: self.execute(request, backend=backend, output=out, options=options,
                                                       upload=upload, download=download), on_stdout, on_stderr)
 
@@ -416,13 +418,24 @@ class AsyncRunner:
 
     def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
                 name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
-                package_cache: bool = False, pip: Sequence[str] | None = None, **options: Any) -> AsyncSandbox:
+                package_cache: bool = False, pip: Sequence[str] | None = None,
+                secrets: Mapping[str, secrets_inject.Secret | str] | None = None, **options: Any) -> AsyncSandbox:
         """A persistent sandbox. Keywords beyond these are the backend's own options (its settings_model's fields,
         e.g. ``image=`` for docker), on top of the runner's and the environment's. ``mounts``: host paths bound
         in for the sandbox's life. ``package_cache``: the per-user wheel cache, read-only, where pip looks;
-        ``pip``: requirements installed from it when the sandbox opens (implies ``package_cache``)."""
-        return AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s,
-                            options=options, mounts=mounts, package_cache=package_cache or bool(pip), pip=pip)
+        ``pip``: requirements installed from it when the sandbox opens (implies ``package_cache``). ``secrets``:
+        given to every exec (on top of an exec's own), redacted from what every exec returns."""
+        sandbox = AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s,
+                               options=options, mounts=mounts, package_cache=package_cache or bool(pip), pip=pip)
+        sandbox.secrets = _sandbox_secrets(secrets)
+        return sandbox
+
+
+def _sandbox_secrets(secrets: Mapping[str, secrets_inject.Secret | str] | None) -> dict[str, secrets_inject.Secret]:
+    try:
+        return secrets_inject.check_secrets(secrets or {})
+    except ValueError as exc:
+        raise ConfigError(f"invalid secrets: {exc}") from None
 
 
 def _enough_threads(slots: int) -> None:
@@ -450,9 +463,12 @@ def _request_kw(network: NetworkMode | None = None, timeout: float | None = None
                 stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
                 workdir: str | None = None, max_output_bytes: int | None = None,
                 limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
-                collect: Sequence[str] | str | None = None) -> dict[str, Any]:
+                collect: Sequence[str] | str | None = None,
+                secrets: Mapping[str, secrets_inject.Secret | str] | None = None) -> dict[str, Any]:
     if env is not None and not isinstance(env, Mapping):
         raise ConfigError(f"invalid env: {type(env).__name__}; give a mapping of names to values")
+    if secrets is not None and not isinstance(secrets, Mapping):
+        raise ConfigError(f"invalid secrets: {type(secrets).__name__}; give a mapping of names to values")
     if files is not None and not isinstance(files, Mapping):
         raise ConfigError(f"invalid files: {type(files).__name__}; give a mapping of workspace paths to contents")
     kw = {
@@ -462,6 +478,7 @@ def _request_kw(network: NetworkMode | None = None, timeout: float | None = None
         "workdir": workdir, "max_output_bytes": max_output_bytes, "limits": limits,
         "mounts": list(mounts) if mounts else None,
         "collect": [collect] if isinstance(collect, str) else list(collect) if collect else None,
+        "secrets": dict(secrets) if secrets else None,
     }
     return {k: v for k, v in kw.items() if v is not None}
 
@@ -483,17 +500,24 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
     assert request.timeout and request.max_output_bytes and request.network and request.limits  # prepare() set them
     if output is not None:
         output.set_cap(request.max_output_bytes)
-    spec = ExecSpec(argv=argv, env=request.env, stdin=request.stdin, workdir=session.workspace,
+    stdin = request.stdin
+    # Declared secrets reach the command through its stdin and a wrapper, never the env a backend sees; the
+    # output is redacted as it is captured (core.secrets_inject).
+    redactor = secrets_inject.Redactor(request.secrets) if request.secrets else None
+    if request.secrets:
+        argv, stdin = secrets_inject.deliver(argv, stdin, request.secrets)
+    spec = ExecSpec(argv=argv, env=request.env, stdin=stdin, workdir=session.workspace,
                     timeout=request.timeout, max_output_bytes=request.max_output_bytes, network=request.network,
                     limits=request.limits, on_output=output.feed if output else None)
-    with backend_errors(backend.name):
+    with secrets_inject.redacting(redactor), backend_errors(backend.name):
         result = await session.exec(spec)
     result = result.model_copy(update={
         "backend": backend.name, "filtered_env": dropped, "notes": [*result.notes, *backend.notes()],
     })
-    return explain(result, timeout=request.timeout, asked_timeout=asked_timeout,
-                   max_timeout=backend.settings.max_timeout_sec, memory_mb=request.limits.memory_mb,
-                   network=request.network)
+    result = explain(result, timeout=request.timeout, asked_timeout=asked_timeout,
+                     max_timeout=backend.settings.max_timeout_sec, memory_mb=request.limits.memory_mb,
+                     network=request.network)
+    return secrets_inject.redact_result(result, redactor, sorted(request.secrets))
 
 
 async def _exec_audited(audit: audit_log.AuditLog, backend: ExecutionBackend, session: Session,
@@ -560,6 +584,10 @@ class AsyncSandbox:
         self.capabilities: Capabilities | None = None
         #: This sandbox's id in the audit log (its open, execs and close carry it).
         self.id = audit_log.new_session_id()
+        #: Secrets every exec gets (``sandbox(secrets=...)``); ``_given``: every secret any exec got, for redaction
+        #: of what the code may have left in the workspace (listings).
+        self.secrets: dict[str, secrets_inject.Secret] = {}
+        self._given: dict[str, secrets_inject.Secret] = {}
 
     async def __aenter__(self) -> AsyncSandbox:
         probe = ExecRequest(argv=["true"], network=self._network, limits=self._limits)
@@ -635,6 +663,9 @@ class AsyncSandbox:
 
     async def execute(self, request: ExecRequest, *, output: LiveOutput | None = None) -> ExecResult:
         backend, session = self._live()
+        if self.secrets:
+            request = request.model_copy(update={"secrets": {**self.secrets, **request.secrets}})
+        self._given.update(request.secrets)
         try:
             resolved, dropped = self._admit(backend, request)
         except ExecboxError as exc:
@@ -739,8 +770,14 @@ class AsyncSandbox:
         sizes and types, links shown as links (never followed); bounded by CODE_EXEC_MAX_TRANSFER_FILES."""
         backend, session = self._live()
         rel = normalize(_text(path, "path"), session.workspace, allow_root=True)
-        with backend_errors(backend.name):
-            return await session.list_files(rel, recursive=bool(recursive), limits=self.runner.transfer_limits)
+        with secrets_inject.redacting(self._redactor()), backend_errors(backend.name):
+            found = await session.list_files(rel, recursive=bool(recursive), limits=self.runner.transfer_limits)
+        return secrets_inject.redact_listing(found, self._redactor())
+
+    def _redactor(self) -> secrets_inject.Redactor | None:
+        """Every secret this sandbox was given: the code may have left one in a file name."""
+        given = {**self._given, **self.secrets}
+        return secrets_inject.Redactor(given) if given else None
 
     async def upload(self, local_path: str | os.PathLike[str], remote: str | None = None) -> Transfer:
         """Copy a local file or directory into the workspace at ``remote`` (default: its name at the top of the

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from execbox.core.output import BoundedCapture, OnOutput
+from execbox.core.secrets_inject import Secret, check_secrets
 
 NetworkMode = Literal["none", "egress", "proxy", "host"]
 Isolation = Literal["none", "process", "namespace", "container", "gvisor", "microvm", "remote_vm"]
@@ -160,8 +161,9 @@ class Transfer(BaseModel):
 class ExecRequest(BaseModel):
     """One command to run. Either ``argv`` or ``code`` (+ ``language``)."""
 
-    # stdin and files may hold any bytes: base64 in JSON.
-    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+    # stdin and files may hold any bytes: base64 in JSON. An invalid value is never repeated in an error (it may
+    # be a secret).
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64", hide_input_in_errors=True)
 
     argv: list[str] | None = None
     code: str | None = None
@@ -180,6 +182,9 @@ class ExecRequest(BaseModel):
     mounts: list[Mount] = Field(default_factory=list)
     # Globs of workspace files to return on the result (``ExecResult.files``), e.g. "out/*.png" or "**/*.csv".
     collect: list[str] = Field(default_factory=list)
+    # Declared secrets, name -> value (core.secrets_inject): the command gets them as environment variables (past
+    # the env policy), the caller sees ``[secret NAME]`` wherever one would show. Never serialised, never in repr.
+    secrets: dict[str, Secret] = Field(default_factory=dict, exclude=True, repr=False)
 
     @model_validator(mode="after")
     def _one_command(self) -> ExecRequest:
@@ -187,6 +192,18 @@ class ExecRequest(BaseModel):
             raise ValueError("give exactly one of argv (a command) or code")
         if self.argv is not None and not self.argv:
             raise ValueError("argv is empty: give the command to run, e.g. ['python3', '-c', 'print(1)']")
+        return self
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _secrets(cls, secrets: Any) -> dict[str, Secret]:
+        return check_secrets(secrets or {})
+
+    @model_validator(mode="after")
+    def _secrets_not_env(self) -> ExecRequest:
+        both = sorted(set(self.secrets) & set(self.env))
+        if both:
+            raise ValueError(f"{', '.join(both)} given both as env and as a secret; give each once")
         return self
 
     @field_validator("env")
@@ -311,6 +328,8 @@ class ExecResult(BaseModel):
     backend: str = ""
     # Names the env policy dropped from the request; values are never kept.
     filtered_env: list[str] = Field(default_factory=list)
+    # Names of the secrets declared for this run (given to the command, redacted from what came back).
+    secrets: list[str] = Field(default_factory=list)
     # Facts the caller should know about this result, e.g. a sandbox status that is only attested.
     notes: list[str] = Field(default_factory=list)
     # When a limit cut the run short (or stood in its way): which one, "timeout", "memory" or "network"; None else.

@@ -27,6 +27,8 @@ from typing import Literal, Protocol, TypeVar
 import anyio
 from pydantic import BaseModel, ConfigDict
 
+from execbox.core.secrets_inject import current_stream
+
 StreamName = Literal["stdout", "stderr"]
 #: A run's streaming callback: ``on_output(stream, data)``, called as output arrives, from any thread.
 OnOutput = Callable[[StreamName, bytes], None]
@@ -52,8 +54,21 @@ class BoundedCapture:
         self.total = 0
         self.on_output = on_output
         self.stream: StreamName = stream
+        # A run with declared secrets (core.secrets_inject): every byte is redacted before it is streamed or
+        # kept, so the cap never keeps half a secret and the omission marker counts the redacted stream.
+        self.redactor = current_stream()
 
     def write(self, data: bytes) -> None:
+        if self.redactor is not None:
+            data = self.redactor.feed(bytes(data))
+        self._write(data)
+
+    def _release(self) -> None:
+        """Pass on what the redactor still holds back (the run is over, or a gap in the stream follows)."""
+        if self.redactor is not None:
+            self._write(self.redactor.flush())
+
+    def _write(self, data: bytes) -> None:
         if self.on_output is not None and data:
             self.on_output(self.stream, bytes(data))
         self.total += len(data)
@@ -74,13 +89,16 @@ class BoundedCapture:
     def skip(self, count: int) -> None:
         """``count`` bytes of the stream were dropped before they got here (a sandbox-side capture kept only the
         head and the tail): they count as omitted. Call it between the head and the tail."""
+        self._release()
         self.total += max(0, count)
 
     @property
     def truncated(self) -> bool:
+        self._release()
         return self.total > self.cap
 
     def getvalue(self) -> bytes:
+        self._release()
         if not self.truncated:
             return bytes(self.head + self.tail)
         omitted = self.total - len(self.head) - len(self.tail)

@@ -46,14 +46,14 @@ import json
 import os
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, quote_plus
 
-from pydantic import GetCoreSchemaHandler
+from pydantic import BaseModel, GetCoreSchemaHandler
 from pydantic_core import core_schema
 
 from execbox.core.envpolicy import is_injection_name
-from execbox.core.errors import ConfigError
+from execbox.core.errors import ConfigError, ExecboxError
 
 #: The shortest value accepted: redacting a 3-letter value would wipe ordinary words out of the output.
 MIN_SECRET_BYTES = 8
@@ -61,6 +61,7 @@ MIN_SECRET_BYTES = 8
 MAX_SECRET_BYTES = 64 << 10
 #: At most this many secrets per run.
 MAX_SECRETS = 64
+R = TypeVar("R", bound=BaseModel)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Names a secret may not take: what the sandbox's base environment sets, the wrapper's own variables, and
 # what makes a loader or an interpreter run code (a secret is data, never configuration).
@@ -352,12 +353,72 @@ _current: contextvars.ContextVar[Redactor | None] = contextvars.ContextVar("exec
 @contextlib.contextmanager
 def redacting(redactor: Redactor | None) -> Iterator[None]:
     """Make ``redactor`` the current run's: every output capture made inside (also in worker threads anyio
-    starts from here) redacts with it."""
+    starts from here) redacts with it, and an ExecboxError raised inside has its message redacted."""
     token = _current.set(redactor)
     try:
         yield
+    except ExecboxError as exc:
+        if redactor is not None:
+            redact_error(exc, redactor)
+        raise
     finally:
         _current.reset(token)
+
+
+def redact_error(exc: ExecboxError, redactor: Redactor) -> None:
+    """Redact an error's message (and its reason and fix, for BackendUnavailableError) in place."""
+    exc.message = redactor.redact_text(exc.message)
+    exc.args = (exc.message, *exc.args[1:])
+    for attr in ("reason", "fix"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, str):
+            setattr(exc, attr, redactor.redact_text(value))
+
+
+def redactor_for(secrets: Mapping[str, Secret | str]) -> Redactor | None:
+    return Redactor(secrets) if secrets else None
+
+
+def redact_listing(entries: list[Any], redactor: Redactor | None) -> list[Any]:
+    """A workspace listing (FileInfo: path, name) with secret values cut out of the names."""
+    if redactor is None:
+        return entries
+    text = redactor.redact_text
+    return [e.model_copy(update={"path": text(e.path), "name": text(e.name)}) for e in entries]
+
+
+def redact_result(result: R, redactor: Redactor | None, names: list[str]) -> R:
+    """An ExecResult as the caller may see it: ``secrets`` names the declared secrets; stdout and stderr (already
+    redacted as they were captured: this pass only catches a backend whose captures were made elsewhere, and
+    says so), notes, the explanation, egress host names and collected files (paths and contents) redacted."""
+    if redactor is None:
+        return result.model_copy(update={"secrets": names}) if names else result
+    text = redactor.redact_text
+    update: dict[str, Any] = {"secrets": names}
+    notes = [text(n) for n in getattr(result, "notes", [])]
+    for stream in ("stdout", "stderr"):
+        value: str = getattr(result, stream)
+        redacted = text(value)
+        if redacted != value:
+            update[stream] = redacted
+            backend = getattr(result, "backend", "") or "?"
+            notes.append(f"{stream} was redacted after the run, not as it was captured: a secret cut by the output "
+                         f"cap may have left a fragment (backend {backend} builds its output captures outside the run)")
+    update["notes"] = notes
+    update["explanation"] = text(getattr(result, "explanation", ""))
+    egress = getattr(result, "egress", None)
+    if egress:
+        update["egress"] = [a.model_copy(update={"host": text(a.host), "reason": text(a.reason)}) for a in egress]
+    files = getattr(result, "files", None)
+    if files:
+        kept: dict[str, bytes] = {}
+        for path, data in files.items():
+            clean = redactor.redact(data)
+            if clean != data:
+                notes.append(f"collected file {text(path)!r}: a secret's value in it was replaced by its label")
+            kept[text(path)] = clean
+        update["files"] = kept
+    return result.model_copy(update=update)
 
 
 def current_stream() -> StreamRedactor | None:
