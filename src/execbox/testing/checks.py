@@ -41,6 +41,7 @@ from execbox import (
     Capabilities,
     ExecResult,
     Limits,
+    OutputEvent,
     Runner,
     Sandbox,
     Settings,
@@ -498,6 +499,90 @@ def check_small_output_is_not_truncated(kit: Kit) -> None:
     result = kit.run(["printf", "%s", "abc"], max_output_bytes=3)
     expect((result.stdout, result.truncated) == ("abc", False), "output under the cap is not truncated",
            "stdout 'abc', truncated=False", shown(result))
+
+
+# --- streaming ----------------------------------------------------------------------------------------------
+
+# Says "ready", then waits (at most 15 s) for the caller to answer with a file "go" in the workspace: only a
+# caller that saw "ready" while the command ran can make it print "got-go". No clock is compared.
+HANDSHAKE = ('echo ready; i=0; while [ ! -e go ] && [ "$i" -lt 150 ]; do sleep 0.1; i=$((i+1)); done; '
+             '[ -e go ] && echo got-go || echo no-go')
+
+
+def _events(stream: Any) -> tuple[list[OutputEvent], ExecResult]:
+    """Drain an async stream (``runner.aio.stream(...)``) from sync code: its events and its result."""
+
+    async def drain() -> tuple[list[OutputEvent], ExecResult]:
+        events: list[OutputEvent] = []
+        async for event in stream:
+            if isinstance(event, OutputEvent):
+                events.append(event)
+            else:
+                return events, event
+        raise AssertionError("a stream ends with its result")
+
+    return run_blocking(drain)
+
+
+@check("a claimed stream delivers output while the command runs")
+def check_streaming_delivers_output_while_running(kit: Kit) -> str:
+    claim = "a claimed stream delivers output while the command runs"
+    if not kit.caps.streaming:
+        raise NotClaimed("the backend does not claim streaming (its output reaches the caller when a run ends)")
+    if kit.caps.persistent_sessions and kit.caps.file_transfer:
+        async def handshake() -> tuple[list[str], ExecResult | None]:
+            seen: list[str] = []
+            async with kit.runner.aio.sandbox(kit.backend, network=kit.net) as sb:
+                async for event in sb.stream(["/bin/sh", "-c", HANDSHAKE], timeout=60):
+                    if not isinstance(event, OutputEvent):
+                        return seen, event
+                    seen.append(event.text)
+                    if "ready" in "".join(seen) and "ready" in event.text:
+                        await sb.write_file("go", b"")  # the answer, while the command still waits for it
+            return seen, None
+
+        seen, result = run_blocking(handshake)
+        expect(result is not None and result.stdout == "ready\ngot-go\n", claim,
+               "the command to see the caller's answer to its first line ('ready\\ngot-go\\n')",
+               f"{shown(result) if result else 'no result'}; events {seen!r}")
+        return "the caller answered the first line while the command ran"
+    # No session to answer in: the first line must come in an event of its own, before the second (2 s later).
+    events, result = _events(kit.runner.aio.stream("echo early; sleep 2; echo late", backend=kit.backend,
+                                                   network=kit.net))
+    texts = [e.text for e in events if e.kind == "output"]
+    first = next((i for i, t in enumerate(texts) if "early" in t), None)
+    second = next((i for i, t in enumerate(texts) if "late" in t), None)
+    expect(result.stdout == "early\nlate\n" and first is not None and second is not None and first < second, claim,
+           "'early' in an event before the one with 'late' (written 2 s after it)",
+           f"{shown(result)}; events {texts!r}")
+    return "the first line arrived in an event before the second"
+
+
+@check("streamed output is exactly the result's, cut at the cap like it")
+def check_streamed_output_is_the_result(kit: Kit) -> None:
+    claim = "streamed output is exactly the result's, cut at the cap like it"
+    cap = 10_000
+    code = ("import sys\nsys.stdout.write('HEAD' + 'x' * 300000 + 'TAIL')\nsys.stdout.flush()\n"
+            "sys.stderr.write('caf\\u00e9 ' * 3)")
+    plain = kit.code(code, max_output_bytes=cap)
+    events, streamed = _events(kit.runner.aio.stream_code(code, backend=kit.backend, network=kit.net,
+                                                          max_output_bytes=cap))
+    same = ("exit_code", "stdout", "stderr", "truncated", "timed_out")
+    expect(all(getattr(plain, f) == getattr(streamed, f) for f in same), claim,
+           f"the streamed run's {', '.join(same)} equal to the plain run's", f"{shown(plain)} vs {shown(streamed)}")
+    expect(plain.truncated and plain.stderr == "café café café ", claim, "stdout truncated, stderr whole",
+           shown(plain))
+    for name, text in (("stdout", streamed.stdout), ("stderr", streamed.stderr)):
+        joined = "".join(e.text for e in events if e.stream == name and e.kind == "output")
+        expect(joined == text, claim, f"the {name} events, joined, to be the result's {name}",
+               f"{len(joined)} characters, {joined[:60]!r}...{joined[-60:]!r}")
+    drops = [i for i, e in enumerate(events) if e.kind == "dropped"]
+    expect([events[i].stream for i in drops] == ["stdout"], claim, "one 'dropped' event, for stdout",
+           [e.model_dump() for e in events if e.kind == "dropped"])
+    before = "".join(e.text for e in events[:drops[0]] if e.stream == "stdout")
+    expect(len(before.encode()) <= cap - cap // 2, claim,
+           f"at most the head ({cap - cap // 2} bytes) of stdout delivered before it says it drops",
+           f"{len(before.encode())} bytes")
 
 
 # --- time -------------------------------------------------------------------------------------------------
