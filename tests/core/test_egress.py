@@ -238,3 +238,16 @@ def test_any_requested_host_gets_a_decision(host: str, port: int) -> None:
     assert decision.reason
     if decision.allowed:
         assert host.lower().removesuffix(".") in DEFAULT_REGISTRIES and port in (80, 443)
+
+
+def test_a_provider_allowlist_takes_names_and_networks_and_refuses_ports() -> None:
+    from execbox.core.egress import provider_allowlist
+
+    allowlist = provider_allowlist(policy("a.example", "*.b.example", "10.1.0.0/16", "[fd00::/8]"))
+    assert allowlist.domains == ("a.example", "*.b.example")
+    assert [str(n) for n in allowlist.networks] == ["10.1.0.0/16", "fd00::/8"]
+    denied = {str(n) for n in allowlist.refused_networks}
+    assert "127.0.0.0/8" in denied and "10.0.0.0/8" not in denied and "fc00::/7" not in denied
+    assert "does not see the connection attempts" in allowlist.note("modal")
+    with pytest.raises(ValueError, match="names a port"):
+        provider_allowlist(policy("a.example:8443"))

@@ -74,6 +74,8 @@ MEMBERS: dict[str, list[tuple[str, str]]] = {
         ("query_sandboxes", "vercel.sandbox.sync:query_sandboxes"),
         ("NetworkPolicy.deny_all", "vercel.sandbox.sync:NetworkPolicy.deny_all"),
         ("NetworkPolicy.allow_all", "vercel.sandbox.sync:NetworkPolicy.allow_all"),
+        ("NetworkPolicy.custom", "vercel.sandbox.sync:NetworkPolicy.custom"),
+        ("NetworkPolicySubnets", "vercel.sandbox.sync:NetworkPolicySubnets"),
         ("SandboxResources", "vercel.sandbox.sync:SandboxResources"),
         ("TagFilter", "vercel.sandbox.sync:TagFilter"),
         ("SandboxQueryByCreatedAt", "vercel.sandbox.sync:SandboxQueryByCreatedAt"),
@@ -100,7 +102,8 @@ ATTRIBUTES: dict[str, list[tuple[str, str, str]]] = {
     ],
     "daytona": [
         *(("Sandbox", a, "daytona:Sandbox") for a in (
-            "id", "name", "labels", "state", "network_block_all", "cpu", "memory", "env", "process", "fs")),
+            "id", "name", "labels", "state", "network_block_all", "network_allow_list", "domain_allow_list", "cpu",
+            "memory", "env", "process", "fs")),
         *(("ExecuteResponse", a, "daytona:ExecuteResponse") for a in ("exit_code", "result")),
         *(("FileDownloadResponse", a, "daytona:FileDownloadResponse") for a in ("source", "result", "error")),
     ],

@@ -3,6 +3,9 @@
 Policy, translated to Daytona's own controls (and refused when Daytona cannot enforce it):
 
     network none   network_block_all=True            egress   no block
+    network proxy  domain_allow_list (names, *.domain) + network_allow_list (IPv4 CIDR entries; IPv6 ones are
+                   refused): Daytona's allowlist, on any port; an empty allowlist is network_block_all=True; an
+                   entry with a port is refused; results say what execbox cannot see
     cpu            Resources(cpu=) whole CPUs; a fraction is refused
     memory         Resources(memory=) whole GiB, from CODE_EXEC_MEMORY_MB; a value that is not a whole
                    number of GiB is refused. A per-request memory limit is refused (Daytona's floor is 1 GiB)
@@ -52,6 +55,7 @@ from execbox.plugin import (
     sandbox_env,
     setting,
 )
+from execbox.plugin import proxy as _proxy
 from execbox.plugin import remote as _remote
 
 log = logging.getLogger("execbox.backends.daytona")
@@ -217,7 +221,7 @@ class DaytonaBackend(ExecutionBackend):
     capabilities = Capabilities(
         sandbox=True,
         isolation="container",
-        network_modes=frozenset({"none", "egress"}),
+        network_modes=frozenset({"none", "egress", "proxy"}),
         persistent_sessions=True,
         file_transfer=True,
         limits=frozenset({"cpu", "wall_time"}),
@@ -252,9 +256,10 @@ class DaytonaBackend(ExecutionBackend):
             raise self.credentials_error(str(exc), missing=True) from exc
 
     async def open_session(self, spec: SessionSpec) -> DaytonaSession:
-        if spec.network not in ("none", "egress"):
+        if spec.network not in ("none", "egress", "proxy"):
             raise UnsupportedPolicyError(f"refused: daytona cannot enforce network mode {spec.network!r} (it "
-                                         "enforces none and egress)", backend=self.name)
+                                         "enforces none, egress and proxy)", backend=self.name)
+        network = self._network(spec)
         cpus, gib = resources(spec)
         if not self.daytona_settings.image:
             raise UnsupportedPolicyError("refused: CODE_EXEC_DAYTONA_IMAGE is empty, and Daytona sets CPU and memory "
@@ -264,7 +269,26 @@ class DaytonaBackend(ExecutionBackend):
         where: dict[str, str] = {}
         sandbox = await create_cleanly(lambda made: self._open(spec, cpus, gib, persist, made, where),
                                                _stop if persist else _delete)
-        return DaytonaSession(self, sandbox, where["workspace"], oneshot=spec.oneshot, persist=persist)
+        session = DaytonaSession(self, sandbox, where["workspace"], oneshot=spec.oneshot, persist=persist)
+        if spec.network == "proxy":
+            session.result_notes.append(network["note"])
+        return session
+
+    def _network(self, spec: SessionSpec) -> dict[str, Any]:
+        """Daytona's network parameters for the session's mode (and, for proxy, the results' note)."""
+        if spec.network != "proxy":
+            return {"network_block_all": spec.network == "none"}
+        allowlist = _proxy.provider_allowlist_for(self.settings, self.name)
+        v6 = [str(net) for net in allowlist.networks if net.version == 6]
+        if v6:
+            raise UnsupportedPolicyError(f"refused: network mode proxy on daytona: its network_allow_list takes IPv4 "
+                                         f"networks only, and CODE_EXEC_EGRESS_ALLOW names {', '.join(v6)}",
+                                         backend=self.name, env_var="CODE_EXEC_EGRESS_ALLOW")
+        if not allowlist.domains and not allowlist.networks:  # nothing allowed: Daytona's lists would allow all
+            return {"network_block_all": True, "note": allowlist.note("daytona")}
+        return {"network_block_all": False, "domain_allow_list": ",".join(allowlist.domains) or None,
+                "network_allow_list": ",".join(str(net) for net in allowlist.networks) or None,
+                "note": allowlist.note("daytona")}
 
     def _open(self, spec: SessionSpec, cpus: int | None, gib: int | None, persist: bool, made: list[Any],
               where: dict[str, str]) -> None:
@@ -290,7 +314,7 @@ class DaytonaBackend(ExecutionBackend):
             image=self.daytona_settings.image,
             name=spec.name if persist else None,
             labels=_remote.labels(spec.lifetime_s, persist=persist),
-            network_block_all=spec.network == "none",
+            **{k: v for k, v in self._network(spec).items() if k != "note"},
             resources=daytona.Resources(cpu=cpus, memory=gib),
             **lifetime,
         )
@@ -307,9 +331,16 @@ class DaytonaBackend(ExecutionBackend):
         if labels.get(_remote.LABEL) != "1" or labels.get(_remote.L_PERSIST) != "true":
             raise UnsupportedPolicyError(f"refused: a Daytona sandbox named {spec.name!r} exists but execbox did not "
                                          "persist it; use another name", backend=self.name)
-        wanted = {"network_block_all": spec.network == "none", "cpu": cpus, "memory": gib}
-        have = {"network_block_all": bool(sandbox.network_block_all), "cpu": sandbox.cpu, "memory": sandbox.memory}
-        differs = [k for k, v in wanted.items() if v is not None and have[k] != v]
+        network = self._network(spec)
+        wanted = {"network_block_all": network["network_block_all"], "cpu": cpus, "memory": gib,
+                  "domain_allow_list": network.get("domain_allow_list"),
+                  "network_allow_list": network.get("network_allow_list")}
+        have = {"network_block_all": bool(sandbox.network_block_all), "cpu": sandbox.cpu, "memory": sandbox.memory,
+                "domain_allow_list": getattr(sandbox, "domain_allow_list", None),
+                "network_allow_list": getattr(sandbox, "network_allow_list", None)}
+        # the allowlists are compared when this session asks for one (None then means "none given")
+        compared = {"domain_allow_list", "network_allow_list"} if spec.network == "proxy" else set()
+        differs = [k for k, v in wanted.items() if (v is not None or k in compared) and have[k] != v]
         if differs:
             raise UnsupportedPolicyError(
                 f"refused: the persisted Daytona sandbox {spec.name!r} was created with "

@@ -3,6 +3,8 @@
 Policy, translated to Modal's own controls (and refused when Modal cannot enforce it):
 
     network none   block_network=True                egress   no block (Modal's default)
+    network proxy  outbound_domain_allowlist (names, *.domain) + outbound_cidr_allowlist (CIDR entries): Modal's
+                   allowlist, on any port; an entry with a port is refused; results say what execbox cannot see
     memory         memory=(MiB, MiB): request = hard limit (a plain int would only be a request)
     cpu            cpu=(cores, cores): request = hard limit
     lifetime       timeout= whole seconds (a sandbox dies at it, whatever runs in it)
@@ -47,6 +49,7 @@ from execbox.plugin import (
     sandbox_env,
     setting,
 )
+from execbox.plugin import proxy as _proxy
 from execbox.plugin import remote as _remote
 
 log = logging.getLogger("execbox.backends.modal")
@@ -161,7 +164,7 @@ class ModalBackend(ExecutionBackend):
     capabilities = Capabilities(
         sandbox=True,
         isolation="gvisor",
-        network_modes=frozenset({"none", "egress"}),
+        network_modes=frozenset({"none", "egress", "proxy"}),
         persistent_sessions=True,
         file_transfer=True,
         limits=frozenset({"memory", "cpu", "wall_time"}),
@@ -201,16 +204,20 @@ class ModalBackend(ExecutionBackend):
             raise self.credentials_error(str(exc)) from exc
 
     async def open_session(self, spec: SessionSpec) -> ModalSession:
-        if spec.network not in ("none", "egress"):
+        if spec.network not in ("none", "egress", "proxy"):
             raise UnsupportedPolicyError(f"refused: modal cannot enforce network mode {spec.network!r} (it enforces "
-                                         "none and egress)", backend=self.name)
+                                         "none, egress and proxy)", backend=self.name)
+        allowlist = _proxy.provider_allowlist_for(self.settings, self.name) if spec.network == "proxy" else None
         if spec.lifetime_s > MAX_LIFETIME_S:
             raise UnsupportedPolicyError(f"refused: a Modal sandbox lives at most {MAX_LIFETIME_S} s; ask for a "
                                          "shorter lifetime", backend=self.name)
-        sandbox = await create_cleanly(lambda made: self._create(spec, made), _terminate)
-        return ModalSession(self, sandbox, spec.oneshot)
+        sandbox = await create_cleanly(lambda made: self._create(spec, made, allowlist), _terminate)
+        session = ModalSession(self, sandbox, spec.oneshot)
+        if allowlist is not None:
+            session.result_notes.append(allowlist.note("modal"))
+        return session
 
-    def _create(self, spec: SessionSpec, created: list[Any]) -> None:
+    def _create(self, spec: SessionSpec, created: list[Any], allowlist: Any = None) -> None:
         import modal
 
         errors = _modal_errors()
@@ -224,6 +231,9 @@ class ModalBackend(ExecutionBackend):
                 kwargs["memory"] = (spec.limits.memory_mb, spec.limits.memory_mb)
             if spec.limits.cpus:
                 kwargs["cpu"] = (spec.limits.cpus, spec.limits.cpus)
+            if allowlist is not None:  # either list given (even empty) makes Modal's network an allowlist
+                kwargs["outbound_domain_allowlist"] = list(allowlist.domains)
+                kwargs["outbound_cidr_allowlist"] = [str(net) for net in allowlist.networks]
             created.append(modal.Sandbox.create(
                 app=app, image=image, workdir=WORKSPACE, timeout=max(1, math.ceil(spec.lifetime_s)),
                 block_network=spec.network == "none", tags=_remote.labels(spec.lifetime_s), client=client,

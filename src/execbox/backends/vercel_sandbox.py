@@ -4,6 +4,9 @@
 Policy, translated to Vercel's own controls (and refused when Vercel cannot enforce it):
 
     network none   network_policy=NetworkPolicy.deny_all()      egress   NetworkPolicy.allow_all()
+    network proxy  NetworkPolicy.custom(allow={name: ()}, subnets=NetworkPolicySubnets(allow=CIDR entries,
+                   deny=the ranges execbox refuses that no entry names)): Vercel's allowlist, on any port; an
+                   empty allowlist is deny_all(); an entry with a port is refused; results say what execbox cannot see
     cpu            SandboxResources(vcpus=) whole vCPUs; a fraction is refused
     memory         not settable on its own: Vercel gives 2048 MB per vCPU. Not claimed, so a memory
                    limit you set (in a request or CODE_EXEC_MEMORY_MB) is refused (every result says so)
@@ -45,6 +48,7 @@ from execbox.plugin import (
     sandbox_env,
     setting,
 )
+from execbox.plugin import proxy as _proxy
 from execbox.plugin import remote as _remote
 
 log = logging.getLogger("execbox.backends.vercel_sandbox")
@@ -139,7 +143,7 @@ class VercelSandboxBackend(ExecutionBackend):
     capabilities = Capabilities(
         sandbox=True,
         isolation="microvm",
-        network_modes=frozenset({"none", "egress"}),
+        network_modes=frozenset({"none", "egress", "proxy"}),
         persistent_sessions=True,
         file_transfer=True,
         limits=frozenset({"cpu", "wall_time"}),
@@ -184,20 +188,29 @@ class VercelSandboxBackend(ExecutionBackend):
         return self.capabilities
 
     async def open_session(self, spec: SessionSpec) -> VercelSession:
-        if spec.network not in ("none", "egress"):
+        if spec.network not in ("none", "egress", "proxy"):
             raise UnsupportedPolicyError(f"refused: vercel_sandbox cannot enforce network mode {spec.network!r} (it "
-                                         "enforces none and egress)", backend=self.name)
+                                         "enforces none, egress and proxy)", backend=self.name)
+        allowlist = _proxy.provider_allowlist_for(self.settings, self.name) if spec.network == "proxy" else None
         cpus = spec.limits.cpus
         if cpus is not None and not float(cpus).is_integer():
             raise UnsupportedPolicyError(
                 f"refused: Vercel allocates whole vCPUs and cannot enforce {cpus} CPUs. Ask for a whole number "
                 "(limits.cpus or CODE_EXEC_CPUS)", backend=self.name, env_var="CODE_EXEC_CPUS")
-        sandbox = await create_cleanly(lambda made: self._create(spec, made), _finish)
-        return VercelSession(self, sandbox, spec.oneshot)
+        sandbox = await create_cleanly(lambda made: self._create(spec, made, allowlist), _finish)
+        session = VercelSession(self, sandbox, spec.oneshot)
+        if allowlist is not None:
+            session.result_notes.append(allowlist.note("vercel"))
+        return session
 
-    def _create(self, spec: SessionSpec, made: list[Any]) -> None:
+    def _create(self, spec: SessionSpec, made: list[Any], allowlist: Any = None) -> None:
         sync = _sync()
         policy = sync.NetworkPolicy.deny_all() if spec.network == "none" else sync.NetworkPolicy.allow_all()
+        if allowlist is not None:
+            subnets = sync.NetworkPolicySubnets(allow=[str(net) for net in allowlist.networks],
+                                                deny=[str(net) for net in allowlist.refused_networks])
+            policy = sync.NetworkPolicy.custom(allow={name: () for name in allowlist.domains}, subnets=subnets) \
+                if allowlist.domains or allowlist.networks else sync.NetworkPolicy.deny_all()
         resources = sync.SandboxResources(vcpus=int(spec.limits.cpus)) if spec.limits.cpus else None
         try:
             made.append(sync.create_sandbox(

@@ -271,5 +271,41 @@ class EgressPolicy:
         return Decision(True, "a public address")
 
 
-__all__ = ["DEFAULT_PORTS", "DEFAULT_REGISTRIES", "Decision", "EgressPolicy", "Entry", "embedded_ipv4",
-           "literal_address", "parse_entry", "refused_because"]
+@dataclass(frozen=True)
+class ProviderAllowlist:
+    """A policy as a remote provider's own allowlist takes it: names (``*.domain`` as written) and networks."""
+
+    domains: tuple[str, ...]
+    networks: tuple[IPNetwork, ...]
+
+    @property
+    def refused_networks(self) -> tuple[IPNetwork, ...]:
+        """The ranges execbox refuses (``_REFUSED``) that no network entry overlaps: for a provider that takes a
+        deny list too."""
+        return tuple(net for net, _ in _REFUSED
+                     if not any(net.version == n.version and net.overlaps(n) for n in self.networks))
+
+    def note(self, provider: str) -> str:
+        """What a result in network mode proxy on ``provider`` should say about what execbox does not see."""
+        return (f"network proxy on {provider}: {provider} enforces the allowlist ({len(self.domains)} names, "
+                f"{len(self.networks)} networks) on any port; execbox does not see the connection attempts "
+                "(egress stays empty) or the addresses names resolve to there")
+
+
+def provider_allowlist(policy: EgressPolicy) -> ProviderAllowlist:
+    """``policy`` for a provider's allowlist; ValueError for an entry with a port of its own (providers' allowlists
+    have no ports, and dropping the port would allow more than the entry says)."""
+    domains, networks = [], []
+    for entry in policy.entries:
+        if entry.ports != DEFAULT_PORTS:
+            raise ValueError(f"{entry.text!r} names a port, and the provider's allowlist has no ports: drop the "
+                             "port (the provider then allows every port of that destination) or use a local backend")
+        if entry.network is not None:
+            networks.append(entry.network)
+        else:
+            domains.append(entry.name if entry.kind == "name" else f"*.{entry.name}")
+    return ProviderAllowlist(tuple(dict.fromkeys(domains)), tuple(dict.fromkeys(networks)))
+
+
+__all__ = ["DEFAULT_PORTS", "DEFAULT_REGISTRIES", "Decision", "EgressPolicy", "Entry", "ProviderAllowlist",
+           "embedded_ipv4", "literal_address", "parse_entry", "provider_allowlist", "refused_because"]

@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from execbox.core.egress import EgressPolicy, IPAddress, literal_address
-from execbox.core.errors import ConfigError, SandboxError
+from execbox.core.egress import EgressPolicy, IPAddress, ProviderAllowlist, literal_address, provider_allowlist
+from execbox.core.errors import ConfigError, SandboxError, UnsupportedPolicyError
 from execbox.core.models import EgressAttempt, ExecResult
 from execbox.core.owner import owner_id, pid_alive
 from execbox.core.settings import Settings
@@ -584,6 +584,16 @@ class EgressProxy:
             up_writer.transport.abort()
 
 
+def provider_allowlist_for(settings: Settings, backend: str) -> ProviderAllowlist:
+    """Network mode proxy on a remote backend: the core settings' allowlist as the provider's own allowlist
+    takes it; refused (UnsupportedPolicyError) when an entry names a port, which no provider's allowlist has."""
+    try:
+        return provider_allowlist(EgressPolicy.build(settings.egress_allow, defaults=settings.egress_defaults))
+    except ValueError as exc:
+        raise UnsupportedPolicyError(f"refused: network mode proxy on {backend}: CODE_EXEC_EGRESS_ALLOW entry {exc}",
+                                     backend=backend, env_var="CODE_EXEC_EGRESS_ALLOW") from None
+
+
 def with_egress(result: ExecResult, attempts: list[EgressAttempt], dropped: int) -> ExecResult:
     """``result`` carrying its run's attempts (and a note when more were made than kept)."""
     notes = list(result.notes)
@@ -689,5 +699,5 @@ async def _answer(writer: asyncio.StreamWriter, status: int, text: str) -> None:
         await asyncio.wait_for(writer.drain(), 5)
 
 
-__all__ = ["CA_VARIABLES", "FORWARDER", "MOUNT_POINT", "EgressProxy", "ProxyRun", "local_addresses", "resolve",
-           "sweep_orphans", "with_egress"]
+__all__ = ["CA_VARIABLES", "FORWARDER", "MOUNT_POINT", "EgressProxy", "ProxyRun", "local_addresses",
+           "provider_allowlist_for", "resolve", "sweep_orphans", "with_egress"]

@@ -155,6 +155,8 @@ class RemoteSession(Session):
         # Once code has run, a path may be a planted symlink: then it is resolved inside the sandbox first.
         self.dirty = dirty
         self.closed = False
+        #: Facts every result of this session carries (e.g. what a provider's network allowlist does not cover).
+        self.result_notes: list[str] = []
 
     @abstractmethod
     def run_exec(self, request: ExecSpec) -> ExecResult: ...
@@ -180,7 +182,8 @@ class RemoteSession(Session):
 
     async def exec(self, request: ExecSpec) -> ExecResult:
         self.dirty = True
-        return await blocking(self._translated, "running a command", None, self.run_exec, request)
+        result: ExecResult = await blocking(self._translated, "running a command", None, self.run_exec, request)
+        return result.model_copy(update={"notes": [*result.notes, *self.result_notes]}) if self.result_notes else result
 
     async def write_file(self, path: str, data: bytes) -> None:
         await blocking(self._translated, f"writing {path!r}", path,

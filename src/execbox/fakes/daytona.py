@@ -14,7 +14,9 @@ against the installed SDK by tests/fakes/test_fake_surfaces.py): ``Daytona`` (``
 ``ListSandboxesQuery``, ``FileUpload``, ``FileDownloadRequest``, ``SandboxState``, the sandbox's
 ``process.exec``, ``fs.upload_file(s)``/``download_file(s)``, ``start``/``stop``/``delete``/``get_work_dir``,
 and the ``Daytona*Error`` classes. Each sandbox is a local box (``_box.py``): commands really run (in bash,
-as the SDK documents), ``network_block_all=True`` really has no network, ``Resources.memory`` (GiB) is
+as the SDK documents), ``network_block_all=True`` really has no network (and neither has an allowlist,
+``domain_allow_list``/``network_allow_list``: nothing one could name is reachable from these machines),
+``Resources.memory`` (GiB) is
 really a limit, ``stop`` kills every process and keeps the files, ``start`` brings it back.
 
 Behaviour copied from daytona 0.226 and its daemon: ``exec`` returns stdout and stderr combined in
@@ -308,8 +310,7 @@ class Daytona:
             raise DaytonaBadRequestError("Timeout must be a non-negative number")
         svc = self._auth()
         params = params or CreateSandboxFromSnapshotParams(language="python")
-        for what in ("volumes", "secrets", "linked_sandbox", "network_allow_list", "domain_allow_list",
-                     "outbound_proxy_url", "kvm", "spot"):
+        for what in ("volumes", "secrets", "linked_sandbox", "outbound_proxy_url", "kvm", "spot"):
             if getattr(params, what):
                 raise NotImplementedError(f"the daytona fake does not model {what}; extend execbox/fakes/daytona.py")
         with svc.lock:
@@ -447,6 +448,9 @@ class Sandbox:
         self.labels = labels
         self.env = dict(params.env_vars or {})
         self.network_block_all = bool(params.network_block_all)
+        self.network_allow_list = params.network_allow_list
+        self.domain_allow_list = params.domain_allow_list
+        allowlist = self.network_allow_list is not None or self.domain_allow_list is not None
         self.cpu = resources.cpu or 1
         self.memory = resources.memory or 1
         self.disk = resources.disk or 3
@@ -458,7 +462,7 @@ class Sandbox:
         self.fs = FileSystem(self)
         self._client = client
         self._box: _box.Box | None = _box.Box(
-            network="none" if self.network_block_all else "allow", dirs=(WORK_DIR,),
+            network="none" if self.network_block_all or allowlist else "allow", dirs=(WORK_DIR,),
             memory_mb=resources.memory * 1024 if resources.memory else None)
         self._timer: threading.Timer | None = None
         if self.ttl_minutes:

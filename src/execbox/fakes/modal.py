@@ -14,7 +14,9 @@ against the installed SDK by tests/fakes/test_fake_surfaces.py): ``Client.from_e
 ``ContainerProcess`` with streamed ``stdout``/``stderr``, ``stdin``, ``wait``), ``sb.filesystem``
 (``read_bytes``/``write_bytes``/``make_directory``), ``sb.terminate``/``poll``/``get_tags``/``object_id``,
 and ``modal.exception``. Each sandbox is a local box (``_box.py``): commands really run, so output and exit
-codes are real, ``block_network=True`` really has no network, the lifetime (``timeout``) really ends it and
+codes are real, ``block_network=True`` really has no network, an outbound allowlist (either list given, as
+Modal's own ``NetworkAccess.ALLOWLIST``) is modelled as no network either (nothing an allowlist could name is
+reachable from the machines these tests run on; the lists are recorded), the lifetime (``timeout``) really ends it and
 a ``(request, limit)`` memory tuple is really a limit. Behaviour copied from modal 1.6: an exec timeout makes
 ``wait()`` return -1 and ends the streams instead of raising; ``returncode`` raises before ``wait()``;
 exec on a finished sandbox raises ``ConflictError``; a signal death is ``128 + signal``; filesystem paths
@@ -514,8 +516,7 @@ class Sandbox:
         for what, value in (("entrypoint commands", args), ("secrets", secrets), ("volumes", volumes),
                             ("network file systems", network_file_systems), ("GPUs", gpu), ("PTYs", pty),
                             ("ports", list(encrypted_ports) + list(h2_ports) + list(unencrypted_ports)),
-                            ("CIDR/domain allowlists", outbound_cidr_allowlist or outbound_domain_allowlist
-                             or cidr_allowlist), ("idle_timeout", idle_timeout)):
+                            ("the deprecated cidr_allowlist", cidr_allowlist), ("idle_timeout", idle_timeout)):
             if value:
                 raise _not_modelled(what)
         limit_mb = None
@@ -529,7 +530,12 @@ class Sandbox:
         if name is not None and any(s.name == name and s.app is app and s.poll() is None
                                     for s in svc.sandboxes.values()):
             raise AlreadyExistsError(f"Sandbox with name '{name}' already exists in the app")
-        box = _box.Box(network="none" if block_network else "allow", dirs=(workdir or "/",), memory_mb=limit_mb)
+        for listed in (outbound_cidr_allowlist, outbound_domain_allowlist):
+            if listed is not None and (isinstance(listed, str) or not all(isinstance(x, str) for x in listed)):
+                raise InvalidError("outbound allowlists are sequences of str")
+        allowlist = outbound_cidr_allowlist is not None or outbound_domain_allowlist is not None
+        box = _box.Box(network="none" if block_network or allowlist else "allow", dirs=(workdir or "/",),
+                       memory_mb=limit_mb)
         sb = Sandbox(app=app, name=name, tags=tags or {}, env={k: v for k, v in (env or {}).items() if v is not None},
                      workdir=workdir, box=box, timeout=int(timeout))
         with svc.lock:

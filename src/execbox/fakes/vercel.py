@@ -14,7 +14,8 @@ Same names, signatures and exceptions as the real SDK for what execbox's vercel_
 ``create_sandbox``/``get_sandbox``/``query_sandboxes``, ``NetworkPolicy``, ``SandboxResources``,
 ``TagFilter``, ``SandboxQueryByCreatedAt``, ``CompletedProcess``, the sandbox handle's ``run_process``,
 ``fs.read_bytes``/``fs.write_bytes``, ``stop``/``destroy`` and properties, and the ``Sandbox*Error``
-classes. Each sandbox is a local box (``_box.py``): commands really run, ``NetworkPolicy.deny_all()``
+classes. Each sandbox is a local box (``_box.py``): commands really run, ``NetworkPolicy.custom(...)`` (an
+allowlist: nothing one could name is reachable from these machines, so no network here), ``NetworkPolicy.deny_all()``
 really has no network, ``kill_after`` really kills, the ``execution_time_limit`` really stops the session.
 
 Behaviour copied from the SDK: sandboxes are addressed by name; credentials are resolved on the first
@@ -168,6 +169,16 @@ class NetworkPolicy:
                    subnets=subnets)
 
 
+@dataclasses.dataclass(frozen=True)
+class NetworkPolicySubnets:
+    allow: tuple[str, ...] | None = None
+    deny: tuple[str, ...] | None = None
+
+    def __init__(self, *, allow: Any = None, deny: Any = None) -> None:
+        object.__setattr__(self, "allow", None if allow is None else tuple(allow))
+        object.__setattr__(self, "deny", None if deny is None else tuple(deny))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SandboxResources:
     vcpus: int | None = None
@@ -278,8 +289,8 @@ def create_sandbox(
                         ("snapshots", snapshot_expiration or snapshot_retention)):
         if value:
             raise NotImplementedError(f"the vercel fake does not model {what}; extend execbox/fakes/vercel.py")
-    if network_policy is not None and network_policy.mode == "custom":
-        raise NotImplementedError("the vercel fake does not model custom network policies")
+    if network_policy is not None and network_policy.mode == "custom" and any(network_policy.allow.values()):
+        raise NotImplementedError("the vercel fake does not model network policy rules (transforms, forwards)")
     svc.authenticate()
     with svc.lock:
         name = name or f"sbx-{uuid.uuid4().hex[:16]}"
@@ -405,7 +416,7 @@ class SyncSandbox:
                 raise _api_error(404, f"Sandbox not found: {self._name}")
             if self._box is not None and self._status == SandboxStatus.RUNNING:
                 return self._box
-            network = "none" if self.network_policy.mode == "deny-all" else "allow"
+            network = "allow" if self.network_policy.mode == "allow-all" else "none"
             memory_mb = self.memory
             if self._box is None:
                 self._box = _box.Box(network=network, dirs=(CWD,), memory_mb=memory_mb)
@@ -598,14 +609,16 @@ def installed() -> Iterator[FakeVercel]:
     service = FakeVercel()
     members = {
         "create_sandbox": create_sandbox, "get_sandbox": get_sandbox, "query_sandboxes": query_sandboxes,
-        "NetworkPolicy": NetworkPolicy, "SandboxResources": SandboxResources, "TagFilter": TagFilter,
+        "NetworkPolicy": NetworkPolicy, "NetworkPolicySubnets": NetworkPolicySubnets,
+        "SandboxResources": SandboxResources, "TagFilter": TagFilter,
         "SandboxQueryByCreatedAt": SandboxQueryByCreatedAt, "CompletedProcess": CompletedProcess,
         "SandboxStatus": SandboxStatus, "SyncSandbox": SyncSandbox, "SyncSandboxFilesystem": SyncSandboxFilesystem,
         **ERRORS,
     }
     sync = module("vercel.sandbox.sync", "Fake vercel.sandbox.sync", members)
     sandbox = module("vercel.sandbox", "Fake vercel.sandbox", {
-        "sync": sync, "NetworkPolicy": NetworkPolicy, "SandboxResources": SandboxResources, **ERRORS})
+        "sync": sync, "NetworkPolicy": NetworkPolicy, "NetworkPolicySubnets": NetworkPolicySubnets,
+        "SandboxResources": SandboxResources, **ERRORS})
     root = module("vercel", __doc__, {"sandbox": sandbox})
     _service = service
     try:
