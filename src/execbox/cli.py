@@ -178,6 +178,9 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
             click.echo("execbox: killed: out of memory", err=True)
         for note in result.notes:
             click.echo(f"execbox: note: {note}", err=True)
+        for attempt in result.egress:  # network mode proxy: what the code was refused, and why
+            if not attempt.allowed:
+                click.echo(f"execbox: egress denied: {attempt.host}:{attempt.port} ({attempt.reason})", err=True)
     sys.exit(EXIT_TIMEOUT if result.timed_out else result.exit_code)
 
 

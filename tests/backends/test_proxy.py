@@ -340,3 +340,12 @@ def test_execbox_backends_lists_proxy_for_docker_and_bubblewrap() -> None:
     rows = {row["name"]: row for row in json.loads(result.output)}
     for backend in BACKENDS:
         assert "proxy" in rows[backend]["capabilities"]["network_modes"], rows[backend]
+
+
+def test_the_cli_says_what_was_denied() -> None:
+    usable("bubblewrap")
+    code = "import urllib.request as u; u.urlopen('https://evil.example/')"
+    result = CliRunner().invoke(cli_main, ["run", "--backend", "bubblewrap", "--network", "proxy", "--", "python3",
+                                           "-c", code])
+    assert result.exit_code == 1
+    assert "execbox: egress denied: evil.example:443 (not in the allowlist)" in result.output

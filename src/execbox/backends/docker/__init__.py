@@ -3,8 +3,9 @@
 The boundary, on every container, with no knob that turns a part of it off:
 
     network        none by default; egress = a bridge network execbox created and labelled, with no traffic
-                   between its containers (any other network is refused); host only on request, and then the
-                   guard is told this is not a sandbox
+                   between its containers (any other network is refused); proxy = no network at all, the
+                   egress proxy's Unix socket bound read-only at /run/execbox (core/proxy.py); host only on
+                   request, and then the guard is told this is not a sandbox
     capabilities   all dropped; no-new-privileges; never --privileged, host PID/IPC/UTS/user/cgroup namespace,
                    added caps or devices
     seccomp        execbox's own profile: the deny list bubblewrap uses too (core/seccomp_policy.py)
