@@ -162,11 +162,6 @@ def narrow(parent: Grant, ask: GrantRequest, *, max_depth: int, default_ttl_s: f
         raise GrantError(f"refused: unknown tools {', '.join(unknown)}; the tools are {', '.join(ALL_TOOLS)}")
     if tools - parent.tools:
         wider.append(f"tools {', '.join(sorted(tools - parent.tools))}")
-    leaf = depth >= max_depth
-    if leaf and tools & (CODE_TOOLS | {"delegate"}):
-        raise GrantError(
-            f"refused: a grant at depth {depth} is a leaf (EXECBOX_MCP_MAX_DEPTH={max_depth}), and a leaf grant never "
-            f"includes code execution or delegation; drop {', '.join(sorted(tools & (CODE_TOOLS | {'delegate'})))}")
     backends = parent.backends if ask.backends is None else frozenset(ask.backends)
     if parent.backends is not None and backends is not None and backends - parent.backends:
         wider.append(f"backends {', '.join(sorted(backends - parent.backends))}")
@@ -190,6 +185,10 @@ def narrow(parent: Grant, ask: GrantRequest, *, max_depth: int, default_ttl_s: f
     if wider:
         raise GrantError(f"refused: a grant can only narrow its parent ({parent.describe()}); this asks for more: "
                          + "; ".join(wider))
+    if depth >= max_depth and tools & (CODE_TOOLS | {"delegate"}):
+        raise GrantError(
+            f"refused: a grant at depth {depth} is a leaf (EXECBOX_MCP_MAX_DEPTH={max_depth}), and a leaf grant never "
+            f"includes code execution or delegation; drop {', '.join(sorted(tools & (CODE_TOOLS | {'delegate'})))}")
     if posture == 0 and tools & SESSION_TOOLS:
         raise GrantError(f"refused: the tools {', '.join(sorted(tools & SESSION_TOOLS))} need posture 1 or more (a "
                          "persistent sandbox); ask for posture 1 or drop them")
