@@ -75,7 +75,8 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def http_server(server_env: dict[str, str], token: str | None = None) -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
+def http_server(server_env: dict[str, str],
+                token: str | None = None) -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
     """`execbox mcp --http` on a free loopback port: (url, token, process); stopped with SIGTERM afterwards."""
     token = token or secrets.token_urlsafe(24)
     port = free_port()

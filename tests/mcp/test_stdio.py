@@ -71,7 +71,8 @@ def test_every_tool_end_to_end(backend: str) -> None:
             assert "clamped to 20 s" in text(result)
 
             # posture 1: one sandbox for the session, state kept across calls
-            assert (await client.call_tool("shell", {"command": "echo kept > state.txt && mkdir -p d"})).structured_content
+            result = await client.call_tool("shell", {"command": "echo kept > state.txt && mkdir -p d"})
+            assert result.structured_content is not None and result.structured_content["exit_code"] == 0
             result = await client.call_tool("shell", {"command": "cat state.txt; pwd"})
             assert result.structured_content is not None and result.structured_content["stdout"].startswith("kept\n")
             blob = bytes(range(256))
