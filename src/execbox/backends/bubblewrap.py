@@ -680,6 +680,8 @@ def _masks(bound: list[str]) -> list[str]:
 
 class BubblewrapSession(Session):
     workspace = WORKSPACE
+    #: Network mode proxy: the session's egress proxy (its directory is bound in, one socket per exec).
+    egress: proxy.EgressProxy | None = None
     host_workspace: str  # the host directory bound at /workspace: file transfer works on it directly
 
     def __init__(self, report: HostReport, settings: BubblewrapSettings, spec: SessionSpec,
@@ -692,8 +694,6 @@ class BubblewrapSession(Session):
         self.root = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-")
         self.host_workspace = os.path.join(self.root, "workspace")
         self._closed = False
-        # Network mode proxy: the session's egress proxy (its directory is bound in, one socket per exec).
-        self.egress: proxy.EgressProxy | None = None
         try:
             if spec.network == "proxy":
                 self.egress = proxy.EgressProxy.for_settings(core or Settings.from_env(), owner=self.owner)

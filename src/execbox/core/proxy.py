@@ -82,14 +82,15 @@ CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUND
                 "NPM_CONFIG_CAFILE", "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO")
 NO_PROXY = "localhost,127.0.0.1,::1"
 
-# Runs inside the sandbox as ``python3 -I -S -c FORWARDER SOCKET -- COMMAND...`` (standard library only;
-# any python3 since 3.6). Binds a free port on the sandbox's loopback, puts it in the proxy variables,
-# and becomes the command; a double-forked grandchild (not a child of the command, so a shell's `wait`
-# never waits for it) relays each connection to SOCKET until the command's process is gone.
+# Runs inside the sandbox as ``python3 -I -S -c FORWARDER SOCKET -- COMMAND...``: built-in modules only
+# (_socket and _thread, not socket and threading, whose imports would cost every run tens of ms; any python3
+# since 3.6). Binds a free port on the sandbox's loopback, puts it in the proxy variables, and becomes the
+# command; a double-forked grandchild (not a child of the command, so a shell's `wait` never waits for it)
+# relays each connection to SOCKET until the command's process is gone.
 FORWARDER = r"""
-import os, select, socket, sys, threading
+import _socket, _thread, os, select, sys
 path, argv = sys.argv[1], sys.argv[3:]
-listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
 listener.bind(("127.0.0.1", 0))
 listener.listen(128)
 url = "http://127.0.0.1:%d" % listener.getsockname()[1]
@@ -111,29 +112,33 @@ null = os.open(os.devnull, os.O_RDWR)
 for fd in (0, 1, 2):
     os.dup2(null, fd)
 
-def pump(src, dst):
+def pump(src, dst, done):
     try:
         while True:
             data = src.recv(65536)
             if not data:
                 break
             dst.sendall(data)
-        dst.shutdown(socket.SHUT_WR)
+        dst.shutdown(_socket.SHUT_WR)
     except OSError:
         for s in (src, dst):
             try:
-                s.shutdown(socket.SHUT_RDWR)
+                s.shutdown(_socket.SHUT_RDWR)
             except OSError:
                 pass
+    if done is not None:
+        done.release()
 
-def relay(conn):
-    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def relay(fd):
+    conn = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, fd)
+    up = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         up.connect(path)
-        back = threading.Thread(target=pump, args=(up, conn), daemon=True)
-        back.start()
-        pump(conn, up)
-        back.join()
+        back = _thread.allocate_lock()
+        back.acquire()
+        _thread.start_new_thread(pump, (up, conn, back))
+        pump(conn, up, None)
+        back.acquire()
     except OSError:
         pass
     conn.close()
@@ -157,10 +162,10 @@ while True:
             pass
     if listener in ready:
         try:
-            conn = listener.accept()[0]
+            fd = listener._accept()[0]
         except OSError:
             continue
-        threading.Thread(target=relay, args=(conn,), daemon=True).start()
+        _thread.start_new_thread(relay, (fd,))
 """
 
 
