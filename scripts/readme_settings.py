@@ -21,7 +21,9 @@ BLOCK = re.compile(r"(<!-- settings:(\w+) -->\n)(.*?)(<!-- /settings -->)", re.S
 
 
 def models() -> dict[str, type[EnvSettings]]:
-    found: dict[str, type[EnvSettings]] = {"core": Settings}
+    from execbox.mcp.settings import McpSettings  # the MCP server's own knobs (no SDK needed to read them)
+
+    found: dict[str, type[EnvSettings]] = {"core": Settings, "mcp": McpSettings}
     for name, entry in get_registry(load=[]).backends.items():
         if entry.cls.settings_model is not None:
             found[name] = entry.cls.settings_model
