@@ -196,3 +196,11 @@ def test_the_wrapper_runs_nothing_without_its_end_line() -> None:
     argv, stdin = deliver(["echo", "ran"], None, {"A": Secret(KEY)})
     proc = subprocess.run(argv, input=stdin[:-2], capture_output=True)
     assert proc.returncode == 125 and b"ran" not in proc.stdout
+
+
+def test_a_stream_holds_back_only_what_could_begin_a_value() -> None:
+    s = Redactor({"K": KEY}).stream()
+    assert s.feed(b"hello\n") == b"hello\n"  # nothing of it can begin a form: passed on at once
+    assert s.feed(b"x " + KEY[:5].encode()) == b"x "  # this could: held
+    assert s.feed(KEY[5:].encode() + b" y\n") == b"[secret K] y\n"
+    assert s.feed(b"sk") == b"" and s.flush() == b"sk"

@@ -236,6 +236,7 @@ class Redactor:
         self._owners = {form: frozenset(names) for form, names in owners.items()}
         # Longest first: at each position the longest form wins (it covers the shorter ones there).
         forms = sorted(self._owners, key=lambda f: (-len(f), f))
+        self.forms = forms
         self.longest = len(forms[0]) if forms else 0
         self._pattern = re.compile(b"|".join(re.escape(f) for f in forms)) if forms else None
 
@@ -294,9 +295,11 @@ def _apply(data: bytes | bytearray, intervals: list[tuple[int, int, frozenset[st
 class StreamRedactor:
     """Redacts one stream that arrives in chunks: ``feed`` returns what is safe to pass on, ``flush`` the rest.
 
-    It holds back ``longest - 1`` bytes (a value may continue in the next chunk), and an occurrence that runs
-    into them. Memory is bounded: a run of overlapping occurrences longer than ``bound`` bytes is passed on
-    as labels as it goes (``_cover`` remembers how far the last one reached into what is still held)."""
+    It holds back the end of what it has that could be the start of a value continued in the next chunk (at
+    most ``longest - 1`` bytes: only from the first position whose rest begins one of the forms; all of them
+    when the forms are longer than 4 KiB), and an occurrence that runs into it. Memory is bounded: a run of
+    overlapping occurrences longer than ``bound`` bytes is passed on as labels as it goes (``_cover``
+    remembers how far the last one reached into what is still held)."""
 
     def __init__(self, redactor: Redactor) -> None:
         self.redactor = redactor
@@ -305,6 +308,12 @@ class StreamRedactor:
         self._buf = bytearray()
         self._cover = 0
         self._cover_names: frozenset[str] = frozenset()
+        self._by_first: dict[int, tuple[bytes, ...]] | None = None
+        if self.keep <= 4096:
+            by_first: dict[int, list[bytes]] = {}
+            for form in redactor.forms:
+                by_first.setdefault(form[0], []).append(form)
+            self._by_first = {first: tuple(forms) for first, forms in by_first.items()}
 
     def feed(self, data: bytes) -> bytes:
         self._buf += data
@@ -318,7 +327,7 @@ class StreamRedactor:
         found = self.redactor.intervals(buf)
         if self._cover:
             found = _merge([(0, self._cover, self._cover_names), *found])
-        cut = len(buf) if final else max(0, len(buf) - self.keep)
+        cut = len(buf) if final else self._held_from(buf)
         cover, names = 0, frozenset[str]()
         straddle = next((iv for iv in found if iv[0] < cut < iv[1]), None)
         if straddle is not None:
@@ -332,6 +341,21 @@ class StreamRedactor:
         del buf[:cut]
         self._cover, self._cover_names = cover, names
         return out
+
+
+    def _held_from(self, buf: bytearray) -> int:
+        """Where the part that could begin an occurrence still to come starts (``len(buf)``: nowhere)."""
+        n = len(buf)
+        start = max(0, n - self.keep)
+        if self._by_first is None:
+            return start
+        for pos in range(start, n):
+            forms = self._by_first.get(buf[pos])
+            if forms is not None:
+                tail = bytes(buf[pos:])
+                if any(f.startswith(tail) for f in forms):
+                    return pos
+        return n
 
 
 def _merge(found: list[tuple[int, int, frozenset[str]]]) -> list[tuple[int, int, frozenset[str]]]:
