@@ -165,3 +165,15 @@ def test_cli_refuses_a_value_on_the_command_line_and_a_missing_variable(local_mo
     assert result.exit_code == 2 and "process listings" in result.output and KEY not in result.output
     result = CliRunner().invoke(main, ["run", "--secret", "NOT_SET_ANYWHERE_X", "--", "true"])
     assert result.exit_code == 2 and "not set" in result.output
+
+
+def test_listings_and_collected_files_never_show_a_value(local_mode: None) -> None:
+    with execbox.sandbox(secrets={NAME: KEY}) as sb:
+        sb.exec(f'mkdir out && echo "$$" > "out/${NAME}.txt" && echo "key=${NAME}" > out/plain.txt')
+        names = [(f.path, f.name) for f in sb.list_files("out")]
+        collected = sb.exec("true", collect=["out/*"])
+    assert sorted(names) == [(f"out/[secret {NAME}].txt", f"[secret {NAME}].txt"), ("out/plain.txt", "plain.txt")]
+    assert sorted(collected.files) == [f"out/[secret {NAME}].txt", "out/plain.txt"]
+    assert collected.files["out/plain.txt"] == f"key=[secret {NAME}]\n".encode()
+    assert any("out/plain.txt" in note and "replaced" in note for note in collected.notes)
+    assert not leaks(collected.model_dump_json())
