@@ -213,3 +213,41 @@ def test_a_sub_agents_grant_cannot_run_what_its_parent_could_not(tmp_path: Path)
                 await bad.list_tools()
 
     anyio.run(main)
+
+
+def test_posture_3_is_a_host_shell_behind_the_seed_guard_and_nothing_else_leaves_the_sandbox(tmp_path: Path) -> None:
+    from mnemonic import Mnemonic
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    local = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="3", CODE_EXEC_LOCAL="true", HOME=str(home),
+                CODE_EXEC_BACKEND="bubblewrap")
+
+    async def main() -> None:
+        params = stdio(local)
+        params.cwd = cwd
+        async with Client(params) as client:
+            result = await client.call_tool("shell", {"command": "echo $$ > pid && cat /proc/$(cat pid)/status"})
+            assert result.structured_content is not None and result.structured_content["backend"] == "local_subprocess"
+            assert "NSpid:" in result.structured_content["stdout"]  # the host's /proc: no pid namespace
+            result = await client.call_tool("run_command", {"command": "true", "backend": "local_subprocess"})
+            assert result.is_error and "only in a sandbox" in text(result)
+            (home / ".env").write_text(f'WALLET_WORDS="{Mnemonic("english").generate(128)}"\n')
+            result = await client.call_tool("shell", {"command": "echo hi"})
+            assert result.is_error and "SecretFileError" in text(result) and str(home / ".env") in text(result)
+        below = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_LOCAL="true",
+                    SHELL_BACKEND="local_subprocess", HOME=str(home))
+        async with Client(stdio(below)) as client:
+            result = await client.call_tool("shell", {"command": "echo hi"})
+            assert result.is_error and "only in a sandbox" in text(result)
+
+    usable("bubblewrap")
+    anyio.run(main)
+
+
+def test_without_the_mcp_extra_execbox_mcp_says_which_to_install() -> None:
+    code = "import sys; sys.modules['mcp'] = None; from execbox.cli import main; main(['mcp'])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env())
+    assert done.returncode == 126 and "pip install 'execbox[mcp]'" in done.stderr
+    assert "Traceback" not in done.stderr

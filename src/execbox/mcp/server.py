@@ -33,8 +33,8 @@ from mcp.server.mcpserver import Context, Elicit, MCPServer
 from mcp.types import CallToolResult
 
 from execbox.core import audit as audit_log
-from execbox.core.errors import ConfigError, ExecboxError, SandboxError
-from execbox.core.models import Limits, NetworkMode
+from execbox.core.errors import ConfigError, ExecboxError, NotASandboxError, SandboxError
+from execbox.core.models import ExecRequest, Limits, NetworkMode
 from execbox.core.review import ReviewDecision, ReviewRequest, strictest
 from execbox.core.settings import Settings
 from execbox.core.workspace import normalize
@@ -164,6 +164,17 @@ class McpApp:
         if tool in SESSION_TOOLS and grant.posture < 1:
             raise GrantError(f"refused: {tool} needs posture 1 and your grant has posture {grant.posture}")
 
+    def _sandboxed(self, backend: str, network: NetworkMode, what: str) -> None:
+        """An agent's code runs in a sandbox; only posture 3's shell is the host. CODE_EXEC_LOCAL=true lets the
+        operator's own API and CLI runs use an unsandboxed backend, never an agent's tool."""
+        verdict = self.runner.backend(backend).verdict(ExecRequest(argv=["true"], network=network))
+        if not verdict.sandbox:
+            raise NotASandboxError(
+                f"refused: {what} runs an agent's code only in a sandbox, and backend {backend!r} with network "
+                f"{network!r} is not one here ({verdict.reason}). Use a sandbox backend and network mode"
+                + ("" if self.settings.posture == 3 else "; only AGENT_COMPUTE_POSTURE=3's shell runs on the host"),
+                backend=backend)
+
     @staticmethod
     def chain(ctx: Context, grant: Grant) -> list[str]:
         params = ctx.session.client_params
@@ -242,6 +253,8 @@ class McpApp:
                 except GrantError:
                     network = "none"
                     grant.check_network(network)
+                if s.posture != 3:
+                    self._sandboxed(impl.name, network, "the persistent sandbox")
                 sandbox = self.runner.sandbox(impl.name, network=network, limits=_limits(grant),
                                               lifetime_s=SESSION_LIFETIME_S)
                 with audit_log.caller(*chain):
@@ -265,6 +278,7 @@ class McpApp:
         grant.check_backend(name)
         mode = network or self.settings.network
         grant.check_network(mode)
+        self._sandboxed(name, mode, tool)
         return Plan(name, SANDBOX_WORKSPACE, network=mode, timeout=timeout, limits=_limits(grant),
                     max_output_bytes=grant.limits.max_output_bytes)
 
