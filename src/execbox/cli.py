@@ -26,9 +26,9 @@ from execbox.core.errors import (
     RefusedError,
     WorkspacePathError,
 )
-from execbox.core.models import NETWORK_MODES, ExecRequest, Language
-from execbox.core.secrets_inject import Secret
+from execbox.core.models import NETWORK_MODES, ExecRequest, Language, Mount
 from execbox.core.settings import EnvSettings, Settings
+from execbox.core.workspace import normalize, safe_write
 from execbox.runner import AsyncRunner, Runner, run_blocking
 
 T = TypeVar("T")
@@ -66,23 +66,6 @@ def _read_stdin(cap: int, as_json: bool) -> bytes:
     return data
 
 
-def _secrets(specs: tuple[str, ...], as_json: bool) -> dict[str, Secret]:
-    """``--secret NAME`` (the value of NAME here) or ``--secret NAME=@FILE``; never a value on the command line,
-    where process listings and shell history would keep it."""
-    secrets: dict[str, Secret] = {}
-    for spec in specs:
-        name, sep, source = spec.partition("=")
-        if sep and not source.startswith("@"):
-            _usage(f"--secret {name}=...: a value on the command line shows in process listings and shell history; "
-                   f"export {name} and pass --secret {name}, or put it in a file and pass --secret {name}=@FILE",
-                   as_json)
-        try:
-            secrets[name] = Secret.from_file(source[1:]) if sep else Secret.from_env(name)
-        except ConfigError as exc:
-            _fail(exc, as_json)
-    return secrets
-
-
 def _usage(message: str, as_json: bool) -> NoReturn:
     if as_json:
         click.echo(json.dumps({"error": {"type": "UsageError", "message": message, "retryable": False,
@@ -113,33 +96,45 @@ def main() -> None:
               help="Bytes per stream (capped at CODE_EXEC_MAX_OUTPUT_BYTES).")
 @click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
               help="A variable for the command (repeatable).")
-@click.option("--secret", "secret_specs", multiple=True, metavar="NAME|NAME=@FILE",
-              help="A secret for the command, redacted from its output: NAME takes the value of NAME in this "
-                   "environment, NAME=@FILE the text of FILE (repeatable). Never a value on the command line.")
 @click.option("--workdir", help="Working directory, relative to the workspace.")
 @click.option("--code", help="Code to run instead of a command.")
 @click.option("--language", type=click.Choice(["python", "bash"]), default="python", show_default=True)
 @click.option("--stdin", "pass_stdin", is_flag=True, help="Pass this program's standard input to the command.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the result, or {\"error\": ...}.")
+@click.option("--file", "file_specs", multiple=True, metavar="LOCAL[:REMOTE]",
+              help="Copy a local file into the workspace first (repeatable; REMOTE default: its name).")
+@click.option("--dir", "dir_specs", multiple=True, metavar="LOCAL[:REMOTE]",
+              help="Copy a local directory into the workspace first (repeatable; REMOTE default: its name).")
+@click.option("--mount", "mount_specs", multiple=True, metavar="HOST:SANDBOX[:rw]",
+              help="Bind a host path into the sandbox, read-only unless :rw (repeatable; docker, bubblewrap).")
+@click.option("--collect", "collect", multiple=True, metavar="GLOB",
+              help="Return the workspace files matching GLOB, e.g. 'out/*.png' (repeatable; with --out or --json).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="After the run, copy the --collect matches (or else the whole workspace) into DIR.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(backend: str | None, network: str | None, timeout: float | None, max_output_bytes: int | None,
-        env_pairs: tuple[str, ...], secret_specs: tuple[str, ...], workdir: str | None, code: str | None,
-        language: str, pass_stdin: bool, as_json: bool, command: tuple[str, ...]) -> None:
+        env_pairs: tuple[str, ...], workdir: str | None, code: str | None, language: str, pass_stdin: bool,
+        as_json: bool, file_specs: tuple[str, ...], dir_specs: tuple[str, ...],
+        mount_specs: tuple[str, ...], collect: tuple[str, ...], out_dir: str | None,
+        command: tuple[str, ...]) -> None:
     """Run a command (after --) or --code in a fresh sandbox.
 
     \b
     execbox run -- python3 -c 'print(1)'
     execbox run --code 'print(1)'
+    execbox run --file data.csv --collect 'out/*.png' --out results -- python3 plot.py
     """
     if bool(command) == bool(code):
         _usage("give a command after -- or --code CODE, not both and not neither", as_json)
+    uploads, mounts = _file_options(file_specs, dir_specs, mount_specs, as_json)
+    if collect and not (out_dir or as_json):
+        _usage("--collect needs --out DIR (or --json, which carries the files base64-encoded)", as_json)
     env = {}
     for pair in env_pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             _usage(f"--env takes NAME=VALUE, got {pair!r}", as_json)
         env[name] = value
-    secrets = _secrets(secret_specs, as_json)
     settings = _settings(as_json)
     runner = Runner(settings)
     # SIGTERM (timeout(1), systemd, kubernetes) and SIGHUP (a closed terminal or ssh session) must clean up like
@@ -150,7 +145,8 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
     # in memory, and a larger input is refused, not cut.
     stdin = _read_stdin(settings.max_stdin_bytes, as_json) if pass_stdin and sys.stdin is not None else None
     fields: dict[str, Any] = {"network": network, "timeout": timeout, "max_output_bytes": max_output_bytes,
-                              "workdir": workdir, "env": env, "stdin": stdin or None, "secrets": secrets or None}
+                              "workdir": workdir, "env": env, "stdin": stdin or None,
+                              "mounts": mounts or None, "collect": list(collect) or None}
     fields = {k: v for k, v in fields.items() if v is not None}
     try:
         request = (ExecRequest(argv=list(command), **fields) if command
@@ -162,7 +158,10 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
             picked, _ = run_blocking(runner.aio.select)
             backend = picked.name
             click.echo(f"execbox: using backend {backend} (CODE_EXEC_BACKEND=auto)", err=True)
-        result = runner.execute(request, backend=backend)
+        downloads = [(".", out_dir)] if out_dir and not collect else []
+        result = runner.execute(request, backend=backend, upload=uploads, download=downloads)
+        if out_dir and collect:
+            _write_collected(result.files, out_dir)
     except ExecboxError as exc:
         _fail(exc, as_json)
     if as_json:
@@ -178,10 +177,35 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
             click.echo("execbox: killed: out of memory", err=True)
         for note in result.notes:
             click.echo(f"execbox: note: {note}", err=True)
-        for attempt in result.egress:  # network mode proxy: what the code was refused, and why
-            if not attempt.allowed:
-                click.echo(f"execbox: egress denied: {attempt.host}:{attempt.port} ({attempt.reason})", err=True)
     sys.exit(EXIT_TIMEOUT if result.timed_out else result.exit_code)
+
+
+def _file_options(file_specs: tuple[str, ...], dir_specs: tuple[str, ...], mount_specs: tuple[str, ...],
+                  as_json: bool) -> tuple[list[tuple[str, str]], list[Mount]]:
+    """--file / --dir as (local, remote) uploads, --mount as Mounts; a malformed one is a usage error."""
+    uploads = []
+    for spec, want_dir in [*((f, False) for f in file_specs), *((d, True) for d in dir_specs)]:
+        local, _, remote = spec.partition(":")
+        option = "--dir" if want_dir else "--file"
+        if not local:
+            _usage(f"{option} takes LOCAL[:REMOTE], got {spec!r}", as_json)
+        if want_dir != os.path.isdir(local) or not os.path.exists(local):
+            _usage(f"{option} {local}: not {'a directory' if want_dir else 'a file'} here", as_json)
+        uploads.append((local, remote or os.path.basename(os.path.abspath(local))))
+    mounts = []
+    for spec in mount_specs:
+        try:
+            mounts.append(Mount.parse(spec))
+        except (ValueError, ExecboxError) as exc:
+            _usage(getattr(exc, "message", None) or str(exc), as_json)
+    return uploads, mounts
+
+
+def _write_collected(files: dict[str, bytes], out_dir: str) -> None:
+    """Write what --collect brought back under ``out_dir``, never through a link already there."""
+    os.makedirs(out_dir, exist_ok=True)
+    for rel, data in files.items():
+        safe_write(out_dir, normalize(rel), data)
 
 
 async def _probe(runner: AsyncRunner, name: str) -> dict[str, Any]:
@@ -524,19 +548,43 @@ def image() -> None:
 
 
 @image.command("build")
-@click.option("--tag", default=None, help="Image tag (default: the docker backend's default image).")
+@click.option("--tag", default=None, help="Image tag (default: the default image's; with extra content, its name "
+              "with the recipe hash as suffix).")
+@click.option("--package", "debs", multiple=True, metavar="NAME",
+              help="A Debian package to add (repeatable), e.g. python3-numpy; from the Debian mirror, no registry.")
+@click.option("--pip", "pip_reqs", multiple=True, metavar="REQ",
+              help="A Python requirement to install (repeatable), fetched as a wheel by this host's pip.")
+@click.option("--requirements", "req_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              metavar="FILE", help="A requirements file (repeatable), fetched the same way.")
 @click.option("--force", is_flag=True, help="Rebuild even when an up-to-date image exists.")
-def image_build(tag: str | None, force: bool) -> None:
-    """Build the Python sandbox image from Debian's packages (debootstrap + docker import); no registry needed."""
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def image_build(tag: str | None, debs: tuple[str, ...], pip_reqs: tuple[str, ...], req_files: tuple[str, ...],
+                force: bool, as_json: bool) -> None:
+    """Build a sandbox image from Debian's packages (debootstrap + docker import); no registry needed.
+
+    \b
+    execbox image build                                  # the default image
+    execbox image build --package python3-numpy          # -> execbox-sandbox:bookworm-<recipe hash>
+    execbox image build --pip 'rich==13.7.1' --tag my-image:1
+    """
+    from pathlib import Path
+
     from execbox.backends import docker_image
 
     try:
-        result = docker_image.build_image(tag or docker_image.DEFAULT_TAG, force=force)
+        result = docker_image.build_image(tag, force=force, packages=docker_image.DEFAULT_PACKAGES + debs,
+                                          pip=pip_reqs, requirements=tuple(Path(f) for f in req_files))
     except docker_image.ImageBuildError as exc:
         click.echo(f"execbox image: error: {exc}", err=True)
         sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(result)))
+        return
     state = "built" if result.built else "up to date"
     click.echo(f"{result.tag}: {state} ({result.image_id[:19]}, {result.size_bytes / 1e6:.0f} MB)")
+    if result.tag != docker_image.DEFAULT_TAG:
+        click.echo(f"use it: CODE_EXEC_DOCKER_IMAGE={result.tag}, or execbox.sandbox('docker', image="
+                   f"{result.tag!r})", err=True)
 
 
 

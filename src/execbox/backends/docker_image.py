@@ -8,6 +8,14 @@ it with a non-root default user, ``/workspace`` as working directory and a plain
 The image carries a label with a hash of the recipe below. Building again is a no-op while an
 image with the same tag and the same recipe exists, so scripts can call it unconditionally.
 
+Extra content: more Debian packages (``packages``, through debootstrap ``--include``: no registry
+needed) and Python packages (``pip`` requirements and ``requirements`` files). Python packages are
+fetched on the host by the host's own pip and configuration (its index, its certificates), as wheels
+only, for the image's Python (``execbox.plugin.packages``: no sdist is built, no package code runs on
+the host), then installed into the root filesystem by its own pip with ``--no-index``: the build needs
+no network of its own. An image with extra content gets a tag that says so: the default name with the
+recipe hash as suffix (``execbox-sandbox:bookworm-3f2a...``), and labels listing what it holds.
+
 Entry points: :func:`build_image` (the CLI's ``execbox image build`` calls it) and, for scripts
 that run before the CLI is installed, ``python -m execbox.backends.docker_image build [--tag T]``.
 docker-py is imported lazily, inside the functions that talk to the engine.
@@ -33,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from execbox.plugin import BackendUnavailableError, ExecboxError
+from execbox.plugin import packages as pypackages
 
 DEFAULT_TAG = "execbox-sandbox:bookworm"
 DEFAULT_SUITE = "bookworm"
@@ -44,6 +53,8 @@ DEFAULT_PACKAGES = ("python3", "coreutils", "ca-certificates", "python3-pip", "p
 DEFAULT_USER = "65534:65534"
 RECIPE_LABEL = "io.execbox.image.recipe"
 IMAGE_LABEL = "io.execbox.image"
+PACKAGES_LABEL = "io.execbox.image.packages"
+PIP_LABEL = "io.execbox.image.pip"
 # Bump when the trimming or the image config below changes, so old images get rebuilt.
 RECIPE_VERSION = 1
 
@@ -95,9 +106,11 @@ def image_changes(user: str = DEFAULT_USER) -> list[str]:
     ]
 
 
-def recipe_hash(suite: str, packages: tuple[str, ...], user: str) -> str:
-    """Hash of everything that decides the image's content (not the mirror: same archive)."""
-    recipe = {
+def recipe_hash(suite: str, packages: tuple[str, ...], user: str, pip: tuple[str, ...] = (),
+                requirements: tuple[Path, ...] = ()) -> str:
+    """Hash of everything that decides the image's content (not the mirror: same archive). Unpinned pip
+    requirements resolve to whatever the index has at build time: pin versions for a reproducible image."""
+    recipe: dict[str, Any] = {
         "version": RECIPE_VERSION,
         "suite": suite,
         "variant": "minbase",
@@ -105,7 +118,24 @@ def recipe_hash(suite: str, packages: tuple[str, ...], user: str) -> str:
         "trim": _TRIM_GLOBS,
         "changes": image_changes(user),
     }
+    if pip or requirements:  # absent otherwise: the default image keeps its hash
+        recipe["pip"] = sorted(pip)
+        recipe["requirements"] = [hashlib.sha256(p.read_bytes()).hexdigest() for p in requirements]
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def recipe_tag(recipe: str, base: str = DEFAULT_TAG) -> str:
+    """The tag of an image with extra content: the default name, the recipe hash as suffix."""
+    return f"{base}-{recipe[:12]}"
+
+
+def check_packages(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Debian package names as debootstrap --include takes them (comma-separated, so no commas or spaces)."""
+    for name in names:
+        if not name or not all(c.isalnum() or c in "+-.:" for c in name) or not name[0].isalnum():
+            raise ImageBuildError(f"{name!r} is not a Debian package name (letters, digits, + - . :), e.g. "
+                                  "python3-numpy")
+    return names
 
 
 def find_debian_mirror(suite: str = DEFAULT_SUITE, etc_apt: str = "/etc/apt") -> str:
@@ -195,6 +225,33 @@ def _debootstrap(rootfs: Path, suite: str, mirror: str, packages: tuple[str, ...
         )
 
 
+def _apt_install(rootfs: Path, packages: tuple[str, ...], cache_dir: Path, log_path: Path) -> None:
+    """More Debian packages, by the root filesystem's own apt with --no-install-recommends (debootstrap's own
+    resolver pulls in far more: python3-matplotlib through --include brought gcc, boost and scipy, 1.2 GB).
+    From the same mirror debootstrap used; downloaded packages are cached in ``cache_dir`` across builds."""
+    archives = rootfs / "var/cache/apt/archives"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    archives.mkdir(parents=True, exist_ok=True)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive", "LANG": "C.UTF-8"}
+    mounted: list[Path] = []
+    try:
+        for source, point, args in ((str(cache_dir), archives, ["--bind"]), ("proc", rootfs / "proc", ["-t", "proc"])):
+            subprocess.run(["mount", *args, source, str(point)], check=True, capture_output=True)
+            mounted.append(point)
+        with open(log_path, "ab") as log_fh:
+            for cmd in (["apt-get", "update", "-o", "Acquire::Languages=none"],
+                        ["apt-get", "install", "-y", "--no-install-recommends", *packages]):
+                proc = subprocess.run(["chroot", str(rootfs), *cmd], stdout=log_fh, stderr=subprocess.STDOUT,
+                                      env=env, check=False)
+                if proc.returncode != 0:
+                    tail = log_path.read_text(errors="replace").splitlines()[-10:]
+                    raise ImageBuildError(f"apt-get {cmd[1]} failed in the image (exit {proc.returncode}); full log: "
+                                          f"{log_path}\n" + "\n".join(tail))
+    finally:
+        for point in reversed(mounted):
+            subprocess.run(["umount", "-l", str(point)], check=False)
+
+
 def _trim(rootfs: Path) -> None:
     for pattern in _TRIM_GLOBS:
         for path in glob.glob(str(rootfs / pattern)):
@@ -218,8 +275,39 @@ def _trim(rootfs: Path) -> None:
     (rootfs / "workspace").mkdir(mode=0o755, exist_ok=True)
 
 
+def _pip_into(rootfs: Path, work: Path, pip: tuple[str, ...], requirements: tuple[Path, ...], log: Log) -> None:
+    """Fetch ``pip``/``requirements`` as wheels on the host for the rootfs's Python, then install them into it
+    with its own pip and no index."""
+    probe = subprocess.run(["chroot", str(rootfs), "python3", "-c", pypackages.PROBE], capture_output=True, text=True,
+                           check=False)
+    if probe.returncode != 0:
+        raise ImageBuildError(f"the image's python3 does not run: {probe.stderr.strip()[-300:]}")
+    target = pypackages.PythonTarget.parse(probe.stdout)
+    wheels = rootfs / "tmp" / "execbox-wheels"
+    wheels.mkdir(parents=True)
+    log(f"pip: fetching {', '.join([*pip, *map(str, requirements)])} as wheels for Python "
+        f"{target.major}.{target.minor} on the host")
+    done = pypackages.pip_download(list(pip), wheels, target, requirement_files=requirements)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-8:])
+        raise ImageBuildError(f"pip on the host could not fetch the Python packages as wheels (only wheels are used: "
+                              f"no sdist is built on the host): {tail}")
+    names = sorted(p.name for p in wheels.iterdir() if p.suffix == ".whl")
+    log(f"pip: installing {len(names)} wheel(s) into the image")
+    install = subprocess.run(
+        ["chroot", str(rootfs), "python3", "-m", "pip", "install", "--no-index", "--no-cache-dir",
+         "--break-system-packages", "--root-user-action=ignore", "--disable-pip-version-check",
+         "--find-links", "/tmp/execbox-wheels", *(f"/tmp/execbox-wheels/{n}" for n in names)],
+        capture_output=True, text=True, check=False, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"})
+    shutil.rmtree(wheels)
+    if install.returncode != 0:
+        (work / "pip.log").write_text(install.stdout + install.stderr)
+        raise ImageBuildError(f"pip could not install the wheels into the image: "
+                              f"{install.stderr.strip()[-600:]}")
+
+
 def build_image(
-    tag: str = DEFAULT_TAG,
+    tag: str | None = DEFAULT_TAG,
     *,
     suite: str = DEFAULT_SUITE,
     mirror: str | None = None,
@@ -228,15 +316,27 @@ def build_image(
     force: bool = False,
     client: Any = None,
     log: Log = _stderr_log,
+    pip: tuple[str, ...] = (),
+    requirements: tuple[Path, ...] = (),
 ) -> BuildResult:
     """Build (or find up to date) the sandbox image ``tag``; returns what happened and its size.
 
     Needs root (debootstrap) and a reachable Docker engine. A tag that exists but was not built
-    by execbox is never overwritten unless ``force`` is set.
+    by execbox is never overwritten unless ``force`` is set. ``tag`` None: the default tag, or for
+    an image with more than the default content, ``recipe_tag`` (the hash says what is in it).
+    ``packages``: Debian packages (``DEFAULT_PACKAGES`` and any more); ``pip``, ``requirements``:
+    Python packages fetched as wheels on the host (see the module docstring).
     """
     started = time.monotonic()
+    check_packages(packages)
+    pip = tuple(_checked_pip(pip))
+    for path in requirements:
+        if not path.is_file():
+            raise ImageBuildError(f"requirements file {path} does not exist")
+    recipe = recipe_hash(suite, packages, user, pip, requirements)
+    extra = bool(pip or requirements or set(packages) - set(DEFAULT_PACKAGES))
+    tag = tag or (recipe_tag(recipe) if extra else DEFAULT_TAG)
     client = client or _docker_client()
-    recipe = recipe_hash(suite, packages, user)
 
     def up_to_date() -> Any:
         image = _existing(client, tag)
@@ -272,12 +372,23 @@ def build_image(
         work = Path(tempfile.mkdtemp(prefix="execbox-image-", dir="/var/tmp"))
         try:
             rootfs = work / "rootfs"
-            log(f"debootstrap {suite} (minbase + {', '.join(packages)}) from {mirror}")
+            base = tuple(p for p in packages if p in DEFAULT_PACKAGES)
+            more = tuple(p for p in packages if p not in DEFAULT_PACKAGES)
+            log(f"debootstrap {suite} (minbase + {', '.join(base)}) from {mirror}")
             t0 = time.monotonic()
-            _debootstrap(rootfs, suite, mirror, packages,
+            _debootstrap(rootfs, suite, mirror, base,
                          Path("/var/cache/execbox/debootstrap"), work / "debootstrap.log")
-            log(f"debootstrap done in {time.monotonic() - t0:.0f}s; trimming")
+            log(f"debootstrap done in {time.monotonic() - t0:.0f}s")
             _unmount_below(rootfs)
+            if more:
+                log(f"apt-get install --no-install-recommends {' '.join(more)}")
+                t0 = time.monotonic()
+                _apt_install(rootfs, more, Path("/var/cache/execbox/apt"), work / "apt.log")
+                log(f"apt-get done in {time.monotonic() - t0:.0f}s")
+                _unmount_below(rootfs)
+            if pip or requirements:
+                _pip_into(rootfs, work, pip, requirements, log)
+            log("trimming")
             _trim(rootfs)
             tarball = work / "rootfs.tar"
             subprocess.run(
@@ -286,8 +397,11 @@ def build_image(
             )
             log(f"importing {tarball.stat().st_size / 1e6:.0f} MB into the engine as {tag}")
             repository, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "")
+            added = sorted(set(packages) - set(DEFAULT_PACKAGES))
+            listed = [*pip, *(f"-r {p.name}" for p in requirements)]
             changes = image_changes(user) + [
-                f"LABEL {IMAGE_LABEL}=1 {RECIPE_LABEL}={recipe} io.execbox.image.suite={suite}",
+                f"LABEL {IMAGE_LABEL}=1 {RECIPE_LABEL}={recipe} io.execbox.image.suite={suite} "
+                f"{PACKAGES_LABEL}={json.dumps(','.join(added))} {PIP_LABEL}={json.dumps(';'.join(listed))}",
             ]
             result = client.api.import_image(
                 src=str(tarball), repository=repository, tag=version or "latest", changes=changes
@@ -305,21 +419,31 @@ def build_image(
     return BuildResult(tag, image.id, True, seconds, size, recipe)
 
 
+def _checked_pip(requirements: tuple[str, ...]) -> list[str]:
+    try:
+        return pypackages.check_requirements(requirements)
+    except ExecboxError as exc:
+        raise ImageBuildError(exc.message) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m execbox.backends.docker_image")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the sandbox image from Debian packages (needs root)")
-    b.add_argument("--tag", default=DEFAULT_TAG)
+    b.add_argument("--tag", default=None, help="default: the default tag, or with extra content its recipe tag")
     b.add_argument("--suite", default=DEFAULT_SUITE)
     b.add_argument("--mirror", default=None, help="Debian mirror (default: the host's apt source)")
     b.add_argument("--include", default="", help="extra Debian packages, comma-separated")
+    b.add_argument("--pip", action="append", default=[], help="a Python requirement (repeatable)")
+    b.add_argument("--requirements", action="append", default=[], help="a requirements file (repeatable)")
     b.add_argument("--force", action="store_true", help="rebuild even when up to date")
     b.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     extra = tuple(p for p in args.include.split(",") if p)
     try:
         result = build_image(args.tag, suite=args.suite, mirror=args.mirror,
-                             packages=DEFAULT_PACKAGES + extra, force=args.force)
+                             packages=DEFAULT_PACKAGES + extra, force=args.force, pip=tuple(args.pip),
+                             requirements=tuple(Path(p) for p in args.requirements))
     except ImageBuildError as exc:
         print(f"execbox image: error: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,102 @@
+"""A tiny pure-Python wheel and a PEP 503 index serving it on loopback, counting every wheel download: the local
+package source of the package-cache and image-build tests (no public index, no network beyond 127.0.0.1)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import os
+import threading
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+NAME = "execbox-probe-pkg"
+MODULE = "execbox_probe_pkg"
+VERSION = "1.0"
+VALUE = "probe-ok"
+
+
+def build_wheel(directory: Path, name: str = NAME, version: str = VERSION, value: str = VALUE) -> Path:
+    """``<module>-<version>-py3-none-any.whl`` with ``VALUE = value`` in the module, a valid RECORD."""
+    module = name.replace("-", "_")
+    dist = f"{module}-{version}.dist-info"
+    files = {
+        f"{module}/__init__.py": f"VALUE = {value!r}\n".encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: execbox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    wheel = directory / f"{module}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    return wheel
+
+
+@dataclass
+class Index:
+    url: str
+    root: Path
+    downloads: list[str] = field(default_factory=list)
+
+
+@contextmanager
+def serve_index(root: Path, wheels: list[Path]) -> Iterator[Index]:
+    """A PEP 503 simple index of ``wheels`` on 127.0.0.1; ``Index.downloads`` lists every wheel fetched."""
+    files = root / "files"
+    files.mkdir(parents=True, exist_ok=True)
+    by_project: dict[str, list[Path]] = {}
+    for wheel in wheels:
+        target = files / wheel.name
+        target.write_bytes(wheel.read_bytes())
+        project = wheel.name.split("-")[0].replace("_", "-").lower()
+        by_project.setdefault(project, []).append(target)
+    for project, found in by_project.items():
+        page = root / "simple" / project
+        page.mkdir(parents=True, exist_ok=True)
+        links = "".join(f'<a href="../../files/{w.name}#sha256={hashlib.sha256(w.read_bytes()).hexdigest()}">'
+                        f"{w.name}</a>\n" for w in found)
+        (page / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    index = Index("", root)
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: object, **kw: object) -> None:
+            super().__init__(*args, directory=str(root), **kw)  # type: ignore[arg-type]
+
+        def do_GET(self) -> None:  # noqa: N802 - the http.server name
+            if self.path.split("?")[0].endswith(".whl"):
+                index.downloads.append(os.path.basename(self.path))
+            super().do_GET()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    index.url = f"http://127.0.0.1:{server.server_address[1]}/simple"
+    try:
+        yield index
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def host_pip_uses(index: Index, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point this host's pip at ``index`` alone: no config file, no find-links, no other index."""
+    for name in list(os.environ):
+        if name.startswith("PIP_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_INDEX_URL", index.url)
