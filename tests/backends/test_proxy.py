@@ -349,3 +349,15 @@ def test_the_cli_says_what_was_denied() -> None:
                                            "-c", code])
     assert result.exit_code == 1
     assert "execbox: egress denied: evil.example:443 (not in the allowlist)" in result.output
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gc_removes_the_proxy_directory_a_killed_caller_left(backend: str) -> None:
+    runner = usable(backend)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = tempfile.mkdtemp(prefix=f"{px.DIR_PREFIX}{dead.pid}-1-")
+    open(os.path.join(left, "run-0.sock"), "w").close()
+    removed = run_blocking(runner.aio.backend(backend).gc)
+    assert not os.path.exists(left)
+    assert any(left in line for line in removed), removed
