@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TypeVar, cast
 import anyio
 import click
 
+from execbox import ExecResult
 from execbox.core import audit as audit_log
 from execbox.core.backend import ExecutionBackend
 from execbox.core.errors import (
@@ -27,6 +28,8 @@ from execbox.core.errors import (
     WorkspacePathError,
 )
 from execbox.core.models import NETWORK_MODES, ExecRequest, Language, Mount
+from execbox.core.output import OutputEvent, stream_events
+from execbox.core.secrets_inject import Secret
 from execbox.core.settings import EnvSettings, Settings
 from execbox.core.workspace import normalize, safe_write
 from execbox.runner import AsyncRunner, Runner, run_blocking
@@ -66,6 +69,23 @@ def _read_stdin(cap: int, as_json: bool) -> bytes:
     return data
 
 
+def _secrets(specs: tuple[str, ...], as_json: bool) -> dict[str, Secret]:
+    """``--secret NAME`` (the value of NAME here) or ``--secret NAME=@FILE``; never a value on the command line,
+    where process listings and shell history would keep it."""
+    secrets: dict[str, Secret] = {}
+    for spec in specs:
+        name, sep, source = spec.partition("=")
+        if sep and not source.startswith("@"):
+            _usage(f"--secret {name}=...: a value on the command line shows in process listings and shell history; "
+                   f"export {name} and pass --secret {name}, or put it in a file and pass --secret {name}=@FILE",
+                   as_json)
+        try:
+            secrets[name] = Secret.from_file(source[1:]) if sep else Secret.from_env(name)
+        except ConfigError as exc:
+            _fail(exc, as_json)
+    return secrets
+
+
 def _usage(message: str, as_json: bool) -> NoReturn:
     if as_json:
         click.echo(json.dumps({"error": {"type": "UsageError", "message": message, "retryable": False,
@@ -96,11 +116,18 @@ def main() -> None:
               help="Bytes per stream (capped at CODE_EXEC_MAX_OUTPUT_BYTES).")
 @click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE",
               help="A variable for the command (repeatable).")
+@click.option("--secret", "secret_specs", multiple=True, metavar="NAME|NAME=@FILE",
+              help="A secret for the command, redacted from its output: NAME takes the value of NAME in this "
+                   "environment, NAME=@FILE the text of FILE (repeatable). Never a value on the command line.")
 @click.option("--workdir", help="Working directory, relative to the workspace.")
 @click.option("--code", help="Code to run instead of a command.")
 @click.option("--language", type=click.Choice(["python", "bash"]), default="python", show_default=True)
 @click.option("--stdin", "pass_stdin", is_flag=True, help="Pass this program's standard input to the command.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the result, or {\"error\": ...}.")
+@click.option("--jsonl", "as_jsonl", is_flag=True,
+              help="Print JSON lines as the output arrives: {\"type\": \"stdout\"|\"stderr\", \"text\"}, "
+                   "{\"type\": \"dropped\", \"stream\"} past the output cap; then {\"type\": \"result\", ...} "
+                   "or {\"type\": \"error\", ...}.")
 @click.option("--file", "file_specs", multiple=True, metavar="LOCAL[:REMOTE]",
               help="Copy a local file into the workspace first (repeatable; REMOTE default: its name).")
 @click.option("--dir", "dir_specs", multiple=True, metavar="LOCAL[:REMOTE]",
@@ -113,10 +140,10 @@ def main() -> None:
               help="After the run, copy the --collect matches (or else the whole workspace) into DIR.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(backend: str | None, network: str | None, timeout: float | None, max_output_bytes: int | None,
-        env_pairs: tuple[str, ...], workdir: str | None, code: str | None, language: str, pass_stdin: bool,
-        as_json: bool, file_specs: tuple[str, ...], dir_specs: tuple[str, ...],
+        env_pairs: tuple[str, ...], secret_specs: tuple[str, ...], workdir: str | None, code: str | None,
+        language: str, pass_stdin: bool, as_json: bool, file_specs: tuple[str, ...], dir_specs: tuple[str, ...],
         mount_specs: tuple[str, ...], collect: tuple[str, ...], out_dir: str | None,
-        command: tuple[str, ...]) -> None:
+        command: tuple[str, ...], as_jsonl: bool = False) -> None:
     """Run a command (after --) or --code in a fresh sandbox.
 
     \b
@@ -126,6 +153,9 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
     """
     if bool(command) == bool(code):
         _usage("give a command after -- or --code CODE, not both and not neither", as_json)
+    if as_json and as_jsonl:
+        _usage("give --json (one object at the end) or --jsonl (events as they arrive), not both", True)
+    mode = "json" if as_json else "jsonl" if as_jsonl else "text"
     uploads, mounts = _file_options(file_specs, dir_specs, mount_specs, as_json)
     if collect and not (out_dir or as_json):
         _usage("--collect needs --out DIR (or --json, which carries the files base64-encoded)", as_json)
@@ -135,6 +165,7 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
         if not sep or not name:
             _usage(f"--env takes NAME=VALUE, got {pair!r}", as_json)
         env[name] = value
+    secrets = _secrets(secret_specs, as_json)
     settings = _settings(as_json)
     runner = Runner(settings)
     # SIGTERM (timeout(1), systemd, kubernetes) and SIGHUP (a closed terminal or ssh session) must clean up like
@@ -145,7 +176,7 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
     # in memory, and a larger input is refused, not cut.
     stdin = _read_stdin(settings.max_stdin_bytes, as_json) if pass_stdin and sys.stdin is not None else None
     fields: dict[str, Any] = {"network": network, "timeout": timeout, "max_output_bytes": max_output_bytes,
-                              "workdir": workdir, "env": env, "stdin": stdin or None,
+                              "workdir": workdir, "env": env, "stdin": stdin or None, "secrets": secrets or None,
                               "mounts": mounts or None, "collect": list(collect) or None}
     fields = {k: v for k, v in fields.items() if v is not None}
     try:
@@ -159,17 +190,16 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
             backend = picked.name
             click.echo(f"execbox: using backend {backend} (CODE_EXEC_BACKEND=auto)", err=True)
         downloads = [(".", out_dir)] if out_dir and not collect else []
-        result = runner.execute(request, backend=backend, upload=uploads, download=downloads)
+        result = _execute(runner, mode, request, backend=backend, upload=uploads, download=downloads)
         if out_dir and collect:
             _write_collected(result.files, out_dir)
     except ExecboxError as exc:
         _fail(exc, as_json)
     if as_json:
         click.echo(result.model_dump_json())
-    else:
-        sys.stdout.write(result.stdout)
-        sys.stdout.flush()
-        sys.stderr.write(result.stderr)
+    elif as_jsonl:
+        click.echo(json.dumps({"type": "result", **json.loads(result.model_dump_json())}))
+    else:  # the output itself was printed as it arrived (_execute)
         if result.timed_out:
             limit = min(request.timeout or settings.max_timeout_sec, settings.max_timeout_sec)
             click.echo(f"execbox: timed out after {limit:g}s", err=True)
@@ -177,6 +207,9 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
             click.echo("execbox: killed: out of memory", err=True)
         for note in result.notes:
             click.echo(f"execbox: note: {note}", err=True)
+        for attempt in result.egress:  # network mode proxy: what the code was refused, and why
+            if not attempt.allowed:
+                click.echo(f"execbox: egress denied: {attempt.host}:{attempt.port} ({attempt.reason})", err=True)
     sys.exit(EXIT_TIMEOUT if result.timed_out else result.exit_code)
 
 
@@ -206,6 +239,39 @@ def _write_collected(files: dict[str, bytes], out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     for rel, data in files.items():
         safe_write(out_dir, normalize(rel), data)
+
+
+def _execute(runner: Runner, mode: str, request: ExecRequest, **kw: Any) -> ExecResult:
+    """Run ``request``. "text": its output printed as it arrives, stdout to stdout and stderr to stderr (past the
+    cap, the omission marker and the tail come at the end, so the terminal shows exactly the result's text);
+    "jsonl": one JSON line per output event; "json": nothing until the end."""
+    if mode == "json":
+        return runner.execute(request, **kw)
+
+    def show(event: OutputEvent) -> None:
+        if mode == "jsonl":
+            line = ({"type": event.stream, "text": event.text} if event.kind == "output"
+                    else {"type": "dropped", "stream": event.stream})
+            click.echo(json.dumps(line))
+        elif event.kind == "output":
+            stream = sys.stdout if event.stream == "stdout" else sys.stderr
+            stream.write(event.text)
+            stream.flush()
+
+    async def go() -> ExecResult:
+        async for event in stream_events(lambda out: runner.aio.execute(request, output=out, **kw)):
+            if not isinstance(event, OutputEvent):
+                return event
+            show(event)
+        raise AssertionError("a stream ends with its result")
+
+    try:
+        return run_blocking(go)
+    except ExecboxError as exc:
+        if mode != "jsonl":
+            raise
+        click.echo(json.dumps({"type": "error", "error": exc.to_dict()}))
+        sys.exit(_exit_code(exc))
 
 
 async def _probe(runner: AsyncRunner, name: str) -> dict[str, Any]:
