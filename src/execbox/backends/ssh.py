@@ -551,6 +551,9 @@ class SshSession(Session):
         path, st = self._walk(sftp, rel, create=False)
         if st is None:
             raise WorkspacePathError(f"no such file in the workspace: {rel!r}")
+        if stat.S_ISDIR(st.st_mode):
+            raise WorkspacePathError(f"{rel!r} is a directory, not a file: use list_files({rel!r}) to see what is in "
+                                     f"it, or download({rel!r}, local_path) to copy it out")
         if not stat.S_ISREG(st.st_mode):
             raise WorkspacePathError(f"refused {rel!r}: not a regular file")
         if (st.st_size or 0) > max_bytes:

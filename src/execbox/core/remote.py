@@ -202,7 +202,14 @@ class RemoteSession(Session):
                 raise is_directory_error(path)
             if code == 0 and size.isdigit() and int(size) > max_bytes:
                 raise FileTooLargeError(path, int(size), max_bytes)
-        data = self.read_bytes(target)
+        try:
+            data = self.read_bytes(target)
+        except ExecboxError:
+            raise
+        except Exception:
+            if self.run_small(["test", "-d", target])[0] == 0:  # the provider's error for a directory says little
+                raise is_directory_error(path) from None
+            raise
         if len(data) > max_bytes:
             raise FileTooLargeError(path, len(data), max_bytes)
         return data

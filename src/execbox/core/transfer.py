@@ -440,14 +440,15 @@ def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, rel: str, dirs: 
 
 # --- inside the sandbox (sessions without a host workspace) ------------------------------------------------
 
-# sh -c LIST execbox WORKSPACE REL RECURSIVE: resolve REL inside the workspace (exit 4 outside it), then one
-# record per entry: "<type letter> <size> <path>\0" (GNU find; paths relative to REL).
+# sh -c LIST execbox WORKSPACE REL RECURSIVE: REL's directory must resolve inside the workspace (exit 4 outside
+# it; REL itself is never followed: a link is listed as a link), then one record per entry:
+# "<type letter> <size> <path>\0" (GNU find; paths relative to REL).
 _LIST = r"""
 w=$(realpath -- "$1") || exit 3
 cd "$w" || exit 3
 if [ -n "$2" ]; then
-  t=$(realpath -m -- "$2") || exit 3
-  case "$t" in "${w%/}"/*) ;; *) exit 4 ;; esac
+  t=$(realpath -m -- "$(dirname -- "$2")") || exit 3
+  case "$t/" in "${w%/}"/*) ;; *) exit 4 ;; esac
   [ -e "$2" ] || [ -L "$2" ] || exit 5
 fi
 p=${2:-.}
@@ -464,8 +465,8 @@ _PACK = r"""
 w=$(realpath -- "$1") || exit 3
 cd "$w" || exit 3
 if [ -z "$2" ]; then exec tar -cf "$3" --exclude="./$4" .; fi
-t=$(realpath -m -- "$2") || exit 3
-case "$t" in "${w%/}"/*) ;; *) exit 4 ;; esac
+t=$(realpath -m -- "$(dirname -- "$2")") || exit 3
+case "$t/" in "${w%/}"/*) ;; *) exit 4 ;; esac
 cd -- "$(dirname -- "$2")" && exec tar -cf "$w/$3" -- "$(basename -- "$2")"
 """
 
