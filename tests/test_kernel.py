@@ -71,6 +71,18 @@ def test_parser_keeps_head_and_tail_of_a_flood_and_counts_what_the_sandbox_cut()
     assert parser.captures["stdout"].truncated
 
 
+def test_parser_bounds_what_one_line_of_tiny_items_or_deep_nesting_costs() -> None:
+    parser = CellParser(max_output=100, max_display=16 << 20)
+    tiny = b'{"t":"display","data":{"application/json":[' + b"[1]," * 1_000_000 + b'[1]]}}\n'
+    deep = b'{"t":"display","data":{"application/json":' + b"[" * 200_000 + b"]" * 200_000 + b"}}\n"
+    with PeakRss() as rss:
+        parser.feed("stdout", tiny + deep)
+    assert parser.outputs == [] and parser.bad_lines == 2  # neither parsed: skipped, counted
+    assert rss.growth < 64 << 20, f"parsing two hostile lines cost {rss.growth >> 20} MiB"
+    parser.feed("stdout", frames(*({"t": "display", "data": {"text/plain": str(i)}} for i in range(1500))))
+    assert len(parser.outputs) == 1000 and parser.dropped_displays == 500  # a count bound, whatever the size
+
+
 def test_parser_reads_a_non_streaming_backends_output_at_the_end() -> None:
     parser = CellParser(max_output=100, max_display=1000)
     parser.finish(ExecResult(exit_code=0, stdout=frames({"t": "stream", "s": "stdout", "d": "late"},

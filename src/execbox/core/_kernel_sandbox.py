@@ -48,6 +48,7 @@ MAX_CTL_FRAME = 64 << 20  # one control frame from the interpreter (a large figu
 MAX_REQUEST = 64 << 20  # one request line from a client (the cell's code)
 OUT_HIGH_WATER = 4 << 20  # bytes queued for a slow client before the interpreter's pipes stop being read
 CHUNK = 65536
+MAX_DISPLAYS = 1000  # rich outputs per cell (the host holds the same bound)
 INLINE_BACKEND = "execbox_inline"
 
 
@@ -147,6 +148,7 @@ class Cell:
         self.timed_out = False
         self.caps = {"stdout": StreamCap("stdout", cap), "stderr": StreamCap("stderr", cap)}
         self.display_bytes = 0
+        self.displays = 0
         self.dropped_displays = 0
         self.lost: str | None = None  # reported with this cell: the state was lost before it ran
         self.oom_before = memory_oom_kills()
@@ -469,9 +471,10 @@ class Supervisor:
             return
         self.drain_pipes()  # what it printed before this frame comes first
         if frame.get("op") == "display":
-            if cell.display_bytes + size > cell.max_display:
+            if cell.display_bytes + size > cell.max_display or cell.displays >= MAX_DISPLAYS:
                 cell.dropped_displays += 1
                 return
+            cell.displays += 1
             cell.display_bytes += size
             self.queue(encode({"t": "display", "kind": frame.get("kind") or "display",
                                "data": frame.get("data") or {}, "metadata": frame.get("metadata") or {}}))

@@ -53,6 +53,11 @@ RELAY_SLACK_S = 15.0
 #: The supervisor's own stdout/stderr (it prints nothing unless it fails): kept for the error message.
 SERVER_OUTPUT_BYTES = 64 << 10
 _LINE_OVERHEAD = 1 << 20
+#: Rich outputs one cell may return, whatever their size (each is an object in this process).
+MAX_DISPLAYS = 1000
+#: JSON structure one line may hold (commas, colons, brackets): parsing builds an object per item, so a line of
+#: tiny items would cost far more memory than its length; a line over this is skipped unparsed.
+MAX_LINE_ITEMS = 500_000
 
 CLIENT = """\
 import socket, sys, time
@@ -132,9 +137,12 @@ class CellParser:
             start = end + 1
 
     def line(self, raw: bytes, size: int) -> None:
+        if sum(raw.count(c) for c in (b",", b":", b"[", b"{")) > MAX_LINE_ITEMS:
+            self.bad_lines += 1
+            return
         try:
             frame = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             self.bad_lines += 1
             return
         if not isinstance(frame, dict):
@@ -159,7 +167,7 @@ class CellParser:
         if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
             self.bad_lines += 1
             return
-        if self.display_bytes + size > self.max_display:
+        if self.display_bytes + size > self.max_display or len(self.outputs) >= MAX_DISPLAYS:
             self.dropped_displays += 1
             return
         self.display_bytes += size
@@ -345,7 +353,7 @@ class Kernel:
         dropped = parser.dropped_displays + (inside if isinstance(inside, int) and inside > 0 else 0)
         if dropped:
             notes.append(f"{dropped} rich output(s) dropped: over CODE_EXEC_MAX_DISPLAY_BYTES "
-                         f"({self.max_display_bytes} bytes per cell)")
+                         f"({self.max_display_bytes} bytes per cell) or {MAX_DISPLAYS} outputs")
         if parser.bad_lines:
             notes.append(f"{parser.bad_lines} unreadable or oversized line(s) from the interpreter were skipped")
         count = done.get("count")
