@@ -79,7 +79,7 @@ from execbox.core.settings import Settings, comma_list, setting
 from execbox.core.transfer import TransferLimits
 from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
 
-KIT_VERSION = "1.0"
+KIT_VERSION = "1.1"  # 1.1: streaming (OnOutput, OutputEvent, Capabilities.streaming), run_cell's models
 
 __all__ = [
     "KIT_VERSION",
