@@ -20,7 +20,7 @@ from anyio.from_thread import start_blocking_portal
 from pydantic import ValidationError
 
 from execbox.core import audit as audit_log
-from execbox.core import packages, secrets_inject, transfer
+from execbox.core import egress_secrets, packages, secrets_inject, transfer
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 from execbox.core.envpolicy import filter_env
 from execbox.core.errors import (
@@ -29,6 +29,7 @@ from execbox.core.errors import (
     ExecboxError,
     SandboxError,
     UnsupportedPolicyError,
+    WorkspacePathError,
 )
 from execbox.core.kernel import CellResult, Kernel
 from execbox.core.models import (
@@ -253,6 +254,9 @@ class AsyncRunner:
             "network": request.network or s.network,
             "limits": limits,
         })
+        if s.egress_secrets and resolved.network == "proxy":  # CODE_EXEC_EGRESS_SECRETS: the operator's
+            resolved = resolved.model_copy(update={"secrets_at_egress": {
+                **egress_secrets.from_setting(s.egress_secrets), **resolved.secrets_at_egress}})
         return resolved, dropped, asked.names() | self._operator_limits()
 
     def _operator_limits(self) -> set[str]:
@@ -311,12 +315,14 @@ class AsyncRunner:
 
     async def upload_to(self, backend: ExecutionBackend, session: Session, local: str, remote: str) -> Transfer:
         rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
+        _not_mounted(session, rel, "upload to")
         with backend_errors(backend.name):
             return await transfer.upload_path(session, _text(os.fspath(local), "local path"), rel,
                                               limits=self.transfer_limits)
 
     async def download_from(self, backend: ExecutionBackend, session: Session, remote: str, local: str) -> Transfer:
         rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
+        _not_mounted(session, rel, "download")
         with backend_errors(backend.name):
             return await transfer.download_path(session, rel, _text(os.fspath(local), "local path"),
                                                 limits=self.transfer_limits)
@@ -388,13 +394,15 @@ class AsyncRunner:
                   mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
                   upload: Uploads | None = None, download: Uploads | None = None,
                   options: Mapping[str, Any] | None = None,
-                  secrets: Mapping[str, secrets_inject.Secret | str] | None = None) -> ExecResult:
+                  secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
+                  secrets_at_egress: egress_secrets.Given | None = None) -> ExecResult:
         """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox. ``on_stdout(text)`` /
         ``on_stderr(text)`` get the output as it arrives (the result is the same as without them). Files: see
         ``execute``; ``mounts`` bind host paths (read-only unless ``Mount(..., writable=True)``); ``collect``
         globs return matching workspace files on ``result.files``."""
         request = _command_request(command, **_request_kw(network, timeout, env, stdin, files, workdir,
-                                                          max_output_bytes, limits, mounts, collect, secrets))
+                                                          max_output_bytes, limits, mounts, collect, secrets,
+                                                          secrets_at_egress))
         return await deliver(lambda out: self.execute(request, backend=backend, output=out, options=options,
                                                       upload=upload, download=download), on_stdout, on_stderr)
 
@@ -419,23 +427,27 @@ class AsyncRunner:
     def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
                 name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
                 package_cache: bool = False, pip: Sequence[str] | None = None,
-                secrets: Mapping[str, secrets_inject.Secret | str] | None = None, **options: Any) -> AsyncSandbox:
+                secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
+                secrets_at_egress: egress_secrets.Given | None = None,
+                **options: Any) -> AsyncSandbox:
         """A persistent sandbox. Keywords beyond these are the backend's own options (its settings_model's fields,
         e.g. ``image=`` for docker), on top of the runner's and the environment's. ``mounts``: host paths bound
         in for the sandbox's life. ``package_cache``: the per-user wheel cache, read-only, where pip looks;
         ``pip``: requirements installed from it when the sandbox opens (implies ``package_cache``). ``secrets``:
-        given to every exec (on top of an exec's own), redacted from what every exec returns."""
+        given to every exec (on top of an exec's own), redacted from what every exec returns; ``secrets_at_egress``
+        likewise (network mode proxy)."""
         sandbox = AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s,
                                options=options, mounts=mounts, package_cache=package_cache or bool(pip), pip=pip)
         sandbox.secrets = _sandbox_secrets(secrets)
+        sandbox.secrets_at_egress = _sandbox_secrets(secrets_at_egress, egress=True)
         return sandbox
 
 
-def _sandbox_secrets(secrets: Mapping[str, secrets_inject.Secret | str] | None) -> dict[str, secrets_inject.Secret]:
+def _sandbox_secrets(secrets: Mapping[str, Any] | None, *, egress: bool = False) -> dict[str, Any]:
     try:
-        return secrets_inject.check_secrets(secrets or {})
+        return egress_secrets.check(secrets or {}) if egress else secrets_inject.check_secrets(secrets or {})
     except ValueError as exc:
-        raise ConfigError(f"invalid secrets: {exc}") from None
+        raise ConfigError(f"invalid {'secrets_at_egress' if egress else 'secrets'}: {exc}") from None
 
 
 def _enough_threads(slots: int) -> None:
@@ -446,6 +458,17 @@ def _enough_threads(slots: int) -> None:
 
 
 Uploads = Mapping[str, str] | Sequence[tuple[str, str]]
+
+
+def _not_mounted(session: Session, rel: str, doing: str) -> None:
+    """A path at or below a mount's target is the host's own directory, not the workspace: the workspace side
+    of it is an empty mount point, so moving files there would silently do nothing the code can see."""
+    spec = session.session_spec
+    where = posixpath.join(session.workspace, rel) if rel else session.workspace
+    for mount in spec.mounts if spec else ():
+        if where == mount.target or where.startswith(mount.target + "/"):
+            raise WorkspacePathError(f"cannot {doing} {rel!r}: it is in the mount of the host path {mount.source} at "
+                                     f"{mount.target}; use that path on the host directly")
 
 
 def _pairs(value: Uploads | None, what: str) -> list[tuple[str, str]]:
@@ -464,7 +487,8 @@ def _request_kw(network: NetworkMode | None = None, timeout: float | None = None
                 workdir: str | None = None, max_output_bytes: int | None = None,
                 limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
                 collect: Sequence[str] | str | None = None,
-                secrets: Mapping[str, secrets_inject.Secret | str] | None = None) -> dict[str, Any]:
+                secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
+                secrets_at_egress: egress_secrets.Given | None = None) -> dict[str, Any]:
     if env is not None and not isinstance(env, Mapping):
         raise ConfigError(f"invalid env: {type(env).__name__}; give a mapping of names to values")
     if secrets is not None and not isinstance(secrets, Mapping):
@@ -479,6 +503,7 @@ def _request_kw(network: NetworkMode | None = None, timeout: float | None = None
         "mounts": list(mounts) if mounts else None,
         "collect": [collect] if isinstance(collect, str) else list(collect) if collect else None,
         "secrets": dict(secrets) if secrets else None,
+        "secrets_at_egress": secrets_at_egress or None,
     }
     return {k: v for k, v in kw.items() if v is not None}
 
@@ -500,16 +525,14 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
     assert request.timeout and request.max_output_bytes and request.network and request.limits  # prepare() set them
     if output is not None:
         output.set_cap(request.max_output_bytes)
-    stdin = request.stdin
-    # Declared secrets reach the command through its stdin and a wrapper, never the env a backend sees; the
-    # output is redacted as it is captured (core.secrets_inject).
-    redactor = secrets_inject.Redactor(request.secrets) if request.secrets else None
-    if request.secrets:
-        argv, stdin = secrets_inject.deliver(argv, stdin, request.secrets)
-    spec = ExecSpec(argv=argv, env=request.env, stdin=stdin, workdir=session.workspace,
+    # Declared secrets reach the command through its stdin and a wrapper, never the env a backend sees, and the
+    # output is redacted as it is captured (core.secrets_inject); secrets at egress give it placeholders that the
+    # egress proxy swaps for the values in HTTPS requests to their hosts only (core.egress_secrets).
+    secrets = egress_secrets.plan(request, argv, backend=backend)
+    spec = ExecSpec(argv=secrets.argv, env=secrets.env, stdin=secrets.stdin, workdir=session.workspace,
                     timeout=request.timeout, max_output_bytes=request.max_output_bytes, network=request.network,
                     limits=request.limits, on_output=output.feed if output else None)
-    with secrets_inject.redacting(redactor), backend_errors(backend.name):
+    with secrets.active(), backend_errors(backend.name):
         result = await session.exec(spec)
     result = result.model_copy(update={
         "backend": backend.name, "filtered_env": dropped, "notes": [*result.notes, *backend.notes()],
@@ -517,7 +540,7 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
     result = explain(result, timeout=request.timeout, asked_timeout=asked_timeout,
                      max_timeout=backend.settings.max_timeout_sec, memory_mb=request.limits.memory_mb,
                      network=request.network)
-    return secrets_inject.redact_result(result, redactor, sorted(request.secrets))
+    return secrets.finish(result)
 
 
 async def _exec_audited(audit: audit_log.AuditLog, backend: ExecutionBackend, session: Session,
@@ -587,6 +610,7 @@ class AsyncSandbox:
         #: Secrets every exec gets (``sandbox(secrets=...)``); ``_given``: every secret any exec got, for redaction
         #: of what the code may have left in the workspace (listings).
         self.secrets: dict[str, secrets_inject.Secret] = {}
+        self.secrets_at_egress: dict[str, tuple[str, int, secrets_inject.Secret]] = {}
         self._given: dict[str, secrets_inject.Secret] = {}
 
     async def __aenter__(self) -> AsyncSandbox:
@@ -664,8 +688,9 @@ class AsyncSandbox:
 
     async def execute(self, request: ExecRequest, *, output: LiveOutput | None = None) -> ExecResult:
         backend, session = self._live()
-        if self.secrets:
-            request = request.model_copy(update={"secrets": {**self.secrets, **request.secrets}})
+        if self.secrets or self.secrets_at_egress:
+            request = request.model_copy(update={"secrets": {**self.secrets, **request.secrets}, "secrets_at_egress": {
+                **self.secrets_at_egress, **request.secrets_at_egress}})
         self._given.update(request.secrets)
         try:
             resolved, dropped = self._admit(backend, request)

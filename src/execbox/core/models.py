@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
+from execbox.core import egress_secrets
 from execbox.core.output import BoundedCapture, OnOutput
 from execbox.core.secrets_inject import Secret, check_secrets
 
@@ -185,6 +186,9 @@ class ExecRequest(BaseModel):
     # Declared secrets, name -> value (core.secrets_inject): the command gets them as environment variables (past
     # the env policy), the caller sees ``[secret NAME]`` wherever one would show. Never serialised, never in repr.
     secrets: dict[str, Secret] = Field(default_factory=dict, exclude=True, repr=False)
+    # Secrets at egress, name -> (host, port, value) (core.egress_secrets): the command gets a placeholder, the
+    # egress proxy (network mode proxy) puts the value into HTTPS requests to that host only. Never serialised.
+    secrets_at_egress: dict[str, tuple[str, int, Secret]] = Field(default_factory=dict, exclude=True, repr=False)
 
     @model_validator(mode="after")
     def _one_command(self) -> ExecRequest:
@@ -199,11 +203,18 @@ class ExecRequest(BaseModel):
     def _secrets(cls, secrets: Any) -> dict[str, Secret]:
         return check_secrets(secrets or {})
 
+    @field_validator("secrets_at_egress", mode="before")
+    @classmethod
+    def _secrets_at_egress(cls, given: Any) -> dict[str, tuple[str, int, Secret]]:
+        return egress_secrets.check(given or {})
+
     @model_validator(mode="after")
     def _secrets_not_env(self) -> ExecRequest:
-        both = sorted(set(self.secrets) & set(self.env))
-        if both:
-            raise ValueError(f"{', '.join(both)} given both as env and as a secret; give each once")
+        names = [*self.env, *self.secrets, *self.secrets_at_egress]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} given more than once (env, secrets, secrets_at_egress); give each "
+                             "once")
         return self
 
     @field_validator("env")
@@ -310,6 +321,8 @@ class EgressAttempt(BaseModel):
     address: str = ""
     bytes_sent: int = 0
     bytes_received: int = 0
+    # Secrets at egress (names) the proxy put into this connection's requests; on a refusal, the ones it carried.
+    secrets: list[str] = Field(default_factory=list)
 
 
 class ExecResult(BaseModel):

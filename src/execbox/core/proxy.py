@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from execbox.core import egress_secrets
 from execbox.core.egress import EgressPolicy, IPAddress, ProviderAllowlist, literal_address, provider_allowlist
 from execbox.core.errors import ConfigError, SandboxError, UnsupportedPolicyError
 from execbox.core.models import EgressAttempt, ExecResult
@@ -217,10 +218,12 @@ class _Attempt:
     address: str = ""
     sent: int = 0
     received: int = 0
+    secrets: list[str] = field(default_factory=list)  # secrets at egress substituted (or carried, when refused)
 
     def frozen(self) -> EgressAttempt:
         return EgressAttempt(host=self.host, port=self.port, allowed=self.allowed, reason=self.reason,
-                             address=self.address, bytes_sent=self.sent, bytes_received=self.received)
+                             address=self.address, bytes_sent=self.sent, bytes_received=self.received,
+                             secrets=list(self.secrets))
 
 
 @dataclass
@@ -233,6 +236,8 @@ class ProxyRun:
     dropped: int = 0
     server: asyncio.AbstractServer | None = None
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    # The run's secrets at egress (core.egress_secrets.RunSecrets), if it has any.
+    secrets: Any = None
 
     @property
     def sandbox_socket(self) -> str:
@@ -292,6 +297,9 @@ class EgressProxy:
     """The proxy of one sandbox (a session, or a one-shot run): a directory to bind into the sandbox at
     ``MOUNT_POINT``, a thread serving it, one socket per run. Safe to call from any thread; ``close`` twice."""
 
+    #: TLS interception for secrets at egress (core.egress_secrets.Interceptor), made when a run first has some.
+    mitm: Any = None
+
     def __init__(self, policy: EgressPolicy, *, owner: tuple[int, int] | None = None,
                  ca_bundle: Path | None = None) -> None:
         self.policy = policy
@@ -342,6 +350,7 @@ class EgressProxy:
         env = {"NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY}
         if self.ca_file:
             env.update({name: self.ca_file for name in CA_VARIABLES})
+        env.update(egress_secrets.ca_env(self))  # a run with secrets at egress trusts this sandbox's CAs too
         return env
 
     @staticmethod
@@ -351,7 +360,9 @@ class EgressProxy:
 
     def start_run(self) -> ProxyRun:
         """A new socket for one exec (blocking, milliseconds)."""
-        return self._call(self._start_run())
+        run = self._call(self._start_run())
+        run.secrets = egress_secrets.for_run(self)  # the caller's run's secrets at egress, if any
+        return run
 
     def finish_run(self, run: ProxyRun, settle_s: float = SETTLE_S) -> tuple[list[EgressAttempt], int]:
         """Close the run's socket and, after up to ``settle_s`` for them to end by themselves, every connection
@@ -366,6 +377,7 @@ class EgressProxy:
             if self._closed:
                 return
             self._closed = True
+        self.mitm = None  # the sandbox's CAs (keys in memory only) go with it
         if self._thread.is_alive():
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
@@ -469,6 +481,14 @@ class EgressProxy:
             return
         method, target, version = parts
         headers = [(n.strip(), v.strip()) for n, _, v in (line.partition(":") for line in lines[1:] if line)]
+        if run.secrets is not None:  # a placeholder of a secret at egress, where it must not go
+            where = _authority(target) if method.upper() == "CONNECT" else _url_destination(target)
+            refusal = egress_secrets.refuse_head(run, head, where[0] or "", where[1])
+            if refusal is not None:
+                hit = run.secrets.carried(head)
+                self._record(run, _Attempt((where[0] or target)[:253], where[1], reason=refusal, secrets=[hit.name]))
+                await _answer(writer, 403, refusal)
+                return
         if method.upper() == "CONNECT":
             host, port = _authority(target)
             if host is None:
@@ -480,7 +500,10 @@ class EgressProxy:
                 return
             attempt, up_reader, up_writer = opened
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            await _relay(attempt, reader, writer, up_reader, up_writer)
+            if egress_secrets.intercepts(run, host, port) and self.mitm is not None:
+                await self.mitm.intercept(run, attempt, host, port, reader, writer, up_reader, up_writer)
+                return
+            await _relay(attempt, egress_secrets.guard(run, attempt, reader), writer, up_reader, up_writer)
             return
         await self._forward(run, method, target, version, headers, reader, writer)
 
@@ -555,6 +578,7 @@ class EgressProxy:
         if opened is None:
             return
         attempt, up_reader, up_writer = opened
+        reader = egress_secrets.guard(run, attempt, reader)  # a placeholder in the body cuts the request
         try:
             lines = [f"{method} {url.path or '/'}{'?' + url.query if url.query else ''} {version}"]
             named = {name.lower(): value for name, value in headers}
@@ -605,6 +629,15 @@ def with_egress(result: ExecResult, attempts: list[EgressAttempt], dropped: int)
     if dropped:
         notes.append(f"egress: {dropped} more connection attempts than the {MAX_RECORDS} listed in egress")
     return result.model_copy(update={"egress": attempts, "notes": notes})
+
+
+def _url_destination(target: str) -> tuple[str | None, int]:
+    """(host, port) of an absolute http:// URL; (None, 0) when it is not one."""
+    try:
+        url = urlsplit(target)
+        return url.hostname, url.port or 80
+    except ValueError:
+        return None, 0
 
 
 def _authority(target: str) -> tuple[str | None, int]:

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from execbox.core.audit import resolve_path
 from execbox.core.egress import parse_entry
+from execbox.core.egress_secrets import parse_setting
 from execbox.core.errors import ConfigError
 from execbox.core.models import NetworkMode
 
@@ -133,6 +134,9 @@ class Settings(EnvSettings):
     egress_defaults: bool = setting(
         "CODE_EXEC_EGRESS_DEFAULTS", True, "network mode `proxy`: also allow the package registries (PyPI, npm, "
         "GitHub, crates.io, the Go proxy, RubyGems, Maven Central, Debian) on ports 80 and 443")
+    egress_secrets: Annotated[list[str], NoDecode] = setting(
+        "CODE_EXEC_EGRESS_SECRETS", [], "network mode `proxy`: comma list of `NAME=host[:port]`: the sandbox's NAME "
+        "holds a placeholder, and the proxy puts execbox's own `$NAME` into HTTPS requests to that host only")
     ca_bundle: Path | None = setting(
         "CODE_EXEC_CA_BUNDLE", None, "network mode `proxy`: a PEM file of CA certificates the sandbox trusts instead "
         "of its own (a TLS-inspecting proxy); SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT, ... point at it")
@@ -218,6 +222,13 @@ class Settings(EnvSettings):
         for entry in entries:
             parse_entry(entry)  # a ValueError names the entry and what to write instead
         return entries
+
+    _split_egress_secrets = field_validator("egress_secrets", mode="before")(comma_list)
+
+    @field_validator("egress_secrets")
+    @classmethod
+    def _egress_secret_entries(cls, entries: list[str]) -> list[str]:
+        return [parse_setting(entry) for entry in entries]
 
     @field_validator("ca_bundle")
     @classmethod

@@ -1,0 +1,609 @@
+"""Secrets at egress: the sandbox holds a placeholder; the egress proxy puts the real value in, on the way out,
+only into HTTPS requests to the one host it is for.
+
+``secrets_at_egress={"OPENAI_API_KEY": ("api.openai.com", value)}`` (or ``CODE_EXEC_EGRESS_SECRETS=
+OPENAI_API_KEY=api.openai.com``, the value read from execbox's own environment) needs network mode ``proxy``
+on a backend that runs execbox's proxy (docker, bubblewrap). The command's ``OPENAI_API_KEY`` holds a
+placeholder of the value's byte length (``EXECBOX-PLACEHOLDER-...``, random per run); code that exfiltrates
+the variable leaks a useless token.
+
+Interception, for those hosts alone. A ``CONNECT`` to a secret's host (port 443, or the port named) is
+terminated by the proxy with a certificate minted for that host by a CA of this sandbox's own: one CA per
+host, made when a run first needs it, its key only in this process's memory, its certificate restricted by
+X.509 name constraints to that host, and gone with the sandbox's proxy (``EgressProxy.close``). The sandbox
+trusts it through the proxy's CA variables (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``, ... point at a
+bundle of this host's roots, CODE_EXEC_CA_BUNDLE and these CAs). The proxy opens its own TLS connection to
+the host, verified against this host's roots (and CODE_EXEC_CA_BUNDLE), and relays the plaintext, replacing
+the placeholder by the value in what the code sends (request line, headers, bodies: the byte stream, HTTP/1.1
+only, offered by ALPN) and the value by the placeholder in what comes back (a server echoing the key). The
+two have the same length, so no length field changes. Every connection that carried a substitution lists
+the secret's name on its ``EgressAttempt`` (``secrets``), and so in the audit log.
+
+Exfiltration. A request that carries a placeholder anywhere else is refused before the placeholder is
+forwarded and recorded as ``allowed=False`` with the reason ``exfiltration attempt``: a ``CONNECT`` target or
+a plain-HTTP request line or header holding it (also one to the secret's own host over plain HTTP: secrets
+at egress go over HTTPS only), and a plain-HTTP body or unencrypted tunnel in which it appears (the
+connection is cut before the chunk that completes it is sent). HTTPS to other hosts is tunnelled without
+interception, so a placeholder inside it is not seen (it is worthless there).
+
+Why ``cryptography`` and the ``ssl`` module rather than mitmproxy: the proxy is already ours (it resolves
+and checks every address itself); interception is a few hosts' worth of certificates and two ``start_tls``
+calls in it, where mitmproxy would be a second proxy with its own policy and a large dependency tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import datetime
+import ipaddress
+import os
+import secrets as random
+import ssl
+import string
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from execbox.core.errors import BackendUnavailableError
+from execbox.core.secrets_inject import R, Secret, check_secrets
+
+#: The combined bundle the sandbox trusts when a run has secrets at egress (in the proxy's directory).
+BUNDLE_FILE = "execbox-ca-bundle.pem"
+PLACEHOLDER_PREFIX = "EXECBOX-PLACEHOLDER-"
+#: After this long without more bytes, what a substitution held back (a possible start of a placeholder or
+#: value) is passed on: a request or response that ends in such bytes must not stall.
+IDLE_FLUSH_S = 0.1
+HANDSHAKE_TIMEOUT_S = 15.0
+_CHUNK = 1 << 16
+_ALNUM = string.ascii_letters + string.digits
+_HOST_ROOTS = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
+
+
+#: What a caller gives: ``{NAME: (host or "host:port", value or Secret)}``.
+Given = Mapping[str, tuple[str, "Secret | str"]]
+
+
+@dataclass(frozen=True)
+class EgressSecret:
+    name: str
+    host: str
+    port: int
+    value: bytes
+    placeholder: bytes
+
+
+def parse_destination(spec: str) -> tuple[str, int]:
+    """``api.example.com`` (port 443) or ``api.example.com:8443`` / ``[::1]:8443``; ValueError if malformed."""
+    host, port = spec.strip().lower(), 443
+    if host.startswith("["):
+        inner, _, rest = host[1:].partition("]")
+        host, port = inner, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else 443
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"{spec!r} is not host or host:port")
+    elif host.count(":") == 1:
+        host, _, text = host.partition(":")
+        if not (text.isascii() and text.isdigit()):
+            raise ValueError(f"{spec!r}: the port is not a number")
+        port = int(text)
+    bad_v6 = ":" in host and _address(host) is None
+    if not host or not 0 < port < 65536 or any(c in host for c in "/@ *?#") or bad_v6:
+        raise ValueError(f"{spec!r} is not one host name or address (no wildcard, path or user)")
+    return host.rstrip("."), port
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def check(given: Mapping[str, Any]) -> dict[str, tuple[str, int, Secret]]:
+    """Secrets at egress, checked: ``{NAME: (host or host:port, value or Secret)}``; ValueError saying what to
+    change."""
+    if not isinstance(given, Mapping):
+        raise ValueError(f"secrets_at_egress is a {type(given).__name__}; give {{NAME: (host, value)}}")
+    values: dict[str, Secret | str] = {}
+    hosts: dict[str, tuple[str, int]] = {}
+    for name, pair in given.items():
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
+            raise ValueError(f"secrets_at_egress[{str(name)[:60]!r}]: give a pair (host, value), e.g. "
+                             "('api.openai.com', Secret.from_env('OPENAI_API_KEY'))")
+        hosts[name] = parse_destination(pair[0])
+        values[name] = pair[1]
+    checked = check_secrets(values)
+    return {name: (*hosts[name], secret) for name, secret in checked.items()}
+
+
+def placeholder_for(value: bytes) -> bytes:
+    """A random token as long as ``value`` (in bytes), so that swapping one for the other changes no length."""
+    size = len(value)
+    prefix = PLACEHOLDER_PREFIX if size >= len(PLACEHOLDER_PREFIX) + 12 else ""
+    return (prefix + "".join(random.choice(_ALNUM) for _ in range(size - len(prefix)))).encode()
+
+
+class RunSecrets:
+    """One run's secrets at egress: their placeholders, and the proxy run they were attached to."""
+
+    def __init__(self, given: Mapping[str, tuple[str, int, Secret]]) -> None:
+        self.secrets = [EgressSecret(name, host, port, secret.reveal().encode(),
+                                     placeholder_for(secret.reveal().encode()))
+                        for name, (host, port, secret) in given.items()]
+        self.longest = max((len(s.placeholder) for s in self.secrets), default=0)
+        #: Set when a proxy run took them (a backend that runs no execbox proxy never does).
+        self.attached = False
+
+    def __repr__(self) -> str:
+        return f"RunSecrets({[(s.name, s.host, s.port) for s in self.secrets]})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("RunSecrets hold secret values and are not pickled")
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(s.name for s in self.secrets)
+
+    def env(self) -> dict[str, str]:
+        """What the sandbox's variables hold: the placeholders."""
+        return {s.name: s.placeholder.decode() for s in self.secrets}
+
+    def values(self) -> dict[str, str]:
+        """The real values by name (for the run's redactor, in case one comes back some other way)."""
+        return {s.name: s.value.decode() for s in self.secrets}
+
+    def for_destination(self, host: str, port: int) -> list[EgressSecret]:
+        host = host.lower().rstrip(".")
+        return [s for s in self.secrets if s.host == host and s.port == port]
+
+    def carried(self, data: bytes | bytearray) -> EgressSecret | None:
+        """The secret whose placeholder ``data`` holds, if any."""
+        return next((s for s in self.secrets if s.placeholder in data), None)
+
+
+_current: contextvars.ContextVar[RunSecrets | None] = contextvars.ContextVar("execbox_egress_secrets", default=None)
+
+
+@contextlib.contextmanager
+def at_egress(run: RunSecrets | None) -> Iterator[None]:
+    """Make ``run`` the current run's secrets at egress: the proxy run a backend starts inside takes them."""
+    token = _current.set(run)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+# --- the proxy's hooks (core.proxy calls these) ------------------------------------------------------------
+
+
+def for_run(proxy: Any) -> RunSecrets | None:
+    """The current run's secrets at egress, for the proxy run being started (and the proxy's interceptor,
+    made on first use)."""
+    run = _current.get()
+    if run is None:
+        return None
+    interceptor = getattr(proxy, "mitm", None)
+    if interceptor is None:
+        interceptor = proxy.mitm = Interceptor(proxy.directory, upstream_cafile=_user_bundle(proxy))
+    interceptor.ensure({s.host for s in run.secrets})
+    run.attached = True
+    return run
+
+
+def ca_env(proxy: Any) -> dict[str, str]:
+    """The CA variables for the current run (empty unless it has secrets at egress)."""
+    interceptor = getattr(proxy, "mitm", None)
+    if _current.get() is None or interceptor is None:
+        return {}
+    from execbox.core.proxy import CA_VARIABLES, MOUNT_POINT
+
+    return {name: f"{MOUNT_POINT}/{BUNDLE_FILE}" for name in CA_VARIABLES}
+
+
+def _user_bundle(proxy: Any) -> str | None:
+    from execbox.core.proxy import CA_FILE
+
+    path = os.path.join(proxy.directory, CA_FILE)
+    return path if getattr(proxy, "ca_file", None) and os.path.isfile(path) else None
+
+
+def exfiltration(secret: EgressSecret, where: str) -> str:
+    return (f"exfiltration attempt: {where} carries the placeholder of {secret.name} (a secret for "
+            f"{secret.host}:{secret.port}, over HTTPS only); refused")
+
+
+class GuardedReader:
+    """A StreamReader whose bytes are checked for placeholders before anyone forwards them: on one, the attempt
+    is marked refused and the connection cut (ConnectionAbortedError) before the chunk completing it is
+    returned."""
+
+    def __init__(self, reader: asyncio.StreamReader, secrets: RunSecrets, attempt: Any) -> None:
+        self._reader = reader
+        self._secrets = secrets
+        self._attempt = attempt
+        self._tail = b""
+
+    def _check(self, data: bytes) -> bytes:
+        window = self._tail + data
+        hit = self._secrets.carried(window)
+        if hit is not None:
+            self._attempt.allowed = False
+            self._attempt.reason = exfiltration(hit, "the request body")
+            self._attempt.secrets = [*getattr(self._attempt, "secrets", []), hit.name]
+            raise ConnectionAbortedError(self._attempt.reason)
+        self._tail = window[-(self._secrets.longest - 1):] if self._secrets.longest > 1 else b""
+        return data
+
+    async def read(self, n: int = -1) -> bytes:
+        return self._check(await self._reader.read(n))
+
+    async def readuntil(self, separator: bytes = b"\n") -> bytes:
+        return self._check(await self._reader.readuntil(separator))
+
+    async def readexactly(self, n: int) -> bytes:
+        return self._check(await self._reader.readexactly(n))
+
+    def at_eof(self) -> bool:
+        return self._reader.at_eof()
+
+
+def guard(run: Any, attempt: Any, reader: asyncio.StreamReader) -> Any:
+    """``reader`` checked for the run's placeholders (itself when the run has none)."""
+    secrets: RunSecrets | None = getattr(run, "secrets", None)
+    return reader if secrets is None else GuardedReader(reader, secrets, attempt)
+
+
+def refuse_head(run: Any, head: bytes, host: str, port: int) -> str | None:
+    """The refusal for a request head (CONNECT target, request line, headers) carrying a placeholder."""
+    secrets: RunSecrets | None = getattr(run, "secrets", None)
+    hit = secrets.carried(head) if secrets is not None else None
+    if hit is None:
+        return None
+    return exfiltration(hit, f"a request to {host}:{port}" if host else "a request")
+
+
+def intercepts(run: Any, host: str, port: int) -> bool:
+    secrets: RunSecrets | None = getattr(run, "secrets", None)
+    return bool(secrets and secrets.for_destination(host, port))
+
+
+# --- certificates and the interception itself ------------------------------------------------------------
+
+
+def _crypto() -> Any:
+    try:
+        from cryptography import x509
+    except ImportError:
+        raise BackendUnavailableError("secrets at egress need the cryptography package to mint the sandbox's CA",
+                                      fix="pip install 'execbox[egress-secrets]'") from None
+    return x509
+
+
+@dataclass
+class _Authority:
+    key: Any
+    cert: Any
+    pem: bytes
+    contexts: dict[str, ssl.SSLContext] = field(default_factory=dict)
+
+
+class Interceptor:
+    """One sandbox's interception: a CA per secret host (minted here, key in memory), the bundle the sandbox
+    trusts, and the TLS relay with substitution."""
+
+    def __init__(self, directory: str, *, upstream_cafile: str | None = None) -> None:
+        self.directory = directory
+        self.upstream_cafile = upstream_cafile
+        self._lock = threading.Lock()
+        self._authorities: dict[str, _Authority] = {}
+        self._client: ssl.SSLContext | None = None
+
+    def ensure(self, hosts: set[str]) -> None:
+        """A CA for each host (made now if new), and the sandbox's bundle rewritten when one was added."""
+        with self._lock:
+            new = [h for h in sorted(hosts) if h not in self._authorities]
+            for host in new:
+                self._authorities[host] = _mint_authority(host)
+            if new or not os.path.exists(os.path.join(self.directory, BUNDLE_FILE)):
+                self._write_bundle()
+
+    def _write_bundle(self) -> None:
+        parts = [_host_roots()]
+        if self.upstream_cafile:
+            with open(self.upstream_cafile, "rb") as fh:
+                parts.append(fh.read())
+        parts += [a.pem for a in self._authorities.values()]
+        data = b"\n".join(p.strip() + b"\n" for p in parts if p.strip())
+        target = os.path.join(self.directory, BUNDLE_FILE)
+        temp = f"{target}.{random.token_hex(4)}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(temp, 0o644)
+        os.replace(temp, target)
+
+    def server_context(self, host: str) -> ssl.SSLContext:
+        with self._lock:
+            authority = self._authorities[host]
+            ctx = authority.contexts.get(host)
+            if ctx is None:
+                ctx = authority.contexts[host] = _leaf_context(host, authority)
+            return ctx
+
+    def client_context(self) -> ssl.SSLContext:
+        if self._client is None:
+            ctx = ssl.create_default_context()
+            if self.upstream_cafile:
+                ctx.load_verify_locations(cafile=self.upstream_cafile)
+            ctx.set_alpn_protocols(["http/1.1"])
+            self._client = ctx
+        return self._client
+
+    async def intercept(self, run: Any, attempt: Any, host: str, port: int, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter, up_reader: asyncio.StreamReader,
+                        up_writer: asyncio.StreamWriter) -> None:
+        """TLS to the code with our certificate, TLS to the host verified, and the plaintext relayed with the
+        placeholders of this host's secrets swapped for their values (and back in what returns)."""
+        secrets: list[EgressSecret] = run.secrets.for_destination(host, port)
+        try:
+            await writer.start_tls(self.server_context(host.lower().rstrip(".")),
+                                   ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            attempt.reason += f"; the sandbox's TLS handshake failed ({exc}): does its client trust SSL_CERT_FILE?"
+            return
+        try:
+            await up_writer.start_tls(self.client_context(), server_hostname=host,
+                                      ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            attempt.allowed = False
+            attempt.reason = f"the TLS certificate of {host}:{port} did not verify ({exc}); nothing was sent"
+            return
+        outgoing = _Swap([(s.placeholder, s.value, s.name) for s in secrets])
+        incoming = _Swap([(s.value, s.placeholder, "") for s in secrets])
+        out = asyncio.ensure_future(_pump_swapping(reader, up_writer, outgoing, attempt, "sent"))
+        back = asyncio.ensure_future(_pump_swapping(up_reader, writer, incoming, attempt, "received"))
+        try:
+            for done in asyncio.as_completed([out, back]):
+                if not await done:
+                    break
+        finally:
+            used = sorted(outgoing.used)
+            if used:
+                attempt.secrets = sorted({*getattr(attempt, "secrets", []), *used})
+            up_writer.transport.abort()
+            writer.transport.abort()
+            await asyncio.gather(out, back, return_exceptions=True)
+
+
+class _Swap:
+    """Same-length replacement in a byte stream that arrives in chunks: holds back only an end that could be the
+    start of a pattern (flushed when the stream goes idle)."""
+
+    def __init__(self, table: list[tuple[bytes, bytes, str]]) -> None:
+        self.table = table
+        self.used: set[str] = set()
+        self._buf = b""
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._buf)
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self._buf + data
+        for old, new, name in self.table:
+            if old in buf:
+                buf = buf.replace(old, new)
+                if name:
+                    self.used.add(name)
+        cut = len(buf)
+        longest = max(len(old) for old, _, _ in self.table)
+        for pos in range(max(0, len(buf) - longest + 1), len(buf)):
+            tail = buf[pos:]
+            if any(old.startswith(tail) for old, _, _ in self.table):
+                cut = pos
+                break
+        self._buf = buf[cut:]
+        return buf[:cut]
+
+    def flush(self) -> bytes:
+        out, self._buf = self._buf, b""
+        return out
+
+
+async def _pump_swapping(src: asyncio.StreamReader, dst: asyncio.StreamWriter, swap: _Swap, attempt: Any,
+                         way: str) -> bool:
+    try:
+        while True:
+            try:
+                data = await asyncio.wait_for(src.read(_CHUNK), IDLE_FLUSH_S if swap.holding else None)
+            except TimeoutError:
+                data = None
+            if data == b"":
+                break
+            out = swap.feed(data) if data is not None else swap.flush()
+            if out:
+                dst.write(out)
+                setattr(attempt, way, getattr(attempt, way) + len(out))
+                await dst.drain()
+        rest = swap.flush()
+        if rest:
+            dst.write(rest)
+            setattr(attempt, way, getattr(attempt, way) + len(rest))
+            await dst.drain()
+        return True
+    except (OSError, RuntimeError, ssl.SSLError):
+        return False
+
+
+def _host_roots() -> bytes:
+    """This host's trusted roots, so that HTTPS elsewhere still verifies inside the sandbox."""
+    paths = [ssl.get_default_verify_paths().cafile, *_HOST_ROOTS]
+    for path in paths:
+        if path and os.path.isfile(path):
+            with open(path, "rb") as fh:
+                return fh.read(16 << 20)
+    with contextlib.suppress(ImportError):
+        import certifi
+
+        with open(certifi.where(), "rb") as fh:
+            return fh.read(16 << 20)
+    return b""
+
+
+def _mint_authority(host: str) -> _Authority:
+    x509 = _crypto()
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"execbox sandbox CA for {host}"[:64]),
+                      x509.NameAttribute(NameOID.ORGANIZATION_NAME, "execbox (per-sandbox, in memory)")])
+    now = datetime.datetime.now(datetime.UTC)
+    address = _address(host)
+    permitted = [x509.IPAddress(ipaddress.ip_network(address))] if address else [x509.DNSName(host)]
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False, decipher_only=False),
+                           critical=True)
+            .add_extension(x509.NameConstraints(permitted_subtrees=permitted, excluded_subtrees=None), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256()))
+    return _Authority(key, cert, cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _leaf_context(host: str, authority: _Authority) -> ssl.SSLContext:
+    x509 = _crypto()
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    address = _address(host)
+    san = x509.IPAddress(address) if address else x509.DNSName(host)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host[:64])]))
+            .issuer_name(authority.cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([san]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(authority.key.public_key()),
+                           critical=False)
+            .sign(authority.key, hashes.SHA256()))
+    pem = (cert.public_bytes(serialization.Encoding.PEM)
+           + key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                               serialization.NoEncryption()))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    # ssl loads a key only from a path: an anonymous in-memory file, never on disk.
+    fd = os.memfd_create("execbox-leaf", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, pem)
+        ctx.load_cert_chain(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+    return ctx
+
+
+# --- one run's secrets, both kinds, as the runner applies them -------------------------------------------
+
+
+@dataclass
+class RunPlan:
+    """What a run with declared secrets runs: the argv and stdin that carry them in (core.secrets_inject), the
+    env with the placeholders of its secrets at egress, the redactor of every value, the placeholders' owner."""
+
+    argv: list[str]
+    stdin: bytes | None
+    env: dict[str, str]
+    names: list[str]
+    redactor: Any = None
+    egress: RunSecrets | None = None
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """While the backend runs it: captures redact, and the proxy run it starts takes the secrets at egress."""
+        from execbox.core.secrets_inject import redacting
+
+        with redacting(self.redactor), at_egress(self.egress):
+            yield
+
+    def finish(self, result: R) -> R:
+        """The result as the caller may see it (core.secrets_inject.redact_result), and a note when secrets at
+        egress were given but no proxy run took them."""
+        from execbox.core.secrets_inject import redact_result
+
+        if self.egress is not None and not self.egress.attached:
+            backend = getattr(result, "backend", "") or "?"
+            result = result.model_copy(update={"notes": [*getattr(result, "notes", []), (
+                f"secrets at egress ({', '.join(self.egress.names)}) were not used: backend {backend} did not "
+                "route this run through execbox's egress proxy, so the command saw only placeholders")]})
+        return redact_result(result, self.redactor, self.names)
+
+
+def plan(request: Any, argv: list[str], *, backend: Any) -> RunPlan:
+    """The run plan of a resolved request (UnsupportedPolicyError when its secrets at egress cannot work)."""
+    from execbox.core.errors import UnsupportedPolicyError
+    from execbox.core.secrets_inject import Redactor, deliver
+
+    stdin, env = request.stdin, dict(request.env)
+    egress: RunSecrets | None = None
+    if request.secrets_at_egress:
+        if request.network != "proxy":
+            raise UnsupportedPolicyError(
+                f"refused: secrets at egress ({', '.join(sorted(request.secrets_at_egress))}) need network mode "
+                f"proxy, which substitutes them; this run's is {request.network!r}. Use network='proxy' (and "
+                "allow the hosts in CODE_EXEC_EGRESS_ALLOW), or pass the values as secrets=", backend=backend.name,
+                env_var="CODE_EXEC_NETWORK")
+        if backend.capabilities.remote:
+            raise UnsupportedPolicyError(
+                f"refused: secrets at egress need execbox's own egress proxy; {backend.name} hands network mode "
+                "proxy to its provider, which cannot substitute them. Use docker or bubblewrap, or secrets=",
+                backend=backend.name)
+        egress = RunSecrets(request.secrets_at_egress)
+        env.update(egress.env())
+    values = {**{n: s.reveal() for n, s in request.secrets.items()}, **(egress.values() if egress else {})}
+    if request.secrets:
+        argv, stdin = deliver(argv, stdin, request.secrets)
+    return RunPlan(argv=argv, stdin=stdin, env=env, names=sorted(values), redactor=Redactor(values) if values else None,
+                   egress=egress)
+
+
+def from_setting(entries: list[str], environ: Mapping[str, str] | None = None) -> dict[str, tuple[str, int, Secret]]:
+    """CODE_EXEC_EGRESS_SECRETS (``NAME=host[:port]``, the value from execbox's own environment variable NAME)."""
+    from execbox.core.errors import ConfigError
+
+    given: dict[str, tuple[str, Secret]] = {}
+    for entry in entries:
+        name, _, host = entry.partition("=")
+        try:
+            given[name] = (host, Secret.from_env(name, environ))
+        except ConfigError as exc:
+            raise ConfigError(f"CODE_EXEC_EGRESS_SECRETS names {name}: {exc.message}",
+                              env_var="CODE_EXEC_EGRESS_SECRETS") from None
+    try:
+        return check(given)
+    except ValueError as exc:
+        raise ConfigError(f"CODE_EXEC_EGRESS_SECRETS: {exc}", env_var="CODE_EXEC_EGRESS_SECRETS") from None
+
+
+def parse_setting(entry: str) -> str:
+    """One CODE_EXEC_EGRESS_SECRETS entry, checked for shape (ValueError says what to write)."""
+    name, sep, host = entry.partition("=")
+    if not sep or not name or not host:
+        raise ValueError(f"CODE_EXEC_EGRESS_SECRETS entry {entry!r}: write NAME=host or NAME=host:port (the value "
+                         "comes from execbox's own environment variable NAME, never from this setting)")
+    parse_destination(host)
+    return entry
