@@ -288,3 +288,20 @@ def test_a_cell_printing_a_gigabyte_keeps_the_callers_memory_flat(sandbox: Sandb
     assert seen["chars"] == len(result.stdout)
     growth_mb = rss.growth / 2**20
     assert growth_mb < 100, f"the caller's memory grew by {growth_mb:.0f} MB for a 1 GB cell"
+
+
+@pytest.mark.engine
+def test_a_cancelled_cell_is_interrupted_and_the_next_one_runs(sandbox: Sandbox) -> None:
+    """The caller gives up on a cell (cancellation): the cell is interrupted in the sandbox, whatever the backend
+    does with the cancelled relay (docker leaves it running), and the next cell runs with the state kept."""
+    import anyio
+
+    sandbox.run_cell("kept = 'yes'")
+
+    async def give_up() -> None:
+        with anyio.move_on_after(2):
+            await sandbox.aio.run_cell("import time\ntime.sleep(60)", timeout=60)
+
+    sandbox._call(give_up)
+    after = sandbox.run_cell("kept", timeout=30)
+    assert after.ok and texts(after) == ["'yes'"] and not after.state_lost, after

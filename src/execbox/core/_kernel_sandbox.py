@@ -182,6 +182,8 @@ class Supervisor:
         self.count = 0
         self.lost: str | None = None  # the interpreter died between cells: said with the next one
         self.cell: Cell | None = None
+        # A cell asked for while an abandoned one is being interrupted: it starts when that one has ended.
+        self.waiting: tuple[socket.socket, dict[str, Any]] | None = None
         self.outbuf = bytearray()
         self.out_conn: socket.socket | None = None
         self.reading_child = False
@@ -260,11 +262,8 @@ class Supervisor:
             conn, _ = self.listener.accept()
         except OSError:
             return
-        if self.cell is not None or self.out_conn is not None:
-            self.send_now(conn, {"t": "error", "message": "busy"})  # never stall a running cell's deadline
-            conn.close()
-            return
-        conn.settimeout(10)
+        # A running cell's deadline must not wait long on a client that does not send (ours sends at once).
+        conn.settimeout(1.0 if self.cell is not None else 10.0)
         try:
             line = self.read_line(conn)
         except OSError:
@@ -283,6 +282,14 @@ class Supervisor:
             self.send_now(conn, {"t": "bye"})
             conn.close()
             raise SystemExit(0)
+        if op == "execute" and self.cell is not None and self.waiting is None and (
+                request.get("takeover") or self.cell.conn is None):
+            # The caller gave up on the running cell (its relay may live on, e.g. a cancelled docker exec):
+            # interrupt it, and run this one when it has ended.
+            if self.cell.conn is not None:
+                self.client_gone()
+            self.waiting = (conn, request)
+            return
         if op != "execute" or self.cell is not None or self.out_conn is not None:
             self.send_now(conn, {"t": "error", "message": "busy" if op == "execute" else "bad request"})
             conn.close()
@@ -503,6 +510,7 @@ class Supervisor:
         if cell.conn is None:  # nobody is listening: the next cell says so
             if lost is not None:
                 self.lost = lost
+            self.start_waiting()
             return
         reasons = [r for r in (cell.lost, lost) if r]
         self.queue(encode({
@@ -513,6 +521,11 @@ class Supervisor:
         }))
         if self.out_conn is not None and not self.outbuf:
             self.close_client()
+
+    def start_waiting(self) -> None:
+        if self.waiting is not None and self.cell is None and self.out_conn is None:
+            (conn, request), self.waiting = self.waiting, None
+            self.start_cell(conn, request)
 
     # -- the loop --
 

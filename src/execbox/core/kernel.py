@@ -209,6 +209,7 @@ class Kernel:
         self._socket = ""
         self._created = time.monotonic()
         self._has_state = False  # a cell has run in the current interpreter: losing it must be said
+        self._abandoned = False  # the caller gave up on the last cell: the next one takes over from it
 
     # -- the supervisor --
 
@@ -291,8 +292,8 @@ class Kernel:
     async def _cell(self, code: str, timeout: float, fresh: bool, live: LiveOutput | None) -> CellResult:
         parser = CellParser(self.max_output_bytes, self.max_display_bytes, live)
         request = json.dumps({"op": "execute", "code": code, "timeout": timeout, "grace": INTERRUPT_GRACE_S,
-                              "max_output": self.max_output_bytes, "max_display": self.max_display_bytes},
-                             ensure_ascii=True).encode() + b"\n"
+                              "max_output": self.max_output_bytes, "max_display": self.max_display_bytes,
+                              "takeover": self._abandoned}, ensure_ascii=True).encode() + b"\n"
         wait = STARTUP_WAIT_S if fresh else 5.0
         started = time.monotonic()
         server = self._server
@@ -305,6 +306,9 @@ class Kernel:
                 await asyncio.wait({relay}, timeout=5)
         finally:
             if not relay.done():
+                # Given up (cancelled): the supervisor interrupts the cell when the relay goes, or, where the
+                # backend leaves a cancelled exec running (docker), when the next cell takes over.
+                self._abandoned = True
                 relay.cancel()
                 with anyio.CancelScope(shield=True):
                     await asyncio.wait({relay})
@@ -316,6 +320,7 @@ class Kernel:
         duration = time.monotonic() - started
         done = parser.done
         if done is not None:
+            self._abandoned = False
             return self._from_done(parser, done, duration)
         if fresh and server.done() and (parser.fed == 0 or parser.nokernel):
             # The supervisor never served a cell: no python3, a sandbox that cannot run it. Not a cell's result.
