@@ -195,7 +195,8 @@ class BubblewrapSettings(BackendSettings):
         "cgroup per exec; empty = execbox's own cgroup", max_length=MAX_PATH)
     ro_binds: Annotated[list[str], NoDecode] = setting(
         "CODE_EXEC_BWRAP_RO_BINDS", [], "Comma list of extra host paths bound read-only at the same place (e.g. "
-        "/opt/python); system, home, temporary and per-process places are refused", max_length=64)
+        "/opt/agent-venv); a path that is, lies below or holds /, /home, /root, /run, /var/run, /proc, /sys, /dev, "
+        "/boot, /etc, /var, /tmp, /workspace, the temp directory or your home is refused", max_length=64)
 
     _split_lists = field_validator("ro_binds", mode="before")(comma_list)
 
