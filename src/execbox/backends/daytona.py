@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import math
 import shlex
+import threading
 import time
 from typing import Any, cast
 
@@ -62,8 +63,13 @@ log = logging.getLogger("execbox.backends.daytona")
 CTL = "/tmp/.execbox"  # run scripts and captured output, outside the workspace
 
 # sh RUN CTL: run the argv that follows (written into the script) with its streams on files in CTL.
+# Another run's directory stays while it is live or new (execs of a session may overlap: run_cell's
+# interpreter; an upload may be in flight); the session names its finished ones to remove.
 _RUN = """ctl={ctl}
-for d in {root}/*; do [ "$d" = "$ctl" ] || rm -rf -- "$d"; done
+for d in {root}/*; do
+  [ "$d" = "$ctl" ] || [ -e "$d/live" ] || [ -n "$(find "$d" -maxdepth 0 -mmin -1 2>/dev/null)" ] || rm -rf -- "$d"
+done
+rm -rf -- {finished}
 {argv} <"$ctl/stdin" >"$ctl/out" 2>"$ctl/err"
 exit $?
 """
@@ -115,6 +121,8 @@ class DaytonaSession(_remote.RemoteSession):
         super().__init__(sandbox, workspace, oneshot=oneshot, dirty=persist)
         self.backend = backend
         self.persist = persist
+        self._finished: list[str] = []  # control directories of runs collected, for the next run to remove
+        self._finished_lock = threading.Lock()
 
     def sdk_error(self, exc: Exception, doing: str, path: str | None = None) -> ExecboxError | None:
         daytona = _errors()
@@ -132,11 +140,15 @@ class DaytonaSession(_remote.RemoteSession):
         daytona = _errors()
         marker = _remote.new_marker()
         ctl = f"{CTL}/{marker}"
-        run = _RUN.format(ctl=shlex.quote(ctl), root=CTL, argv=shlex.join(request.argv))
+        with self._finished_lock:
+            finished, self._finished = self._finished, []
+        run = _RUN.format(ctl=shlex.quote(ctl), root=CTL, argv=shlex.join(request.argv),
+                          finished=" ".join(shlex.quote(d) for d in finished))
         env = {**sandbox_env(request.env, home=self.workspace), _remote.MARKER: marker}
         started = time.monotonic()
         timed_out = False
         self.sb.fs.upload_files([
+            daytona.FileUpload(source=b"", destination=f"{ctl}/live"),  # first: no other run removes the rest
             daytona.FileUpload(source=run.encode(), destination=f"{ctl}/run.sh"),
             daytona.FileUpload(source=_COLLECT.encode(), destination=f"{ctl}/collect.sh"),
             daytona.FileUpload(source=request.stdin or b"", destination=f"{ctl}/stdin"),
@@ -151,6 +163,8 @@ class DaytonaSession(_remote.RemoteSession):
         if timed_out and not self.oneshot:
             self._reap(marker)
         out, err = self._collect(ctl, request.max_output_bytes)
+        with self._finished_lock:
+            self._finished.append(ctl)
         return build_result(exit_code=code, stdout=out, stderr=err, timed_out=timed_out, duration_s=duration)
 
     def _collect(self, ctl: str, cap: int) -> tuple[BoundedCapture, BoundedCapture]:

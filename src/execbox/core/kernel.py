@@ -137,6 +137,8 @@ class CellParser:
             start = end + 1
 
     def line(self, raw: bytes, size: int) -> None:
+        if not raw.strip():
+            return  # a blank line is no frame (the end of a non-streaming backend's output)
         if sum(raw.count(c) for c in (b",", b":", b"[", b"{")) > MAX_LINE_ITEMS:
             self.bad_lines += 1
             return
