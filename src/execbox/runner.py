@@ -767,7 +767,14 @@ class AsyncSandbox:
                                   max_output_bytes=resolved.max_output_bytes, streaming=self.capabilities.streaming,
                                   max_display_bytes=self.runner.settings.max_display_bytes, backend=backend.name)
         kernel, timeout_s = self._kernel, resolved.timeout or self.runner.settings.max_timeout_sec
+        # The interpreter gets no secrets, but an exec of this sandbox may have left one where a cell reads it.
+        redactor = self._redactor()
+        if redactor is not None:
+            (on_stdout, on_stderr), finish = secrets_inject.redacted_callbacks(redactor, on_stdout, on_stderr)
         result = await deliver(lambda out: kernel.run_cell(code, timeout=timeout_s, live=out), on_stdout, on_stderr)
+        if redactor is not None:
+            await finish()
+            result = secrets_inject.redact_model(result, redactor)
         note = await self.runner.audit.arecord("cell", **audit_log.exec_fields(
             backend, resolved, [], session=self.id, oneshot=False), **_cell_fields(result, self.runner.audit))
         return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})

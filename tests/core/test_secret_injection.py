@@ -177,3 +177,14 @@ def test_listings_and_collected_files_never_show_a_value(local_mode: None) -> No
     assert collected.files["out/plain.txt"] == f"key=[secret {NAME}]\n".encode()
     assert any("out/plain.txt" in note and "replaced" in note for note in collected.notes)
     assert not leaks(collected.model_dump_json())
+
+
+def test_a_cell_reading_what_an_exec_left_is_redacted(local_mode: None) -> None:
+    chunks: list[str] = []
+    with execbox.sandbox(secrets={NAME: KEY}) as sb:
+        sb.exec(f'echo "${NAME}" > left.txt')
+        cell = sb.run_cell("print(open('left.txt').read().strip()); open('left.txt').read().strip()",
+                           on_stdout=chunks.append)
+    assert cell.stdout == f"[secret {NAME}]\n" and "".join(chunks) == cell.stdout
+    assert f"[secret {NAME}]" in json.dumps([o.data for o in cell.outputs])  # the last expression's value
+    assert not leaks(cell.model_dump_json())

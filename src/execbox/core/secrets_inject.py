@@ -449,3 +449,70 @@ def current_stream() -> StreamRedactor | None:
     """A stream redactor for a capture made now, if a run with secrets is under way."""
     redactor = _current.get()
     return redactor.stream() if redactor is not None else None
+
+
+def redact_model(model: R, redactor: Redactor | None) -> R:
+    """Every string in a result model (recursively: a cell's outputs, its error), redacted."""
+    if redactor is None:
+        return model
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            return redactor.redact_text(value)
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, dict):
+            return {walk(k) if isinstance(k, str) else k: walk(v) for k, v in value.items()}
+        return value
+
+    return type(model).model_validate(walk(model.model_dump(mode="python")))
+
+
+class _TextStream:
+    """A StreamRedactor over text (the caller's on_stdout/on_stderr chunks)."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        import codecs
+
+        self._stream = redactor.stream()
+        self._decoder = codecs.getincrementaldecoder("utf-8")("surrogatepass")
+
+    def feed(self, text: str) -> str:
+        return self._decoder.decode(self._stream.feed(text.encode("utf-8", "surrogatepass")))
+
+    def flush(self) -> str:
+        return self._decoder.decode(self._stream.flush(), final=True)
+
+
+def redacted_callbacks(redactor: Redactor, *callbacks: Any) -> tuple[list[Any], Any]:
+    """The caller's text callbacks (None, plain or coroutine functions) behind a stream redactor each, and an
+    async ``finish()`` that passes on what they still hold back once the run is over."""
+    import inspect
+
+    wrapped: list[Any] = []
+    pending: list[tuple[Any, _TextStream]] = []
+    for callback in callbacks:
+        if callback is None:
+            wrapped.append(None)
+            continue
+        stream = _TextStream(redactor)
+        pending.append((callback, stream))
+
+        async def call(text: str, callback: Any = callback, stream: _TextStream = stream) -> None:
+            out = stream.feed(text)
+            if out:
+                returned = callback(out)
+                if inspect.isawaitable(returned):
+                    await returned
+
+        wrapped.append(call)
+
+    async def finish() -> None:
+        for callback, stream in pending:
+            out = stream.flush()
+            if out:
+                returned = callback(out)
+                if inspect.isawaitable(returned):
+                    await returned
+
+    return wrapped, finish
