@@ -305,3 +305,21 @@ def test_a_cancelled_cell_is_interrupted_and_the_next_one_runs(sandbox: Sandbox)
     sandbox._call(give_up)
     after = sandbox.run_cell("kept", timeout=30)
     assert after.ok and texts(after) == ["'yes'"] and not after.state_lost, after
+
+
+def test_cells_are_in_the_audit_log_as_hashes_and_outcomes() -> None:
+    import hashlib
+
+    from execbox.core import audit as audit_log
+
+    code = "print('secret-ish output')\n{'a': 1}"
+    with Runner(Settings(local=True, network="host")) as runner, runner.sandbox("local_subprocess") as sb:
+        sb.run_cell(code)
+        session = sb.aio.id
+    assert runner.audit.path is not None
+    cells = [r for r in audit_log.records(runner.audit.path, session=session) if r.get("event") == "cell"]
+    assert len(cells) == 1, cells
+    cell = cells[0]
+    assert cell["code_sha256"] == hashlib.sha256(code.encode()).hexdigest() and cell["language"] == "python"
+    assert cell["error"] is None and cell["execution_count"] == 1 and cell["outputs"] == [["text/plain"]]
+    assert "secret-ish" not in json.dumps(cell)  # output as hashes unless CODE_EXEC_AUDIT_OUTPUT says otherwise
