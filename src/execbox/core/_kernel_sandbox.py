@@ -245,7 +245,8 @@ class Supervisor:
                     name = signal.Signals(-code).name
                 except ValueError:
                     name = str(-code)
-                why = why or "the interpreter was killed by %s" % name
+                hint = " (a memory limit, or a kill from inside the sandbox)" if -code == signal.SIGKILL else ""
+                why = why or "the interpreter was killed by %s%s" % (name, hint)
             elif not why:
                 why = "the interpreter exited with status %d" % code
         if self.ctl is not None:
