@@ -353,6 +353,7 @@ class Interceptor:
                                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             attempt.reason += f"; the sandbox's TLS handshake failed ({exc}): does its client trust SSL_CERT_FILE?"
+            up_writer.transport.abort()
             return
         try:
             await up_writer.start_tls(self.client_context(), server_hostname=host,
@@ -360,6 +361,7 @@ class Interceptor:
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             attempt.allowed = False
             attempt.reason = f"the TLS certificate of {host}:{port} did not verify ({exc}); nothing was sent"
+            up_writer.transport.abort()
             return
         outgoing = _Swap([(s.placeholder, s.value, s.name) for s in secrets])
         incoming = _Swap([(s.value, s.placeholder, "") for s in secrets])
@@ -560,6 +562,11 @@ def plan(request: Any, argv: list[str], *, backend: Any) -> RunPlan:
 
     stdin, env = request.stdin, dict(request.env)
     egress: RunSecrets | None = None
+    both = sorted(set(request.secrets) & set(request.secrets_at_egress))
+    if both:  # a sandbox's secrets and an exec's, say
+        from execbox.core.errors import ConfigError
+
+        raise ConfigError(f"{', '.join(both)} declared both as a secret and as a secret at egress; give each once")
     if request.secrets_at_egress:
         if request.network != "proxy":
             raise UnsupportedPolicyError(

