@@ -110,6 +110,24 @@ def test_bash_code_and_argv_are_reviewed_too() -> None:
 
 def test_too_long_to_review_is_asked_about() -> None:
     assert rules_of("echo " + "a" * (1 << 20)) == {"too-long-to-review"}
+    assert rules_of("x = 1\n" * 60_000, "python") == set()  # Python code may be longer (1 MiB)
+
+
+ADVERSARIAL = ["sh ", "curl ", "$( ", "` ", "rm -rf a ", "echo x\n", "sh -c '", "(", "curl x | sudo -a -a -a ",
+               "bash <(curl " + " " * 50]
+
+
+@pytest.mark.parametrize("unit", ADVERSARIAL)
+def test_adversarial_input_costs_a_bounded_review(unit: str) -> None:
+    """Each of these made an earlier review quadratic (minutes for 256 KiB); bounded gaps, one-pass
+    substitutions and a reading budget keep it linear. A regression shows as the suite's timeout."""
+    text = (unit * ((64 << 10) // len(unit) + 1))[: 64 << 10]
+    assert rules_of(text) <= set(RULES)
+
+
+def test_deep_nesting_stops_at_the_reading_budget_and_asks() -> None:
+    nested = "$(" * 2_000 + "rm -rf /" + ")" * 2_000
+    assert rules_of(nested) == {"too-long-to-review", "recursive-delete"}
 
 
 def test_the_operator_switches_built_in_rules_off_by_name() -> None:

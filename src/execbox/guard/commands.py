@@ -24,7 +24,9 @@ The built-in rules (each answers ``ask``; ``CODE_EXEC_REVIEW_OFF`` switches rule
                             cryptsetup luksFormat
     power                   shutdown, reboot, halt, poweroff, init 0/6, systemctl poweroff/reboot/halt
     kill-all                kill -1 (every process the user may signal), killall5
-    too-long-to-review      a command or code over 1 MiB
+    too-long-to-review      a command line or script over 256 KiB, Python code over 1 MiB, or substitutions and
+                            inline scripts nested past what one review reads (512 KiB in all): every search has
+                            bounded gaps and every pass is linear, so no input makes a review slow
 
 Operators add rules with ``CODE_EXEC_REVIEW_RULES``: a file with one rule a line, ``ask REGEX`` or
 ``deny REGEX`` (Python regular expression, searched in the command line or the code as given; ``#`` starts a
@@ -46,7 +48,11 @@ from execbox.core.errors import ConfigError
 from execbox.core.review import ReviewAction, ReviewDecision, ReviewRequest
 from execbox.core.settings import Settings
 
-MAX_REVIEW_BYTES = 1 << 20
+MAX_REVIEW_BYTES = 256 << 10  # a command line or a shell script; longer ones are asked about unread
+MAX_PYTHON_BYTES = 1 << 20
+#: Characters of shell text one review may read in all (substitutions and sh -c strings are read again inside
+#: their command): nesting cannot make a review cost more than this, whatever the input.
+REVIEW_BUDGET = 512 << 10
 MAX_DEPTH = 4  # sh -c "sh -c '...'" nesting followed this deep
 RULES: dict[str, str] = {
     "recursive-delete": "deletes recursively outside the workspace",
@@ -100,11 +106,12 @@ PUBLISH: dict[str, frozenset[str]] = {
     "docker": frozenset({"push"}), "podman": frozenset({"push"}), "buildah": frozenset({"push"}),
     "mvn": frozenset({"deploy"}), "gradle": frozenset({"publish"}), "gradlew": frozenset({"publish"}),
 }
+# Every gap is bounded, so a search costs at most (bound x length), never (length squared), whatever the input.
 PIPE_TO_SHELL = re.compile(
-    r"(?:\b(?:ba|z|da|k|fi)?sh|\beval|\bsource|\bpython[0-9.]*|\bperl|\bruby|\bnode)\b[^|;&\n]*"
-    r"(?:<\(|\$\(|`)\s*(?:sudo\s+)?(?:curl|wget)\b")
-DOWNLOAD_PIPE = re.compile(r"\b(?:curl|wget)\b[^;\n]*\|\s*(?:sudo\s+(?:-\S+\s+)*)?(?:env\s+)?"
-                           r"(?:(?:ba|z|da|k|fi)?sh|python[0-9.]*|perl|ruby|node)\b")
+    r"(?:\b(?:ba|z|da|k|fi)?sh|\beval|\bsource|\bpython[0-9.]*|\bperl|\bruby|\bnode)\b[^|;&\n]{0,128}?"
+    r"(?:<\(|\$\(|`)\s{0,16}(?:sudo\s{1,16})?(?:curl|wget)\b")
+DOWNLOAD_PIPE = re.compile(r"\b(?:curl|wget)\b[^;\n]{0,256}?\|\s{0,16}(?:sudo\s{1,16}(?:-\S{1,32}\s{1,16}){0,8})?"
+                           r"(?:env\s{1,16})?(?:(?:ba|z|da|k|fi)?sh|python[0-9.]*|perl|ruby|node)\b")
 GIT_OPTION_ARGS = frozenset({"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path", "--config-env"})
 
 
@@ -117,6 +124,7 @@ class _Walk:
     off: frozenset[str]
     findings: dict[str, str] = field(default_factory=dict)  # rule -> the first reason found
     cwd: str | None = None  # None: somewhere unknown (after `cd $X`, `cd -`)
+    budget: int = REVIEW_BUDGET
 
     def __post_init__(self) -> None:
         self.cwd = self.workspace
@@ -146,8 +154,9 @@ def review(request: ReviewRequest, settings: Settings) -> list[ReviewDecision]:
     allow (an empty list: nothing to ask about)."""
     off = frozenset(settings.review_off)
     walk = _Walk(request.workspace, request.posture == 3, off)
-    if len(request.text.encode(errors="replace")) > MAX_REVIEW_BYTES:
-        walk.hit("too-long-to-review", f"{len(request.text)} characters (more than {MAX_REVIEW_BYTES} bytes)")
+    cap = MAX_PYTHON_BYTES if request.kind == "python" else MAX_REVIEW_BYTES
+    if len(request.text) > cap or len(request.text.encode(errors="replace")) > cap:
+        walk.hit("too-long-to-review", f"{len(request.text)} characters (more than {cap} bytes)")
     elif request.kind == "python":
         _python(request.text, walk)
     elif request.kind == "argv" and request.argv is not None:
@@ -156,7 +165,7 @@ def review(request: ReviewRequest, settings: Settings) -> list[ReviewDecision]:
         _shell(request.text, walk, depth=0)
     decisions = [ReviewDecision(action="ask", reason=reason, rule=rule) for rule, reason in walk.findings.items()]
     if settings.review_rules is not None:
-        text = request.text[:MAX_REVIEW_BYTES]
+        text = request.text[:MAX_PYTHON_BYTES]
         for number, action, pattern in operator_rules(str(settings.review_rules)):
             if pattern.search(text):
                 decisions.append(ReviewDecision(
@@ -213,19 +222,25 @@ def _tokens(text: str) -> list[str]:
 
 
 def _substitutions(text: str) -> Iterator[str]:
-    """The insides of every $(...) and `...` in the text, quoted or not (in single quotes they are literal, but
-    reading one more command than runs costs a question at most)."""
-    for match in re.finditer(r"\$\(", text):
-        depth, start = 1, match.end()
-        for i in range(start, min(len(text), start + MAX_REVIEW_BYTES)):
-            depth += {"(": 1, ")": -1}.get(text[i], 0)
-            if depth == 0:
+    """The insides of every $(...), <(...), >(...) and `...` in the text, at any nesting, quoted or not (in single
+    quotes they are literal, but reading one more command than runs costs a question at most). One pass."""
+    opened: list[tuple[int, bool]] = []
+    for i, char in enumerate(text):
+        if char == "(":
+            opened.append((i + 1, i > 0 and text[i - 1] in "$<>"))
+        elif char == ")" and opened:
+            start, substitution = opened.pop()
+            if substitution:
                 yield text[start:i]
-                break
-    yield from re.findall(r"`([^`]*)`", text)
+    for match in re.finditer(r"`([^`]*)`", text):
+        yield match.group(1)
 
 
-def _shell(text: str, walk: _Walk, depth: int) -> None:
+def _shell(text: str, walk: _Walk, depth: int, substitutions: bool = True) -> None:
+    walk.budget -= len(text)
+    if walk.budget < 0:
+        walk.hit("too-long-to-review", "its substitutions and inline scripts nest too much to read them all")
+        return
     if depth > MAX_DEPTH:
         return
     for pattern in (PIPE_TO_SHELL, DOWNLOAD_PIPE):
@@ -258,8 +273,11 @@ def _shell(text: str, walk: _Walk, depth: int) -> None:
         for i, name in enumerate(names):
             if name in DOWNLOADERS and any(later in INTERPRETERS for later in names[i + 1:]):
                 walk.hit("pipe-to-shell", " | ".join(" ".join(stage) for stage in stages)[:200])
-    for inner in _substitutions(text):
-        _shell(inner, walk, depth + 1)
+    if substitutions:  # one pass found them all, nested ones included: their own reviews need not look again
+        for inner in _substitutions(text):
+            _shell(inner, walk, depth + 1, substitutions=False)
+            if walk.budget < 0:
+                return
 
 
 def _redirect_target(target: str, walk: _Walk) -> None:

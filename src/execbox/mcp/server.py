@@ -290,7 +290,9 @@ class McpApp:
                                timeout_s=args.get("timeout_s"))
         request = ReviewRequest(tool=tool, kind=kind, text=text, workspace=plan.workspace,  # type: ignore[arg-type]
                                 backend=plan.backend, posture=self.settings.posture, chain=chain)
-        return grant, chain, plan, request, decisions(request, self.settings, self.runner.registry)
+        # Off the event loop: a review reads up to 256 KiB of shell (1 MiB of Python), and plugins' hooks are sync code.
+        found = await anyio.to_thread.run_sync(decisions, request, self.settings, self.runner.registry)
+        return grant, chain, plan, request, found
 
     async def gate(self, ctx: Context, tool: str, kind: str, text: str, **args: Any) -> Elicit[Approval] | Gate:
         """The approval resolver: refuse, allow, or ask the person at the client (MCP elicitation)."""
