@@ -75,6 +75,9 @@ def test_every_tool_end_to_end(backend: str) -> None:
             assert result.structured_content is not None and result.structured_content["exit_code"] == 0
             result = await client.call_tool("shell", {"command": "cat state.txt; pwd"})
             assert result.structured_content is not None and result.structured_content["stdout"].startswith("kept\n")
+            # its network: proxy, where the backend enforces it (docker and bubblewrap do here)
+            result = await client.call_tool("shell", {"command": "echo ${HTTPS_PROXY:+proxied}"})
+            assert result.structured_content is not None and result.structured_content["stdout"] == "proxied\n"
             blob = bytes(range(256))
             result = await client.call_tool("write_file", {"path": "d/blob.bin", "encoding": "base64",
                                                            "content": base64.b64encode(blob).decode()})
