@@ -134,13 +134,13 @@ class McpApp:
     # --- callers and grants ---------------------------------------------------------------------------------
 
     def authenticate(self, authorization: str | None, server_token: str) -> Grant | None:
-        """The grant an HTTP request's Authorization header carries: the root for the server token, a delegated
-        grant for a valid grant token; None (a 401) otherwise."""
+        """The grant an HTTP request's Authorization header carries: the server's own grant (the root, or
+        EXECBOX_MCP_GRANT's) for the server token, a delegated grant for a valid grant token; None (a 401) else."""
         if not authorization or not authorization[:7].lower() == "bearer ":
             return None
         token = authorization[7:].strip()
         if hmac.compare_digest(token.encode(), server_token.encode()):
-            return self.root
+            return self.own_grant
         try:
             return self.signer.verify(token)
         except GrantError:
@@ -163,6 +163,9 @@ class McpApp:
             raise GrantError(f"refused: your grant ({grant.describe()}) is a leaf, and a leaf never runs code")
         if tool in SESSION_TOOLS and grant.posture < 1:
             raise GrantError(f"refused: {tool} needs posture 1 and your grant has posture {grant.posture}")
+        if tool in SESSION_TOOLS and self.settings.posture == 3 and grant.posture < 3:
+            raise GrantError(f"refused: this server's persistent shell is the host itself (posture 3), and your grant "
+                             f"has posture {grant.posture}")
 
     def _sandboxed(self, backend: str, network: NetworkMode, what: str) -> None:
         """An agent's code runs in a sandbox; only posture 3's shell is the host. CODE_EXEC_LOCAL=true lets the
