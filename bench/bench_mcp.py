@@ -44,8 +44,8 @@ async def main(runs: int, backend: str) -> None:
     async with AsyncRunner(Settings(backend=backend, audit_log="off")) as runner, Client(params) as client:
         async with runner.sandbox(backend) as sandbox:
             await client.call_tool("shell", {"command": "true"})  # opens the session's sandbox
-            one = await pairs(lambda: runner.run(["true"]), lambda: client.call_tool("run_command", {"command": "true"}),
-                              runs)
+            one = await pairs(lambda: runner.run(["true"]),
+                              lambda: client.call_tool("run_command", {"command": "true"}), runs)
             print(f"one-shot `true` on {backend}: direct {one[0]:.1f} ms, over MCP {one[1]:.1f} ms, "
                   f"per-pair difference {one[2]:.1f} ms (medians of {runs})")
             shell = await pairs(lambda: sandbox.exec(["true"]), lambda: client.call_tool("shell", {"command": "true"}),
@@ -54,7 +54,8 @@ async def main(runs: int, backend: str) -> None:
                   f"per-pair difference {shell[2]:.1f} ms")
     settings = Settings()
     for label, text in (("a command line", "cd src && python3 -m pytest -q tests/ | tee log.txt && git status"),
-                        ("a 200-line script", "\n".join(f"echo step {i} && ls -la dir{i} | wc -l" for i in range(200)))):
+                        ("a 200-line script",
+                         "\n".join(f"echo step {i} && ls -la dir{i} | wc -l" for i in range(200)))):
         request = ReviewRequest(tool="shell", kind="shell", text=text)
         started = time.perf_counter()
         for _ in range(200):
