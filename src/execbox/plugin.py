@@ -79,7 +79,10 @@ from execbox.core.settings import Settings, comma_list, setting
 from execbox.core.transfer import TransferLimits
 from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
 
-KIT_VERSION = "1.1"  # 1.1: streaming (OnOutput, OutputEvent, Capabilities.streaming), run_cell's models
+# 1.1: streaming (OnOutput, OutputEvent, Capabilities.streaming), run_cell's models. 1.2: files (Session.list_files /
+# upload / download with defaults, host_workspace, transfer, TransferLimits, FileInfo, Transfer), Mount and
+# Capabilities.mounts, packages.
+KIT_VERSION = "1.2"
 
 __all__ = [
     "KIT_VERSION",

@@ -280,7 +280,8 @@ class AsyncRunner:
                            mounts=mounts)
         _enough_threads(self.slots.total)
         async with self.slots.slot(self.settings.queue_timeout_sec, "this run") as waited:
-            session = self.pool.take(impl, spec)
+            # A warm member was opened without this run's mounts (the pool keys on network and limits only).
+            session = None if mounts else self.pool.take(impl, spec)
             pooled = session is not None
             if session is None:
                 with backend_errors(impl.name):

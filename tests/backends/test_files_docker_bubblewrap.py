@@ -299,3 +299,16 @@ def test_the_cli_file_options_end_to_end(backend: str, shared_dir: Path, monkeyp
                                     "--", "true"])
     assert done.exit_code == 125 and "home directory" in done.output, done.output
     assert sys.executable  # the CLI ran in this process: nothing outlives it (the sandboxes closed above)
+
+
+def test_a_warm_pool_never_serves_a_run_that_has_mounts(shared_dir: Path) -> None:
+    """Warm members are opened without mounts: a run with mounts must open its own sandbox, never take one."""
+    _available("bubblewrap")
+    (shared_dir / "m.txt").write_text("mounted\n")
+    (shared_dir / "m.txt").chmod(0o644)
+    with Runner(Settings(backend="bubblewrap", pool_size=1)) as runner:
+        runner.warm("bubblewrap")
+        plain = runner.run(["true"])
+        result = runner.run(["cat", "/data/m.txt"], mounts=[Mount(shared_dir, "/data")])
+    assert result.stdout == "mounted\n" and not result.pooled, result
+    assert plain.exit_code == 0

@@ -26,7 +26,7 @@ def test_an_empty_command_is_refused(local_mode: None) -> None:
 def test_reading_a_directory_is_a_workspace_error(local_mode: None) -> None:
     with Runner().sandbox() as sb:
         sb.exec("mkdir d")
-        with pytest.raises(WorkspacePathError, match="not a regular file"):
+        with pytest.raises(WorkspacePathError, match="is a directory, not a file: use list_files"):
             sb.read_file("d")
 
 

@@ -105,11 +105,13 @@ class SingularitySettings(BackendSettings):
 
 class SingularitySession(Session):
     workspace = WORKSPACE
+    host_workspace: str  # bound at /workspace: whole files and directories move on the host side
 
     def __init__(self, backend: SingularityBackend, spec: SessionSpec, host_dir: str, instance: str | None) -> None:
         self.backend = backend
         self.spec = spec
         self.host_dir = host_dir
+        self.host_workspace = host_dir
         self.instance = instance
         self._closed = False
 

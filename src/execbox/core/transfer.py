@@ -242,7 +242,8 @@ def host_pack(root: str, rel: str, out: IO[bytes], *, limits: TransferLimits, pr
     prefix = prefix if prefix is not None else (posixpath.basename(rel) if rel else ".")
     budget = _Budget(limits, what or f"{rel or 'the workspace'!r}")
     stats = Transfer()
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
+        tar.copybufsize = CHUNK  # type: ignore[attr-defined]  # 16 KiB by default (not in typeshed)
         for entry in _walk(root, rel, budget, skipped=stats.skipped):
             name = _join(prefix, entry.path) if entry.path else prefix
             shown = _join(rel, entry.path) if entry.path else (rel or ".")
@@ -350,7 +351,7 @@ def host_unpack(root: str, dest: str, archive: IO[bytes], *, limits: TransferLim
     before = 0
     dirs = _Dirs(root, owner)
     try:
-        with tarfile.open(fileobj=archive, mode="r|") as tar:
+        with tarfile.open(fileobj=archive, mode="r|", bufsize=CHUNK) as tar:
             for member in tar:
                 sub = _member_rel(member.name, prefix)
                 if sub is None:
