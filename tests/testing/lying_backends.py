@@ -261,7 +261,7 @@ class NoNnp(Liar):
 # --- limits claimed, not enforced; nothing run at all -------------------------------------------------------
 
 EVERYTHING = CLAIMS.model_copy(update={"limits": frozenset({"memory", "cpu", "pids", "disk", "wall_time"}),
-                                      "network_modes": frozenset({"none", "proxy"}), "mounts": True})
+                                      "network_modes": frozenset({"none", "proxy"}), "mounts": True, "streaming": True})
 
 
 class UnlimitedSession(plugin.HostWorkspaceSession):
