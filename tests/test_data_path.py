@@ -362,6 +362,10 @@ def test_sessions_upload_list_download_and_read_file_of_a_directory(local: None,
             sb.read_file("in/sub")
         sb.download("in", outside / "back")
         assert (outside / "back/sub/x.bin").read_bytes() == (outside / "in/sub/x.bin").read_bytes()
+        sb.download("in/sub/x.bin", outside / "back")  # a file into an existing directory lands inside it
+        sb.download("in/sub/x.bin", outside / "single.bin")  # elsewhere, at that path
+        assert (outside / "back/x.bin").read_bytes() == (outside / "single.bin").read_bytes() == \
+            (outside / "in/sub/x.bin").read_bytes()
         with pytest.raises(WorkspacePathError, match="escapes|outside"):
             sb.download("../x", outside / "nope")
 

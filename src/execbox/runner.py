@@ -825,9 +825,10 @@ class AsyncSandbox:
                                            remote if remote is not None else os.path.basename(os.path.abspath(local)))
 
     async def download(self, remote: str, local_path: str | os.PathLike[str]) -> Transfer:
-        """Copy a workspace file or directory ("." = the whole workspace) to ``local_path`` (the file, or the
-        directory made or merged into). Bounded by CODE_EXEC_MAX_TRANSFER_BYTES / _FILES before a byte is read;
-        nothing is followed and no symlink, hard link or device the code left is created here (``skipped``)."""
+        """Copy a workspace file or directory ("." = the whole workspace) to ``local_path`` (the file, or inside
+        it when it is an existing directory; a directory is made or merged into). Bounded by
+        CODE_EXEC_MAX_TRANSFER_BYTES / _FILES before a byte is read; nothing is followed and no symlink, hard link
+        or device the code left is created here (``skipped``)."""
         backend, session = self._live()
         return await self.runner.download_from(backend, session, remote, os.fspath(local_path))
 

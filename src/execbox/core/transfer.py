@@ -646,8 +646,9 @@ async def upload_path(session: Session, local: str, remote: str, *, limits: Tran
 
 
 async def download_path(session: Session, remote: str, local: str, *, limits: TransferLimits) -> Transfer:
-    """Copy ``remote`` ("" = the whole workspace) to the local path ``local`` (a file, or a directory made or
-    merged into). Symlinks, hard links, devices and FIFOs the code left are not created here: see ``skipped``."""
+    """Copy ``remote`` ("" = the whole workspace) to the local path ``local``: a directory is made or merged into;
+    a file is written there, or inside ``local`` when that is an existing directory. Symlinks, hard links,
+    devices and FIFOs the code left are not created here: see ``skipped``."""
     import anyio
 
     target = os.path.abspath(local)
@@ -659,10 +660,22 @@ async def download_path(session: Session, remote: str, local: str, *, limits: Tr
     with tempfile.TemporaryFile(prefix="execbox-download-") as tmp:
         packed = await session.download(remote, tmp, limits=limits)
         tmp.seek(0)
+        if os.path.isdir(target) and not os.path.islink(target) and _first_is_file(tmp):
+            parent, base = target, posixpath.basename(remote)  # a file into an existing directory: inside it
+        tmp.seek(0)
         placed = await anyio.to_thread.run_sync(lambda: host_unpack(
             parent, base, tmp, limits=limits, prefix=prefix, keep_symlinks=False, workspace=False, shown_as=remote))
     placed.skipped[:0] = packed.skipped  # what the sandbox side left out (FIFOs, unreadable directories)
     return placed
+
+
+def _first_is_file(archive: IO[bytes]) -> bool:
+    try:
+        with tarfile.open(fileobj=archive, mode="r|") as tar:
+            first = tar.next()
+            return first is not None and not first.isdir()
+    except tarfile.TarError:
+        return False
 
 
 async def collect(session: Session, patterns: list[str], *, limits: TransferLimits,
