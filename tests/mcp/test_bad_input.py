@@ -18,7 +18,8 @@ from mcp.shared.exceptions import MCPError
 
 from tests.mcp.support import env, stdio, text, usable
 
-TOOLS = ["run_code", "run_command", "shell", "write_file", "read_file", "list_files", "delegate", "no_such_tool"]
+TOOLS = ["run_code", "run_command", "shell", "python", "write_file", "read_file", "list_files", "delegate",
+         "no_such_tool"]
 KEYS = ["code", "command", "path", "content", "encoding", "language", "timeout_s", "network", "backend", "recursive",
         "tools", "posture", "expires_in_s", "memory_mb", "label"]
 ODD = st.sampled_from(["", "..", "../x", "/etc/passwd", "a/../../b", "\0", "x\0y", "/", "~", "a" * 5000,

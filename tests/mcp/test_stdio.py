@@ -45,8 +45,8 @@ def test_every_tool_end_to_end(backend: str) -> None:
                      CODE_EXEC_MAX_TIMEOUT_SEC="20", CODE_EXEC_MAX_OUTPUT_BYTES="2000")
         async with Client(stdio(server), mode=mode, elicitation_callback=asked) as client:
             listed = {tool.name: tool for tool in (await client.list_tools()).tools}
-            assert set(listed) == {"run_code", "run_command", "shell", "write_file", "read_file", "list_files",
-                                   "delegate"}
+            assert set(listed) == {"run_code", "run_command", "shell", "python", "write_file", "read_file",
+                                   "list_files", "delegate"}
             assert "code" in listed["run_code"].input_schema["properties"]
             assert "approval" not in listed["run_code"].input_schema["properties"]
             assert all(tool.description and len(tool.description) > 80 for tool in listed.values())
@@ -78,6 +78,16 @@ def test_every_tool_end_to_end(backend: str) -> None:
             # its network: proxy, where the backend enforces it (docker and bubblewrap do here)
             result = await client.call_tool("shell", {"command": "echo ${HTTPS_PROXY:+proxied}"})
             assert result.structured_content is not None and result.structured_content["stdout"] == "proxied\n"
+            # python: one interpreter for the session, variables kept across calls, values and errors back
+            result = await client.call_tool("python", {"code": "import math\nx = 6"})
+            assert not result.is_error and result.structured_content is not None
+            assert result.structured_content["ok"] and result.structured_content["execution_count"] == 1
+            result = await client.call_tool("python", {"code": "print('seen'); x * 7"})
+            assert result.structured_content is not None and result.structured_content["stdout"] == "seen\n"
+            assert result.structured_content["outputs"][0]["text"] == "42" and "value: 42" in text(result)
+            result = await client.call_tool("python", {"code": "1 / 0"})
+            assert result.structured_content is not None and not result.structured_content["ok"]
+            assert "ZeroDivisionError" in text(result) and not result.structured_content["state_lost"]
             blob = bytes(range(256))
             result = await client.call_tool("write_file", {"path": "d/blob.bin", "encoding": "base64",
                                                            "content": base64.b64encode(blob).decode()})

@@ -38,9 +38,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from execbox.core.errors import ConfigError, RefusedError
 from execbox.core.models import NETWORK_MODES, NetworkMode
 
-CODE_TOOLS = frozenset({"run_code", "run_command", "shell"})
-SESSION_TOOLS = frozenset({"shell", "write_file", "read_file", "list_files"})
-ALL_TOOLS = ("run_code", "run_command", "shell", "write_file", "read_file", "list_files", "delegate")
+CODE_TOOLS = frozenset({"run_code", "run_command", "shell", "python"})
+SESSION_TOOLS = frozenset({"shell", "python", "write_file", "read_file", "list_files"})
+ALL_TOOLS = ("run_code", "run_command", "shell", "python", "write_file", "read_file", "list_files", "delegate")
 PREFIX = "exg1"
 MAX_TOKEN_BYTES = 8192
 MIN_KEY_BYTES = 32

@@ -1,7 +1,7 @@
 """Compute postures (AGENT_COMPUTE_POSTURE): how much compute the agent surface offers.
 
     0  one-shot sandboxes only (run_code, run_command); nothing persists between calls. The default.
-    1  also one persistent sandbox per MCP session (shell, write_file, read_file, list_files): opened on first
+    1  also one persistent sandbox per MCP session (shell, python, write_file, read_file, list_files): opened on first
        use, closed and removed when the session ends — the client closes it, disconnects, dies (stdio: its
        pipe closes; HTTP: the session is deleted or idle for EXECBOX_MCP_IDLE_SEC). Its network is ``proxy``
        when the backend enforces that mode (allowlisted egress, e.g. package installs), else ``none``, unless
@@ -31,7 +31,7 @@ def offered_tools(settings: Settings) -> list[str]:
         return []
     tools = ["run_code", "run_command"]
     if settings.posture >= 1:
-        tools += ["shell", "write_file", "read_file", "list_files"]
+        tools += ["shell", "python", "write_file", "read_file", "list_files"]
     return [*tools, "delegate"]
 
 

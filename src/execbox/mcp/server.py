@@ -52,7 +52,16 @@ from execbox.mcp.grants import (
 )
 from execbox.mcp.review import Approval, Gate, decisions, question, refusal
 from execbox.mcp.settings import MIN_TOKEN_CHARS, McpSettings
-from execbox.mcp.tools import MAX_LISTED, accepted, data_result, error_result, exec_result, read_result, register_tools
+from execbox.mcp.tools import (
+    MAX_LISTED,
+    accepted,
+    cell_result,
+    data_result,
+    error_result,
+    exec_result,
+    read_result,
+    register_tools,
+)
 from execbox.runner import AsyncRunner, AsyncSandbox
 
 #: How long a posture-1 sandbox may live: the backstop for a server that is killed (the session ends it first).
@@ -60,9 +69,9 @@ SESSION_LIFETIME_S = 24 * 3600.0
 SANDBOX_WORKSPACE = "/workspace"
 GRANT_SCOPE_KEY = "execbox.grant"
 INSTRUCTIONS = ("execbox runs code in isolated sandboxes. run_code and run_command start a fresh sandbox for each "
-                "call; shell, write_file, read_file and list_files (when offered) share one persistent sandbox for "
-                "this session. Results carry the exit code, capped output and, when a limit cut a run short, one "
-                "sentence saying which and whether retrying can help.")
+                "call; shell, python, write_file, read_file and list_files (when offered) share one persistent "
+                "sandbox for this session. Results carry the exit code, capped output and, when a limit cut a run "
+                "short, one sentence saying which and whether retrying can help.")
 
 
 @dataclass
@@ -317,8 +326,9 @@ class McpApp:
         outcome = accepted(approval)
         if isinstance(outcome, Gate) and outcome.error is not None:
             return error_result(_error(outcome.error))
-        text = args["code"] if tool == "run_code" else args["command"]
-        kind = ("bash" if args.get("language") == "bash" else "python") if tool == "run_code" else "shell"
+        text = args["code"] if tool in ("run_code", "python") else args["command"]
+        kind = {"run_code": "bash" if args.get("language") == "bash" else "python", "python": "python"}.get(
+            tool, "shell")
         try:
             grant, chain, plan, request, found = await self._prepare(ctx, tool, kind, text, args)
         except ExecboxError as exc:
@@ -341,6 +351,9 @@ class McpApp:
                                 else refusal(request, found, unattended=False))
         try:
             with audit_log.caller(*chain):
+                if tool == "python":
+                    assert plan.sandbox is not None  # a session tool: plan() opened the session's sandbox
+                    return cell_result(await plan.sandbox.run_cell(text, timeout=plan.timeout))
                 if plan.sandbox is not None:
                     result = await plan.sandbox.exec(text, timeout=plan.timeout)
                 elif tool == "run_code":

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
 from mcp.server.mcpserver.resolve import AcceptedElicitation
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from pydantic import Field
 
 from execbox.core.errors import ExecboxError
-from execbox.core.models import ExecResult
+from execbox.core.models import CellResult, ExecResult
 from execbox.mcp.grants import GrantRequest
 from execbox.mcp.review import Approval, Gate
 
@@ -49,6 +49,43 @@ def exec_result(result: ExecResult) -> CallToolResult:
     lines += ["stdout:" + ("\n" + result.stdout if result.stdout else " (empty)"),
               "stderr:" + ("\n" + result.stderr if result.stderr else " (empty)")]
     return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structured_content=data)
+
+
+def cell_result(result: CellResult, max_images: int = 8) -> CallToolResult:
+    """A Python cell, as a model reads it: its printed output, the values it displayed (text, and images as
+    image content a model can look at), the exception if it raised, and whether the interpreter's state
+    survived."""
+    outputs: list[dict[str, Any]] = []
+    images: list[ImageContent] = []
+    lines = [f"cell {result.execution_count} ({result.backend}, {result.duration_s:.2f} s)"]
+    if result.state_lost:
+        lines.append("the interpreter's earlier state (variables, imports) is gone: this cell ran in a fresh one")
+    if result.timed_out:
+        lines.append("the cell was stopped at its timeout")
+    lines += [f"note: {note}" for note in result.notes]
+    for output in result.outputs:
+        mimes = sorted(output.data)
+        outputs.append({"kind": output.kind, "mime_types": mimes, "text": output.text})
+        for mime in ("image/png", "image/jpeg"):
+            if mime in output.data and output.binary(mime) is not None and len(images) < max_images:
+                images.append(ImageContent(type="image", data=output.data[mime], mime_type=mime))
+                break
+        if output.text is not None:
+            lines.append(("value: " if output.kind == "result" else "display: ") + output.text)
+    if result.stdout:
+        lines.append("stdout:\n" + result.stdout)
+    if result.stderr:
+        lines.append("stderr:\n" + result.stderr)
+    if result.error is not None:
+        lines.append(f"error: {result.error.name}: {result.error.value}\n{result.error.traceback}".rstrip())
+    data: dict[str, Any] = {
+        "ok": result.ok, "execution_count": result.execution_count, "stdout": result.stdout,
+        "stderr": result.stderr, "outputs": outputs, "error": result.error.model_dump() if result.error else None,
+        "timed_out": result.timed_out, "oom_killed": result.oom_killed, "state_lost": result.state_lost,
+        "truncated": result.truncated, "notes": list(result.notes),
+    }
+    return CallToolResult(content=[TextContent(type="text", text="\n".join(lines)), *images],
+                          structured_content=data)
 
 
 def error_result(error: ExecboxError | str) -> CallToolResult:
@@ -99,6 +136,9 @@ def register_tools(server: MCPServer, app: "McpApp") -> None:
     async def gate_shell(command: str, ctx: Context) -> Elicit[Approval] | Gate:
         return await app.gate(ctx, "shell", "shell", command)
 
+    async def gate_python(code: str, ctx: Context) -> Elicit[Approval] | Gate:
+        return await app.gate(ctx, "python", "python", code)
+
     async def run_code(
         code: Annotated[str, Field(max_length=4 << 20, description="The program's source code.")],
         approval: Annotated[ElicitationResult[Approval], Resolve(gate_run_code)],
@@ -133,6 +173,15 @@ def register_tools(server: MCPServer, app: "McpApp") -> None:
         timeout_s: Timeout = None,
     ) -> CallToolResult:
         return await app.call(ctx, "shell", approval, command=command, timeout_s=timeout_s)
+
+    async def python(
+        code: Annotated[str, Field(min_length=1, max_length=4 << 20, description=(
+            "Python code to run in your persistent interpreter, like a notebook cell."))],
+        approval: Annotated[ElicitationResult[Approval], Resolve(gate_python)],
+        ctx: Context,
+        timeout_s: Timeout = None,
+    ) -> CallToolResult:
+        return await app.call(ctx, "python", approval, code=code, timeout_s=timeout_s)
 
     async def write_file(
         path: Annotated[str, Field(min_length=1, max_length=4096, description=(
@@ -207,6 +256,13 @@ def register_tools(server: MCPServer, app: "McpApp") -> None:
             "so `cd` and variables do not carry over: chain them with && in one call. "
             f"{limits} {result_doc} {approval_doc}"),
             ToolAnnotations(title="Shell in your sandbox", destructive_hint=s.posture == 3, open_world_hint=False)),
+        "python": (python, (
+            "Run Python in your persistent interpreter (in your sandbox, like a notebook): variables, imports "
+            "and open files stay from call to call. The value of the last expression and display()ed objects "
+            "come back (images as images); matplotlib figures come back as PNG without saving them. A cell "
+            "past its timeout is interrupted; if the interpreter has to be killed, the result says its state "
+            f"was lost. {limits} {approval_doc}"),
+            ToolAnnotations(title="Python in your sandbox", destructive_hint=False, open_world_hint=False)),
         "write_file": (write_file, (
             "Write a file into your persistent sandbox's workspace (replacing it if it exists). Use "
             "encoding=base64 for binary content. Returns the path and the number of bytes written."),
