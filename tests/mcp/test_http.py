@@ -65,7 +65,9 @@ def test_http_without_the_token_or_with_a_wrong_one_is_401() -> None:
 
 def test_tools_sessions_grants_and_approvals_over_http() -> None:
     usable("bubblewrap")
-    server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap")
+    # No warm pool: its members belong to the server, not to a session, and this test counts what a session left.
+    server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap",
+                 CODE_EXEC_POOL_SIZE="0")
     asked = Asked()
 
     async def main(url: str, token: str, pid: int) -> None:

@@ -64,6 +64,8 @@ from execbox.mcp.tools import (
 )
 from execbox.runner import AsyncRunner, AsyncSandbox
 
+#: Warm sandboxes per configuration for the server's one-shot tools, unless CODE_EXEC_POOL_SIZE says otherwise.
+SERVER_POOL_SIZE = 2
 #: How long a posture-1 sandbox may live: the backstop for a server that is killed (the session ends it first).
 SESSION_LIFETIME_S = 24 * 3600.0
 SANDBOX_WORKSPACE = "/workspace"
@@ -103,6 +105,10 @@ class McpApp:
     def __init__(self, settings: Settings, mcp_settings: McpSettings, transport: postures.Transport, *,
                  runner: AsyncRunner | None = None) -> None:
         postures.check_startup(settings, transport)
+        if "pool_size" not in settings.model_fields_set:
+            # A server lives long and answers one call after another: one-shots come from a warm pool (filled
+            # after a configuration's first run) unless the operator set CODE_EXEC_POOL_SIZE (0 turns it off).
+            settings = settings.model_copy(update={"pool_size": SERVER_POOL_SIZE})
         self.settings = settings
         self.mcp_settings = mcp_settings
         self.transport = transport
