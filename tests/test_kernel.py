@@ -20,6 +20,7 @@ from execbox.core.kernel import CellParser
 from execbox.core.models import ExecResult
 from execbox.runner import run_blocking
 from execbox.testing import PeakRss, engine_missing
+from tests.backends.test_files_docker_bubblewrap import data_image  # noqa: F401 - a fixture, shared
 
 # --- the host side's bounds, no engine --------------------------------------------------------------------------
 
@@ -92,21 +93,11 @@ def test_parser_reads_a_non_streaming_backends_output_at_the_end() -> None:
 
 # --- docker and bubblewrap --------------------------------------------------------------------------------------
 
-MATPLOTLIB_IMAGE_PACKAGES = ("python3-matplotlib",)
-
-
 @pytest.fixture(scope="session")
-def matplotlib_image() -> str:
-    """A docker image with Debian's matplotlib (built once; later runs find it by its recipe)."""
-    from execbox.backends import docker_image
-
-    try:
-        built = docker_image.build_image(None, packages=docker_image.DEFAULT_PACKAGES + MATPLOTLIB_IMAGE_PACKAGES)
-    except docker_image.ImageBuildError as exc:
-        engine_missing(f"cannot build the matplotlib image: {exc}")
-    except BackendUnavailableError as exc:
-        engine_missing(f"no Docker engine: {exc}")
-    return built.tag
+def matplotlib_image(data_image: str) -> str:
+    """The image with Debian's numpy and matplotlib that the data-path tests build (one recipe, so one build per
+    machine for both)."""
+    return data_image
 
 
 def _usable(runner: Runner, name: str) -> None:
