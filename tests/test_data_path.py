@@ -171,6 +171,12 @@ def test_mount_model_validates_and_parses() -> None:
     for target in ("/", "/workspace", "relative", "/proc/x", "/tmp/x", "/opt/execbox/pip"):
         with pytest.raises(ConfigError):
             Mount("/src", target)
+    # Over the sandbox's own system or the proxy's socket (found attacking the mounts): refused, also when the
+    # path only gets there through '..'.
+    for target in ("/etc", "/usr/bin", "/lib64", "/run/execbox", "/workspace/../etc", "/data/../../usr"):
+        with pytest.raises(ConfigError, match="which the sandbox provides itself"):
+            Mount("/src", target)
+    assert Mount("/src", "/etcetera").target == "/etcetera" and Mount("/src", "/data/../x").target == "/x"
     with pytest.raises(ConfigError, match="absolute"):
         Mount("src", "/data")
     with pytest.raises(ValueError, match="HOST:SANDBOX"):

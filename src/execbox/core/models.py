@@ -71,7 +71,11 @@ class Limits(BaseModel):
 
 # Places a mount may not cover inside the sandbox: the kernel's views, the tmpfs, the workspace (and what holds
 # it), and where execbox mounts its own package cache.
-_MOUNT_TARGETS_REFUSED = ("/proc", "/sys", "/dev", "/tmp", "/opt/execbox")
+# Places the sandbox provides itself: its kernel interfaces, its scratch space, the package cache and the proxy's
+# socket (/opt/execbox, /run/execbox), and the system it runs (a mount over /etc or /usr would replace the
+# sandbox's own users, loader configuration or shell with host files).
+_MOUNT_TARGETS_REFUSED = ("/proc", "/sys", "/dev", "/tmp", "/opt/execbox", "/run/execbox", "/etc", "/usr", "/bin",
+                          "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/var/lib/dpkg")
 WORKSPACE_DIR = "/workspace"
 
 
