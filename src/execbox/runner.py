@@ -130,7 +130,8 @@ class AsyncRunner:
         #: The concurrency cap, shared by every thread and loop that uses this runner.
         self.slots = Slots(self.settings.max_concurrent or default_max_concurrent(self.settings.memory_mb))
         #: Warm sandboxes; active only while the runner is entered (its background task group refills them).
-        self.pool = WarmPool(self.settings.pool_size, self.settings.pool_ttl_sec)
+        self.pool = WarmPool(self.settings.pool_size, self.settings.pool_ttl_sec,
+                             record=lambda event, fields: self.audit.arecord(event, **fields))
         self._background: Any = None
         self._pool_stop: anyio.Event | None = None
 

@@ -45,3 +45,18 @@ async def test_the_pool_is_off_unless_the_runner_is_entered() -> None:
     async with AsyncRunner(_local()) as off:
         with pytest.raises(ConfigError, match="CODE_EXEC_POOL_SIZE"):
             await off.warm()
+
+
+async def test_members_are_in_the_audit_log_from_start_to_removal() -> None:
+    from execbox.core.audit import records
+
+    async with AsyncRunner(_local(pool_size=2)) as runner:
+        await _ready(runner, 2)
+        assert (await runner.run("true")).pooled
+        await _ready(runner, 2)
+        path = runner.audit.path
+    assert path is not None
+    events = [r for r in records(path) if r.get("event", "").startswith("sandbox.")]
+    opened = {r["session"] for r in events if r["event"] == "sandbox.open" and r.get("pooled")}
+    closed = {r["session"] for r in events if r["event"] == "sandbox.close" and r.get("pooled")}
+    assert len(opened) == 3 and opened == closed  # two, one used and refilled; every one removed with the runner

@@ -11,8 +11,10 @@ neither the start nor the removal of its sandbox.
 from __future__ import annotations
 
 import time
+import uuid
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -20,12 +22,17 @@ from anyio.abc import TaskGroup
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec
 
 PoolKey = tuple[int, str, Hashable]
+#: Records a pool event in the audit log: ("sandbox.open" | "sandbox.close", fields).
+Recorder = Callable[[str, dict[str, Any]], Awaitable[object]]
 
 
 class WarmPool:
-    def __init__(self, size: int, ttl_s: float, on_error: Callable[[str, BaseException], None] | None = None) -> None:
+    def __init__(self, size: int, ttl_s: float, on_error: Callable[[str, BaseException], None] | None = None,
+                 record: Recorder | None = None) -> None:
         self.size = size
         self.ttl_s = ttl_s
+        self._record = record
+        self._ids: dict[int, str] = {}  # id(session) -> the member's id in the audit log
         self._members: dict[PoolKey, deque[tuple[float, Session]]] = {}
         self._filling: dict[PoolKey, int] = {}
         self._tasks: TaskGroup | None = None
@@ -76,8 +83,9 @@ class WarmPool:
             self._tasks.start_soon(self._open_one, backend, spec, key)
 
     async def _open_one(self, backend: ExecutionBackend, spec: SessionSpec, key: PoolKey) -> None:
+        member = self.member_spec(spec)
         try:
-            session = await backend.open_session(self.member_spec(spec))
+            session = await backend.open_session(member)
         except Exception as exc:  # a background refill must not kill the runner; the next run opens its own
             self.errors[backend.name] = f"{type(exc).__name__}: {exc}"
             if self._on_error:
@@ -85,9 +93,14 @@ class WarmPool:
             return
         finally:
             self._filling[key] -= 1
+        self._ids[id(session)] = f"pool-{uuid.uuid4().hex[:16]}"
+        if self._record is not None:
+            await self._record("sandbox.open", {"session": self._ids[id(session)], "backend": backend.name,
+                                                "pooled": True, "network": member.network,
+                                                "limits": member.limits.model_dump(exclude_none=True),
+                                                "lifetime_s": member.lifetime_s})
         if self._tasks is None:  # the runner closed while this member started
-            with anyio.CancelScope(shield=True):
-                await session.close()
+            await self._close(session)
             return
         self._members.setdefault(key, deque()).append((time.monotonic(), session))
 
@@ -97,10 +110,12 @@ class WarmPool:
             raise RuntimeError("the pool is closed")
         self._tasks.start_soon(self._close, session)
 
-    @staticmethod
-    async def _close(session: Session) -> None:
+    async def _close(self, session: Session) -> None:
         with anyio.CancelScope(shield=True):
             await session.close()
+            member = self._ids.pop(id(session), None)
+            if self._record is not None and member is not None:
+                await self._record("sandbox.close", {"session": member, "pooled": True})
 
     def ready(self, backend: ExecutionBackend, spec: SessionSpec) -> int:
         return len(self._members.get(self.key(backend, spec), ()))
@@ -113,6 +128,5 @@ class WarmPool:
         self._tasks = None
         members = [session for queue in self._members.values() for _, session in queue]
         self._members.clear()
-        with anyio.CancelScope(shield=True):
-            for session in members:
-                await session.close()
+        for session in members:
+            await self._close(session)
