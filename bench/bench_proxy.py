@@ -102,7 +102,8 @@ def main() -> None:
     print(f"  {'host, direct':34} {host['http']:10.2f} {host['connect']:10.2f}")
     rows = []
     for backend in args.backends.split(","):
-        settings = Settings.from_env(backend=backend, egress_allow=[f"127.0.0.1/32:{port}"], egress_defaults=False)
+        settings = Settings.from_env(backend=backend, egress_allow=[f"127.0.0.1/32:{port}"], egress_defaults=False,
+                                     local=True)  # a loopback destination: the guard admits it only in local mode
         runner = Runner(settings)
         with runner.sandbox(backend, network="proxy") as sb:
             result = sb.exec([*probe, "proxied"], timeout=120)

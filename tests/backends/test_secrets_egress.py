@@ -111,7 +111,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
 
 def runner_for(backend: str, world: dict[str, Any]) -> Runner:
     settings = Settings.from_env(
-        backend=backend, network="proxy", egress_defaults=False, ca_bundle=world["ca"],
+        backend=backend, network="proxy", egress_defaults=False, ca_bundle=world["ca"], local=True,
         egress_allow=[f"{host}:{port}" for port in world["ports"].values() for host in (SECRET_HOST, OTHER_HOST,
                                                                                          "127.0.0.1/32")])
     runner = Runner(settings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -251,3 +252,47 @@ def test_a_provider_allowlist_takes_names_and_networks_and_refuses_ports() -> No
     assert "does not see the connection attempts" in allowlist.note("modal")
     with pytest.raises(ValueError, match="names a port"):
         provider_allowlist(policy("a.example:8443"))
+
+
+# --- the guard: an allowlist that reaches this host is a setting that widens the boundary ----------------------
+
+
+def _guard_verdict(allow: list[str], *, local: bool = False, network: str = "proxy") -> Any:
+    from execbox.core.models import ExecRequest
+    from execbox.guard.guard import Guard
+    from execbox.registry import get_registry
+
+    settings = Settings(egress_allow=allow, network=network, local=local)
+    backend = get_registry().get("bubblewrap").cls(settings)
+    return Guard(settings).check_verdict(backend, ExecRequest(argv=["true"], network=network))
+
+
+@pytest.mark.parametrize("entry", ["127.0.0.1/32:8080", "127.0.0.0/8", "0.0.0.0/0", "[::1]:8080", "[::/0]",
+                                   "169.254.169.254/32", "169.254.0.0/16:80"])
+def test_an_entry_reaching_this_host_is_refused_unless_local(entry: str) -> None:
+    from execbox.core.errors import NotASandboxError
+
+    with pytest.raises(NotASandboxError, match="lets the proxy connect to this host itself") as caught:
+        _guard_verdict(["pypi.org", entry])
+    assert repr(entry) in str(caught.value) and "CODE_EXEC_LOCAL" in str(caught.value)
+    assert not _guard_verdict([entry], local=True).sandbox  # admitted in local mode, and said so
+
+
+def test_an_entry_holding_one_of_this_hosts_own_addresses_is_refused() -> None:
+    from execbox.core.errors import NotASandboxError
+    from execbox.core.proxy import local_addresses
+
+    own = sorted(str(a) for a in local_addresses() if a.version == 4 and not a.is_loopback)
+    if not own:
+        pytest.skip("capability: this host has no non-loopback IPv4 address")
+    with pytest.raises(NotASandboxError, match=own[0].replace(".", r"\.")):
+        _guard_verdict([f"{own[0]}/32:443"])
+
+
+def test_a_network_elsewhere_and_names_are_admitted() -> None:
+    from execbox.core.proxy import local_addresses
+
+    far = "198.51.100.0/24"
+    assert not any(a in ipaddress.ip_network(far) for a in local_addresses() if a.version == 4)
+    assert _guard_verdict(["pypi.org", "localhost", far, "*.example.com"]).sandbox
+    assert _guard_verdict(["127.0.0.1/32"], network="none").sandbox  # the allowlist is the proxy's only

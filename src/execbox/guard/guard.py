@@ -1,6 +1,8 @@
 """Judges the effective configuration of a request, not a label.
 
-1. A backend that is not a sandbox for this request is refused unless CODE_EXEC_LOCAL=true.
+1. A backend that is not a sandbox for this request is refused unless CODE_EXEC_LOCAL=true. So is network mode
+   proxy with an allowlist entry that reaches this host itself (loopback, its own addresses, the cloud metadata
+   service): an explicit CIDR entry lets the proxy connect there, which makes the host's services the sandbox's.
 2. Before any run whose isolation is none or process, the env files the user can read are scanned for
    wallet seeds and private keys; a find is refused even in local mode.
 3. A backend that cannot start raises one non-retryable BackendUnavailableError (from ``backend.check``).
@@ -9,18 +11,24 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from execbox.core.backend import ExecutionBackend, Verdict
+from execbox.core.egress import parse_entry
 from execbox.core.errors import ConfigError, NotASandboxError, SecretFileError, UnsupportedPolicyError
 from execbox.core.models import Capabilities, ExecRequest, Mount
+from execbox.core.proxy import local_addresses
 from execbox.core.settings import Settings
 from execbox.guard.mounts import admit_mounts
 from execbox.guard.secrets import find_secrets
 
 UNSANDBOXED_ISOLATION = frozenset({"none", "process"})
+# Where a proxy allowlist entry reaches the host itself rather than a network (its own addresses are added).
+HOST_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128", "169.254.169.254/32", "fd00:ec2::254/128"))
 LIMIT_VARIABLES = {"memory": "CODE_EXEC_MEMORY_MB", "cpu": "CODE_EXEC_CPUS", "pids": "CODE_EXEC_PIDS_LIMIT",
                    "disk": "CODE_EXEC_DISK_MB"}
 
@@ -33,6 +41,11 @@ class Guard:
 
     def check_verdict(self, backend: ExecutionBackend, request: ExecRequest) -> Verdict:
         verdict = backend.verdict(request)
+        reaching = self.host_reaching_entries(backend, request)
+        if verdict.sandbox and reaching:
+            verdict = Verdict(False, f"CODE_EXEC_EGRESS_ALLOW has {', '.join(map(repr, reaching))}, which lets the "
+                                     "proxy connect to this host itself (loopback, its own addresses or the cloud "
+                                     "metadata service), so the host's services are the sandbox's")
         if not verdict.sandbox and not self.settings.local:
             if not backend.capabilities.sandbox:
                 fix = "Use a sandbox backend (docker, bubblewrap; `execbox doctor` lists what runs here)"
@@ -47,6 +60,20 @@ class Guard:
                 env_var="CODE_EXEC_LOCAL",
             )
         return verdict
+
+    def host_reaching_entries(self, backend: ExecutionBackend, request: ExecRequest) -> list[str]:
+        """The proxy allowlist's network entries that hold an address of this host (none for a remote backend:
+        there the provider's own loopback is meant)."""
+        if (request.network or self.settings.network) != "proxy" or backend.capabilities.remote:
+            return []
+        own = [ipaddress.ip_network(a) for a in local_addresses()]
+        found = []
+        for raw in self.settings.egress_allow:
+            network = parse_entry(raw).network
+            if network is not None and any(network.version == n.version and network.overlaps(n)
+                                           for n in (*HOST_NETWORKS, *own)):
+                found.append(raw)
+        return found
 
     def check_secrets(self, backend: ExecutionBackend) -> None:
         if backend.capabilities.isolation not in UNSANDBOXED_ISOLATION:

@@ -985,9 +985,10 @@ PROBE_PROXY_FETCH = textwrap.dedent("""
 
 
 def _proxy_runner(kit: Kit, allow: list[str]) -> Runner:
-    """The kit's runner with network mode proxy and an allowlist of exactly ``allow``."""
+    """The kit's runner with network mode proxy and an allowlist of exactly ``allow``. The kit's destinations
+    listen on this host's loopback, which the guard admits only in local mode: so the runner is local."""
     settings = kit.runner.settings.model_copy(update={"egress_allow": allow, "egress_defaults": False,
-                                                      "network": "proxy"})
+                                                      "network": "proxy", "local": True})
     return Runner(settings, options=kit.runner.aio.options)
 
 
