@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-EXTRAS = ["", "docker", "ssh", "singularity", "modal", "daytona", "vercel"]
+EXTRAS = ["", "docker", "ssh", "singularity", "modal", "daytona", "vercel", "mcp", "egress-secrets"]
 # The backend each extra's SDK serves (singularity drives the apptainer binary; its extra only adds spython).
 BACKEND_OF = {"docker": "docker", "ssh": "ssh", "modal": "modal", "daytona": "daytona", "vercel": "vercel_sandbox"}
 ROOT = os.geteuid() == 0
@@ -49,9 +49,9 @@ def environments(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     yield bins
 
 
-def _execbox(bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _execbox(bin_dir: Path, *args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CODE_EXEC_", "EXECBOX_", "VIRTUAL_ENV"))}
-    env["PATH"] = f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"
+    env.update(env_extra or {}, PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}")
     done = subprocess.run([str(bin_dir / "execbox"), *args], capture_output=True, text=True, env=env, timeout=180,
                           stdin=subprocess.DEVNULL, cwd=bin_dir.parent)
     assert "Traceback" not in done.stderr + done.stdout, f"execbox {' '.join(args)}:\n{done.stderr}"
@@ -85,3 +85,23 @@ def test_each_command_works_with_only_this_extra(environments: dict[str, Path], 
         assert result["backend"] == ("docker" if extra == "docker" else "bubblewrap")
     else:  # a clear refusal or a run, never a crash
         assert ran.returncode in (0, 125, 126), ran.stdout + ran.stderr
+
+    # The MCP server needs its extra, and says so without it.
+    if extra == "mcp":
+        served = _execbox(bin_dir, "mcp", "--help")
+        assert served.returncode == 0 and "--http" in served.stdout, served.stdout + served.stderr
+    else:
+        served = _execbox(bin_dir, "mcp")
+        assert served.returncode != 0 and "pip install 'execbox[mcp]'" in served.stdout + served.stderr, served
+
+    # Secrets at egress need cryptography (the per-sandbox CA): without it, a clear error naming the extra.
+    # (Another extra's SDK may bring cryptography along: paramiko does.)
+    has_crypto = subprocess.run([str(bin_dir / "python"), "-c", "import cryptography"], check=False,
+                                capture_output=True).returncode == 0
+    assert has_crypto or extra != "egress-secrets"
+    if ROOT and not has_crypto:
+        sealed = _execbox(bin_dir, "run", "--json", "--", "true", env_extra={
+            "CODE_EXEC_EGRESS_SECRETS": "API_KEY=api.example.com", "API_KEY": "s3cret-value-123",
+            "CODE_EXEC_NETWORK": "proxy"})
+        assert sealed.returncode != 0 and "pip install 'execbox[egress-secrets]'" in sealed.stdout + sealed.stderr, \
+            sealed.stdout + sealed.stderr
