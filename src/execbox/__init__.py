@@ -15,6 +15,7 @@ from typing import Any
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
 from execbox.core.errors import (
     BackendUnavailableError,
+    BusyError,
     ConfigError,
     ExecboxError,
     FileTooLargeError,
@@ -50,6 +51,7 @@ __all__ = [
     "AsyncRunner",
     "AsyncSandbox",
     "BackendUnavailableError",
+    "BusyError",
     "Capabilities",
     "CellError",
     "CellResult",

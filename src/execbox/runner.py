@@ -299,7 +299,7 @@ class AsyncRunner:
                     result.notes.extend(f"download: {s}" for s in moved.skipped)
             finally:
                 if pooled:
-                    self.pool.discard(session)  # used once; removed in the background
+                    await self.pool.discard(session)  # used once; removed in the background
                 else:
                     with anyio.CancelScope(shield=True):
                         await session.close()

@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from execbox import AsyncRunner, Runner, Settings
-from execbox.core.errors import ExecboxError
-from execbox.core.scheduler import BusyError, Slots, default_max_concurrent
+from execbox.core.errors import BusyError, ExecboxError
+from execbox.core.scheduler import Slots, default_max_concurrent
 from tests.core.support import anyio_backend  # noqa: F401
 
 pytestmark = pytest.mark.anyio
@@ -69,7 +69,7 @@ async def test_waiting_is_bounded_by_its_own_setting_and_says_what_to_change() -
         async with runner.sandbox():  # holds the only slot
             with pytest.raises(BusyError) as caught:
                 await runner.run("true")
-        assert isinstance(caught.value, ExecboxError)
+        assert isinstance(caught.value, ExecboxError) and caught.value.retryable
         assert "CODE_EXEC_MAX_CONCURRENT" in str(caught.value) and "CODE_EXEC_QUEUE_TIMEOUT_SEC" in str(caught.value)
         assert runner.slots.in_use == 0
         assert (await runner.run("true")).exit_code == 0  # the slot came back when the sandbox closed

@@ -9,6 +9,7 @@
     │   └── UnsupportedPolicyError  the backend cannot enforce a network mode or limit (fail closed)
     ├── BackendUnavailableError   the backend cannot start here: daemon down, binary, SDK or credentials
     │                             missing (CLI exit 126; never retryable)
+    ├── BusyError                 every sandbox slot stayed taken for the queue timeout (retryable)
     └── SandboxError              a sandbox broke while in use (connection dropped, container vanished)
         ├── WorkspacePathError    a path escapes the workspace (``..``, absolute, or a planted symlink)
         ├── FileTooLargeError     a file to read back is larger than the read cap (CODE_EXEC_MAX_READ_BYTES)
@@ -88,6 +89,13 @@ class BackendUnavailableError(ExecboxError):
         if "retry" not in full:
             full += ". Do not retry until this is fixed."
         super().__init__(full, backend=backend, retryable=False, **kw)  # type: ignore[arg-type]
+
+
+class BusyError(ExecboxError):
+    """Every sandbox slot (CODE_EXEC_MAX_CONCURRENT) stayed taken for the whole queue timeout; trying again later
+    can help."""
+
+    retryable = True
 
 
 class SandboxError(ExecboxError):

@@ -57,7 +57,7 @@ class WarmPool:
 
     def take(self, backend: ExecutionBackend, spec: SessionSpec) -> Session | None:
         """A started, never-used member for this configuration, or None; either way a refill is scheduled."""
-        if not self.active:
+        if not self.active or self._tasks is None:
             return None
         key = self.key(backend, spec)
         queue = self._members.setdefault(key, deque())
@@ -68,7 +68,7 @@ class WarmPool:
             if now - started < self.ttl_s:
                 taken = session
                 break
-            self.discard(session)  # expired: never handed out
+            self._tasks.start_soon(self._close, session)  # expired: never handed out
         self.refill(backend, spec)
         return taken
 
@@ -104,11 +104,12 @@ class WarmPool:
             return
         self._members.setdefault(key, deque()).append((time.monotonic(), session))
 
-    def discard(self, session: Session) -> None:
-        """Destroy a used (or expired) member in the background."""
+    async def discard(self, session: Session) -> None:
+        """Destroy a used member: in the background, or now if the pool closed while it ran."""
         if self._tasks is None:
-            raise RuntimeError("the pool is closed")
-        self._tasks.start_soon(self._close, session)
+            await self._close(session)
+        else:
+            self._tasks.start_soon(self._close, session)
 
     async def _close(self, session: Session) -> None:
         with anyio.CancelScope(shield=True):

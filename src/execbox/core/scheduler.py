@@ -20,11 +20,7 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-from execbox.core.errors import ExecboxError
-
-
-class BusyError(ExecboxError):
-    """Every sandbox slot stayed taken for the whole queue timeout; trying again later can help."""
+from execbox.core.errors import BusyError
 
 
 def default_max_concurrent(memory_mb: int) -> int:
