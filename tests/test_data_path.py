@@ -407,3 +407,28 @@ def test_cli_file_options_end_to_end(local: None, outside: Path, monkeypatch: py
         assert done.exit_code == 2 and message in done.output, done.output
     done = runner.invoke(cli, ["run", "--mount", f"{outside}:/data", "--", "true"])
     assert done.exit_code == 125, done.output
+
+
+def test_the_audit_log_and_the_signing_keys_are_never_handed_to_the_code(local: None, outside: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Put where the operator chose (not in a default place): the audit log, its key, the MCP grant key. A mount
+    # or an upload of any of them (or of what holds them) would let the code read or rewrite them.
+    log_dir, keys = outside / "audit", outside / "keys"
+    log_dir.mkdir()
+    keys.mkdir()
+    (keys / "audit.key").write_bytes(b"k" * 32)
+    (keys / "mcp.key").write_bytes(b"m" * 32)
+    monkeypatch.setenv("CODE_EXEC_AUDIT_LOG", str(log_dir / "audit.jsonl"))
+    monkeypatch.setenv("CODE_EXEC_AUDIT_KEY_FILE", str(keys / "audit.key"))
+    monkeypatch.setenv("EXECBOX_MCP_KEY_FILE", str(keys / "mcp.key"))
+    with execbox.Runner() as runner:
+        places = runner.aio.state_places()
+        assert {str(log_dir), str(keys / "audit.key"), str(keys / "mcp.key")} <= set(places)
+        for path in (log_dir, keys / "audit.key", keys, outside):
+            with pytest.raises(execbox.RefusedError, match="refused: upload"):
+                runner.run("true", upload={str(path): "x"})
+    from execbox.guard.mounts import admit_mounts
+
+    for path in (log_dir, keys / "mcp.key", outside):
+        with pytest.raises(execbox.RefusedError, match="refused: mount"):
+            admit_mounts([Mount(path, "/data")], backend="docker", state=places)

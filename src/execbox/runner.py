@@ -274,9 +274,9 @@ class AsyncRunner:
         resolved, dropped, asked = self.prepare(request)
         uploads, downloads = _pairs(upload, "upload"), _pairs(download, "download")
         for local, _remote in uploads:
-            admit_upload(local)
+            admit_upload(local, state=self.state_places())
         impl, caps = await self._admitted(backend, resolved, asked, session=False, dropped=dropped, options=options)
-        mounts = self.guard.check_mounts(impl, caps, resolved.mounts, state=[str(self.package_cache)])
+        mounts = self.guard.check_mounts(impl, caps, resolved.mounts, state=self.state_places())
         spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60,
                            mounts=mounts)
         _enough_threads(self.slots.total)
@@ -309,6 +309,18 @@ class AsyncRunner:
     def transfer_limits(self) -> transfer.TransferLimits:
         """The bounds of uploads, downloads and listings (CODE_EXEC_MAX_TRANSFER_BYTES / _FILES)."""
         return transfer.TransferLimits(self.settings.max_transfer_bytes, self.settings.max_transfer_files)
+
+    def state_places(self) -> list[str]:
+        """What of execbox's own a mount or an upload must never hand to the code, beyond the default places:
+        the package cache, the audit log's directory and key file, the MCP server's grant-signing key."""
+        places = [str(self.package_cache)]
+        if self.audit.path is not None:
+            places.append(str(self.audit.path.parent))
+        if self.settings.audit_key_file is not None:
+            places.append(str(self.settings.audit_key_file))
+        if os.environ.get("EXECBOX_MCP_KEY_FILE"):
+            places.append(os.environ["EXECBOX_MCP_KEY_FILE"])
+        return places
 
     @property
     def package_cache(self) -> Path:
@@ -621,7 +633,8 @@ class AsyncSandbox:
         self.backend, self.capabilities = await self.runner._admitted(self._backend_name, resolved, asked, session=True,
                                                                       options=self._options, session_id=self.id)
         cache = self.runner.package_cache
-        mounts = self.runner.guard.check_mounts(self.backend, self.capabilities, self._mounts, state=[str(cache)])
+        mounts = self.runner.guard.check_mounts(self.backend, self.capabilities, self._mounts,
+                                                state=self.runner.state_places())
         if self._package_cache:
             mounts = (*mounts, *self._cache_mount(self.backend, self.capabilities, cache))
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name,
@@ -821,7 +834,7 @@ class AsyncSandbox:
         mount (your home itself, ~/.ssh, ...) and scans the tree for wallet seeds."""
         backend, session = self._live()
         local = _text(os.fspath(local_path), "local path")
-        admit_upload(local, backend=backend.name)
+        admit_upload(local, backend=backend.name, state=self.runner.state_places())
         return await self.runner.upload_to(backend, session, local,
                                            remote if remote is not None else os.path.basename(os.path.abspath(local)))
 

@@ -215,10 +215,10 @@ def admit_mounts(mounts: Sequence[Mount], *, backend: str, state: Sequence[str] 
     return tuple(sorted(admitted, key=lambda m: (m.target.count("/"), m.target)))
 
 
-def admit_upload(local: str, *, backend: str | None = None) -> None:
+def admit_upload(local: str, *, backend: str | None = None, state: Sequence[str] = ()) -> None:
     """An upload hands the code a copy of a host path: the same places are refused as for a mount, and the same
     seed scan runs over it."""
-    problem = mount_problem(os.path.abspath(local))
+    problem = mount_problem(os.path.abspath(local), state=state)
     envs: list[Path] = []
     if problem is None:
         problem, envs = scan_tree(_real(local))
