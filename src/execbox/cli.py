@@ -643,6 +643,8 @@ def image_build(tag: str | None, debs: tuple[str, ...], pip_reqs: tuple[str, ...
     except docker_image.ImageBuildError as exc:
         click.echo(f"execbox image: error: {exc}", err=True)
         sys.exit(1)
+    except ExecboxError as exc:  # e.g. pip on the host failing to fetch the --pip packages
+        _fail(exc, as_json)
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(result)))
         return

@@ -236,7 +236,10 @@ def _apt_install(rootfs: Path, packages: tuple[str, ...], cache_dir: Path, log_p
     mounted: list[Path] = []
     try:
         for source, point, args in ((str(cache_dir), archives, ["--bind"]), ("proc", rootfs / "proc", ["-t", "proc"])):
-            subprocess.run(["mount", *args, source, str(point)], check=True, capture_output=True)
+            done = subprocess.run(["mount", *args, source, str(point)], check=False, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise ImageBuildError(f"cannot mount {source} into the image's root for apt-get: "
+                                      f"{done.stderr.strip()[-300:]} (building needs root)")
             mounted.append(point)
         with open(log_path, "ab") as log_fh:
             for cmd in (["apt-get", "update", "-o", "Acquire::Languages=none"],
@@ -444,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         result = build_image(args.tag, suite=args.suite, mirror=args.mirror,
                              packages=DEFAULT_PACKAGES + extra, force=args.force, pip=tuple(args.pip),
                              requirements=tuple(Path(p) for p in args.requirements))
-    except ImageBuildError as exc:
+    except ExecboxError as exc:  # ImageBuildError, and what pip or the engine raised on the way
         print(f"execbox image: error: {exc}", file=sys.stderr)
         return 1
     if args.json:
