@@ -81,6 +81,12 @@ _REFUSED: tuple[tuple[IPNetwork, str], ...] = tuple((ipaddress.ip_network(net), 
     ("fec0::/10", "a site-local address"),
     ("ff00::/8", "a multicast address"),
 ))
+# Of those, where a connection reaches this host itself or its cloud's metadata service rather than a network
+# (the guard refuses an allowlist entry holding one, with this host's own addresses, outside local mode).
+HOST_NETWORKS: tuple[IPNetwork, ...] = (
+    *(net for net, what in _REFUSED if what.startswith(("a loopback", "an unspecified")) or "metadata" in what),
+    ipaddress.ip_network("fd00:ec2::254/128"),  # AWS's metadata service over IPv6 (inside fc00::/7)
+)
 
 
 @dataclass(frozen=True)

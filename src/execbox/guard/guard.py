@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from execbox.core.backend import ExecutionBackend, Verdict
-from execbox.core.egress import parse_entry
+from execbox.core.egress import HOST_NETWORKS, parse_entry
 from execbox.core.errors import ConfigError, NotASandboxError, SecretFileError, UnsupportedPolicyError
 from execbox.core.models import Capabilities, ExecRequest, Mount
 from execbox.core.proxy import local_addresses
@@ -26,9 +26,6 @@ from execbox.guard.mounts import admit_mounts
 from execbox.guard.secrets import find_secrets
 
 UNSANDBOXED_ISOLATION = frozenset({"none", "process"})
-# Where a proxy allowlist entry reaches the host itself rather than a network (its own addresses are added).
-HOST_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
-    "127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128", "169.254.169.254/32", "fd00:ec2::254/128"))
 LIMIT_VARIABLES = {"memory": "CODE_EXEC_MEMORY_MB", "cpu": "CODE_EXEC_CPUS", "pids": "CODE_EXEC_PIDS_LIMIT",
                    "disk": "CODE_EXEC_DISK_MB"}
 
