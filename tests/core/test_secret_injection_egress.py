@@ -32,7 +32,7 @@ def test_destinations(spec: str, expected: tuple[str, int]) -> None:
 
 
 @pytest.mark.parametrize("spec", ["*.example.com", "https://api.example.com", "user@host", "host:0", "host:x",
-                                  "a:b:c", ""])
+                                  "a:b:c", "", "[::1]:abc", "[::1]:", "[::1]x", "host:"])
 def test_destinations_that_are_not_one_host_are_refused(spec: str) -> None:
     with pytest.raises(ValueError):
         es.parse_destination(spec)

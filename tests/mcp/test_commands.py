@@ -132,6 +132,10 @@ def test_deep_nesting_stops_at_the_reading_budget_and_asks() -> None:
 
 def test_the_operator_switches_built_in_rules_off_by_name() -> None:
     assert rules_of("git push && rm -rf /", review_off=["git-push"]) == {"recursive-delete"}
+    # A misspelt name is an error naming the rules, never a rule silently left on.
+    with pytest.raises(ConfigError, match="CODE_EXEC_REVIEW_OFF names no rule 'git_push'.*git-push") as caught:
+        rules_of("git push", review_off=["git_push"])
+    assert caught.value.env_var == "CODE_EXEC_REVIEW_OFF"
 
 
 def test_the_operator_adds_rules_in_a_file(tmp_path: Path) -> None:

@@ -80,9 +80,9 @@ def parse_destination(spec: str) -> tuple[str, int]:
     host, port = spec.strip().lower(), 443
     if host.startswith("["):
         inner, _, rest = host[1:].partition("]")
-        host, port = inner, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else 443
-        if rest and not rest.startswith(":"):
-            raise ValueError(f"{spec!r} is not host or host:port")
+        if rest and not (rest.startswith(":") and rest[1:].isascii() and rest[1:].isdigit()):
+            raise ValueError(f"{spec!r}: after [address] give nothing or :port, the port a number")
+        host, port = inner, int(rest[1:]) if rest else 443
     elif host.count(":") == 1:
         host, _, text = host.partition(":")
         if not (text.isascii() and text.isdigit()):

@@ -149,10 +149,19 @@ class _Walk:
         return not (full == self.workspace or full.startswith(self.workspace.rstrip("/") + "/"))
 
 
+def rules_off(settings: Settings) -> frozenset[str]:
+    """CODE_EXEC_REVIEW_OFF, checked: a misspelt name must not leave on a rule the operator believes is off."""
+    unknown = sorted(set(settings.review_off) - set(RULES))
+    if unknown:
+        raise ConfigError(f"CODE_EXEC_REVIEW_OFF names no rule {', '.join(map(repr, unknown))}; the rules are: "
+                          f"{', '.join(sorted(RULES))}", env_var="CODE_EXEC_REVIEW_OFF")
+    return frozenset(settings.review_off)
+
+
 def review(request: ReviewRequest, settings: Settings) -> list[ReviewDecision]:
     """execbox's own rules and the operator's rules file, applied to one request: every decision that is not
     allow (an empty list: nothing to ask about)."""
-    off = frozenset(settings.review_off)
+    off = rules_off(settings)
     walk = _Walk(request.workspace, request.posture == 3, off)
     cap = MAX_PYTHON_BYTES if request.kind == "python" else MAX_REVIEW_BYTES
     if len(request.text) > cap or len(request.text.encode(errors="replace")) > cap:

@@ -38,6 +38,7 @@ from execbox.core.models import ExecRequest, Limits, NetworkMode
 from execbox.core.review import ReviewDecision, ReviewRequest, strictest
 from execbox.core.settings import Settings
 from execbox.core.workspace import normalize
+from execbox.guard.commands import rules_off
 from execbox.mcp import postures
 from execbox.mcp.grants import (
     CODE_TOOLS,
@@ -105,6 +106,7 @@ class McpApp:
     def __init__(self, settings: Settings, mcp_settings: McpSettings, transport: postures.Transport, *,
                  runner: AsyncRunner | None = None) -> None:
         postures.check_startup(settings, transport)
+        rules_off(settings)  # a misspelt CODE_EXEC_REVIEW_OFF stops the server at start, not at the first call
         if "pool_size" not in settings.model_fields_set:
             # A server lives long and answers one call after another: one-shots come from a warm pool (filled
             # after a configuration's first run) unless the operator set CODE_EXEC_POOL_SIZE (0 turns it off).
