@@ -432,3 +432,22 @@ def test_the_audit_log_and_the_signing_keys_are_never_handed_to_the_code(local: 
     for path in (log_dir, keys / "mcp.key", outside):
         with pytest.raises(execbox.RefusedError, match="refused: mount"):
             admit_mounts([Mount(path, "/data")], backend="docker", state=places)
+
+
+def test_an_archive_over_the_bound_is_refused_before_it_reaches_the_sandbox() -> None:
+    import io
+
+    import anyio
+
+    from execbox.core.transfer import sandbox_unpack
+
+    class Untouched:
+        workspace = "/workspace"
+
+        async def write_file(self, path: str, data: bytes) -> None:
+            raise AssertionError("an oversize archive reached the sandbox")
+
+    limits = TransferLimits(max_bytes=1000, max_entries=1)
+    big = io.BytesIO(b"\0" * (1000 + 2048 * 9 + 1))
+    with pytest.raises(TransferTooLargeError, match="CODE_EXEC_MAX_TRANSFER_BYTES"):
+        anyio.run(lambda: sandbox_unpack(Untouched(), "dest", big, limits=limits))  # type: ignore[arg-type]

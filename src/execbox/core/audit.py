@@ -472,8 +472,6 @@ def request_fields(request: Any, dropped: Sequence[str] | None) -> dict[str, Any
         out["env"] = {"names": sorted(request.env)}
     else:
         out["env"] = {"passed": sorted(request.env), "dropped": sorted(dropped)}
-    if getattr(request, "secrets", None):  # declared secrets (core.secrets_inject): their names, never a value
-        out["secrets"] = sorted(request.secrets)
     secrets = getattr(request, "secrets", None)  # declared secrets (core.secrets_inject): names only, never values
     if secrets:
         out["secrets"] = sorted(secrets)
@@ -707,7 +705,6 @@ def _verify(path: Path, key: bytes | None, files: list[tuple[Path, BinaryIO, int
             found = (f"the head file missing at seq {log_seq}" if head_seq is None else
                      f"the log cut short (it ended at seq {log_seq}, the head named seq {head_seq})")
             report.problem = f"record seq {seq} ({line.where}): a writer found {found}: records may have been removed"
-            return report
             return report
         if rec.get("event") == "audit.torn":
             report.warnings.append(f"record seq {seq} ({line.where}): a torn line (a crash mid-write) was dropped")

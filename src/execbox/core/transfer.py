@@ -75,7 +75,7 @@ class _Budget:
         if depth > self.limits.max_depth:
             raise TransferTooLargeError(
                 f"refused: {self.what} goes deeper than {self.limits.max_depth} levels (at {path[:200]!r}...). "
-                "Pick a shallower directory", env_var=FILES_VAR)
+                "Pick a shallower directory")
 
     def data(self, path: str, size: int) -> None:
         self.bytes += size
@@ -567,7 +567,11 @@ async def sandbox_pack(session: Session, rel: str, out: IO[bytes], *, limits: Tr
 
 async def sandbox_unpack(session: Session, dest: str, archive: IO[bytes], *, limits: TransferLimits) -> None:
     name = f".execbox/xfer-{uuid.uuid4().hex[:12]}.tar"
-    data = archive.read(limits.max_bytes + 2048 * (limits.max_entries + 8) + 1)
+    bound = limits.max_bytes + 2048 * (limits.max_entries + 8)
+    data = archive.read(bound + 1)
+    if len(data) > bound:
+        raise TransferTooLargeError(f"refused: the archive for {dest!r} is over {bound} bytes. Raise {BYTES_VAR}, or "
+                                    "upload less", env_var=BYTES_VAR)
     await session.write_file(name, data)
     code, _, _ = await _helper(session, _UNPACK, session.workspace, dest, name)
     if code != 0:
