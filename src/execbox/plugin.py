@@ -32,7 +32,8 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
                      sandbox, a Unix socket to bind in, the in-sandbox forwarder, sweep_orphans for gc)
     remote helpers   remote (labels and orphan_reason for gc, the in-sandbox argv wrapper and reaper, path checks)
     lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
-    gc ownership     owner_id, owner_alive, pid_alive (host:pid:start-time; a reused pid is not the owner)
+    gc ownership     owner_id, owner_alive, pid_alive (host:pid:start-time; a reused pid is not the owner);
+                     OWNER_FILE, orphaned (a host directory that names its owner)
     errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError, ...)
 """
 
@@ -70,7 +71,7 @@ from execbox.core.models import (
     Transfer,
 )
 from execbox.core.output import BoundedCapture, OnOutput, OutputEvent
-from execbox.core.owner import owner_alive, owner_id, pid_alive
+from execbox.core.owner import OWNER_FILE, orphaned, owner_alive, owner_id, pid_alive
 from execbox.core.procs import CommandEnv, ProcessOutcome, reaped, run_process
 from execbox.core.remote import RemoteSession
 from execbox.core.results import TIMEOUT_EXIT_CODE, build_result, failed_to_start
@@ -133,6 +134,8 @@ __all__ = [
     "hookimpl",
     "host_env",
     "normalize",
+    "OWNER_FILE",
+    "orphaned",
     "owner_alive",
     "owner_id",
     "packages",

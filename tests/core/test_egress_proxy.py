@@ -18,6 +18,7 @@ import pytest
 from execbox import ConfigError, ExecResult
 from execbox.core import proxy as px
 from execbox.core.egress import EgressPolicy
+from execbox.core.owner import owner_id
 from execbox.core.proxy import EgressProxy, ProxyRun, sweep_orphans, with_egress
 from execbox.testing.checks import Listener
 
@@ -301,5 +302,24 @@ def test_gc_sweeps_the_directory_of_a_dead_owner_only(short_tmp: Path) -> None:
     try:
         assert sweep_orphans() == [str(orphan)]
         assert not orphan.exists() and os.path.isdir(live.directory) and planted.is_symlink()
+    finally:
+        live.close()
+
+
+def test_gc_never_judges_a_directory_another_host_made(short_tmp: Path) -> None:
+    # A /tmp shared between containers: the pid in the name means nothing here; the owner file says whose it is.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    foreign = short_tmp / f"{px.DIR_PREFIX}{dead.pid}-1-host"
+    foreign.mkdir()
+    (foreign / "owner").write_text(f"another-host:{dead.pid}:1\n")
+    mine_dead = short_tmp / f"{px.DIR_PREFIX}{dead.pid}-1-mine"
+    mine_dead.mkdir()
+    (mine_dead / "owner").write_text(f"{socket.gethostname()}:{dead.pid}:1\n")
+    live = make("ok.example")
+    try:
+        assert open(os.path.join(live.directory, "owner")).read().strip() == owner_id()
+        assert sweep_orphans() == [str(mine_dead)]
+        assert foreign.is_dir() and os.path.isdir(live.directory)
     finally:
         live.close()

@@ -60,6 +60,7 @@ from pydantic_settings import NoDecode
 
 from execbox.backends import bubblewrap_seccomp
 from execbox.plugin import (
+    OWNER_FILE,
     BackendSettings,
     BackendUnavailableError,
     Capabilities,
@@ -75,7 +76,7 @@ from execbox.plugin import (
     comma_list,
     create_cleanly,
     disk,
-    owner_alive,
+    orphaned,
     owner_id,
     pid_alive,
     proxy,
@@ -175,7 +176,6 @@ def _clash(path: str, places: list[str]) -> str | None:
 
 SESSION_PREFIX = "execbox-bwrap-"
 CGROUP_PREFIX = "execbox-"
-OWNER_FILE = "owner"
 # cgroup controllers execbox uses; each enforces the limit of the same name.
 _CONTROLLERS = ("memory", "pids", "cpu")
 
@@ -985,25 +985,6 @@ def _ours(path: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
-def _read_owner(root: str) -> str | None:
-    """The owner written into a session directory (older versions wrote none)."""
-    try:
-        fd = os.open(os.path.join(root, OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 512).decode("utf-8", "replace").strip() or None
-    finally:
-        os.close(fd)
-
-
-def _session_orphaned(root: str, pid: int, started: str) -> bool:
-    owner = _read_owner(root)
-    if owner:
-        return owner_alive(owner) is False  # None: another host's (a /tmp shared between containers)
-    return not pid_alive(pid, started)
-
-
 def _gc(cgroup_dirs: list[str]) -> list[str]:
     """Session directories (and their size-limited workspaces) and cgroups left by execbox processes that are
     gone (a crash, a SIGKILL); a cgroup's processes are killed first."""
@@ -1015,7 +996,7 @@ def _gc(cgroup_dirs: list[str]) -> list[str]:
             path = os.path.join(tmp, name)
             # Only a real directory of ours: anyone can plant an execbox-bwrap-* name (a symlink, a directory)
             # in a shared /tmp, and gc may run as root.
-            if owner and _ours(path) and _session_orphaned(path, *owner):
+            if owner and _ours(path) and orphaned(path, *owner):
                 disk.release_sized(os.path.join(path, "workspace"))
                 remove_tree(path)
                 removed.append(path)

@@ -34,6 +34,31 @@ def owner_id(pid: int | None = None) -> str:
     return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
 
 
+#: The file a sandbox's host directory carries with its owner_id(), for gc.
+OWNER_FILE = "owner"
+
+
+def read_owner(directory: str) -> str | None:
+    """The owner written into ``directory`` (bounded, never through a link); None when there is none."""
+    try:
+        fd = os.open(os.path.join(directory, OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 512).decode("utf-8", "replace").strip() or None
+    finally:
+        os.close(fd)
+
+
+def orphaned(directory: str, pid: int, started: str) -> bool:
+    """Is the execbox process that made ``directory`` gone? By the owner file (a directory another host made, in
+    a /tmp shared between containers, is never judged from here), else by the pid and start time in its name."""
+    owner = read_owner(directory)
+    if owner:
+        return owner_alive(owner) is False
+    return not pid_alive(pid, started)
+
+
 def owner_alive(owner: str) -> bool | None:
     """True/False for an owner on this host; None when it lives elsewhere (then only expiry applies)."""
     host, _, rest = owner.partition(":")

@@ -55,7 +55,7 @@ from execbox.core import egress_secrets
 from execbox.core.egress import EgressPolicy, IPAddress, ProviderAllowlist, literal_address, provider_allowlist
 from execbox.core.errors import ConfigError, SandboxError, UnsupportedPolicyError
 from execbox.core.models import EgressAttempt, ExecResult
-from execbox.core.owner import owner_id, pid_alive
+from execbox.core.owner import OWNER_FILE, orphaned, owner_id
 from execbox.core.settings import Settings
 from execbox.core.workspace import remove_tree
 
@@ -264,7 +264,7 @@ def sweep_orphans() -> list[str]:
         for name in os.listdir(tmp):
             owner = _dir_owner(name)
             path = os.path.join(tmp, name)
-            if owner is None or pid_alive(*owner):
+            if owner is None or not orphaned(path, *owner):
                 continue
             try:
                 st = os.lstat(path)
@@ -317,6 +317,8 @@ class EgressProxy:
         try:
             # Searchable, not listable, by the sandbox's uid; each socket is that uid's alone.
             os.chmod(self.directory, 0o711 if owner else 0o700)
+            with open(os.path.join(self.directory, OWNER_FILE), "x") as fh:  # for gc: who made it, on which host
+                fh.write(owner_id() + "\n")
             if len(os.path.join(self.directory, "run-" + "0" * 12 + ".sock")) > _UNIX_PATH_MAX:
                 raise SandboxError(f"the temporary directory {tempfile.gettempdir()} has too long a path for a Unix "
                                    "socket; set TMPDIR to a shorter one (e.g. /tmp)")
