@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
-import posixpath
 import signal
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -37,7 +36,6 @@ from execbox.core.errors import ConfigError, ExecboxError, NotASandboxError, San
 from execbox.core.models import ExecRequest, Limits, NetworkMode
 from execbox.core.review import ReviewDecision, ReviewRequest, strictest
 from execbox.core.settings import Settings
-from execbox.core.workspace import normalize
 from execbox.guard.commands import rules_off
 from execbox.mcp import postures
 from execbox.mcp.grants import (
@@ -422,28 +420,9 @@ class McpApp:
 
 
 async def list_entries(sandbox: AsyncSandbox, path: str, recursive: bool) -> list[dict[str, Any]]:
-    """A directory's entries (path, type, size): the sandbox's own list_files where the runner has it, else a
-    listing made inside the sandbox (find -P: links are listed, never followed; bounded)."""
-    native = getattr(sandbox, "list_files", None)
-    if native is not None:
-        return [{"path": e.path, "type": e.type, "size": e.size} for e in await native(path, recursive=recursive)]
-    rel = normalize(path, sandbox.workspace, allow_root=True) or "."
-    depth = [] if recursive else ["-maxdepth", "1"]
-    script = ('[ -d "$2" ] && [ ! -L "$2" ] || { echo "not a directory" >&2; exit 2; }; '
-              'find -P "$@" -printf "%y %s %P\\0" | head -z -n "$LIMIT"')
-    result = await sandbox.exec(["sh", "-c", script, "list", "--", rel, "-mindepth", "1", *depth],
-                                env={"LIMIT": str(MAX_LISTED + 1)})
-    if result.exit_code != 0:
-        raise SandboxError(f"cannot list {path!r}: {result.stderr.strip()[:300] or 'no such directory'}")
-    kinds = {"f": "file", "d": "directory", "l": "symlink"}
-    entries = []
-    for record in result.stdout.split("\0"):
-        kind, _, rest = record.partition(" ")
-        size, _, name = rest.partition(" ")
-        if name and size.isdigit():
-            entries.append({"path": posixpath.normpath(posixpath.join(rel, name)), "type": kinds.get(kind, "other"),
-                            "size": int(size)})
-    return sorted(entries, key=lambda e: str(e["path"]))
+    """A directory's entries (path, type, size), from the sandbox's list_files (links listed, never followed)."""
+    listed = await sandbox.list_files(path, recursive=recursive)
+    return [{"path": e.path, "type": e.type, "size": e.size} for e in listed]
 
 
 def _visible(app: McpApp, grant: Grant, tool: str) -> bool:
