@@ -303,7 +303,11 @@ class AsyncRunner:
                 else:
                     with anyio.CancelScope(shield=True):
                         await session.close()
-        return result.model_copy(update={"queued_s": waited, "pooled": pooled})
+        notes = result.notes
+        if self.pool.active and not pooled and impl.name in self.pool.errors:
+            notes = [*notes, f"warm pool: starting a {impl.name} sandbox ahead failed ({self.pool.errors[impl.name]}"
+                             "); this run started its own"]
+        return result.model_copy(update={"queued_s": waited, "pooled": pooled, "notes": notes})
 
     @property
     def transfer_limits(self) -> transfer.TransferLimits:

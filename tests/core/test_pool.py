@@ -7,6 +7,7 @@ import anyio
 import pytest
 
 from execbox import AsyncRunner, Settings
+from execbox.core.backend import Session, SessionSpec
 from execbox.core.errors import ConfigError
 from tests.core.support import anyio_backend  # noqa: F401
 
@@ -60,3 +61,25 @@ async def test_members_are_in_the_audit_log_from_start_to_removal() -> None:
     opened = {r["session"] for r in events if r["event"] == "sandbox.open" and r.get("pooled")}
     closed = {r["session"] for r in events if r["event"] == "sandbox.close" and r.get("pooled")}
     assert len(opened) == 3 and opened == closed  # two, one used and refilled; every one removed with the runner
+
+
+async def test_a_failing_refill_is_said_on_the_next_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    from execbox.backends.local_subprocess import LocalSubprocessBackend
+    from execbox.core.errors import SandboxError
+
+    plain = LocalSubprocessBackend.open_session
+
+    async def no_warm_ones(self: LocalSubprocessBackend, spec: SessionSpec) -> Session:
+        if not spec.oneshot:  # pool members are opened as sessions
+            raise SandboxError("no room for a warm one")
+        return await plain(self, spec)
+
+    monkeypatch.setattr(LocalSubprocessBackend, "open_session", no_warm_ones)
+    async with AsyncRunner(_local(pool_size=1)) as runner:
+        await runner.warm()
+        with anyio.fail_after(10):
+            while "local_subprocess" not in runner.pool.errors:
+                await anyio.sleep(0.01)
+        result = await runner.run("true")
+    assert result.exit_code == 0 and not result.pooled
+    assert any("warm pool" in note and "no room for a warm one" in note for note in result.notes), result.notes

@@ -27,8 +27,7 @@ Recorder = Callable[[str, dict[str, Any]], Awaitable[object]]
 
 
 class WarmPool:
-    def __init__(self, size: int, ttl_s: float, on_error: Callable[[str, BaseException], None] | None = None,
-                 record: Recorder | None = None) -> None:
+    def __init__(self, size: int, ttl_s: float, record: Recorder | None = None) -> None:
         self.size = size
         self.ttl_s = ttl_s
         self._record = record
@@ -36,8 +35,8 @@ class WarmPool:
         self._members: dict[PoolKey, deque[tuple[float, Session]]] = {}
         self._filling: dict[PoolKey, int] = {}
         self._tasks: TaskGroup | None = None
-        self._on_error = on_error
-        #: The last failure of a background refill per backend name, for doctor and tests.
+        #: The last failure of a background refill per backend name (cleared by a success): a run that found no
+        #: member says it on its result.
         self.errors: dict[str, str] = {}
 
     @staticmethod
@@ -88,11 +87,10 @@ class WarmPool:
             session = await backend.open_session(member)
         except Exception as exc:  # a background refill must not kill the runner; the next run opens its own
             self.errors[backend.name] = f"{type(exc).__name__}: {exc}"
-            if self._on_error:
-                self._on_error(backend.name, exc)
             return
         finally:
             self._filling[key] -= 1
+        self.errors.pop(backend.name, None)
         self._ids[id(session)] = f"pool-{uuid.uuid4().hex[:16]}"
         if self._record is not None:
             await self._record("sandbox.open", {"session": self._ids[id(session)], "backend": backend.name,
