@@ -142,3 +142,18 @@ def test_whatever_is_asked_a_granted_child_is_within_its_parent(
         if grant.leaf(3):
             assert not grant.tools & (CODE_TOOLS | {"delegate"})
         parent = grant
+
+
+def test_the_agent_never_widens_the_operators_network_and_grants_live_at_most_the_ttl() -> None:
+    # Found attacking the server: with CODE_EXEC_NETWORK unset, an agent asked for network egress and reached
+    # the host's services through the docker gateway. Now the root grant holds none and proxy (default-deny),
+    # and a wider mode only when the operator chose it.
+    assert root_grant(ALL_TOOLS, posture=1).network == {"none", "proxy"}
+    assert root_grant(ALL_TOOLS, posture=1, network="egress").network == {"none", "proxy", "egress"}
+    with pytest.raises(GrantError):
+        ROOT.check_network("egress")
+    with pytest.raises(GrantError):
+        ROOT.check_network("host")
+    now = time.time()
+    long = narrow(ROOT, GrantRequest(tools=["run_code"], expires_in_s=1e9), max_depth=2, default_ttl_s=60, now=now)
+    assert long.expires_at is not None and long.expires_at <= now + 60

@@ -140,10 +140,17 @@ class GrantRequest(BaseModel):
     label: str = Field(default="", max_length=200)
 
 
-def root_grant(tools: Iterable[str], posture: int) -> Grant:
-    """The server's own grant: everything its settings allow (the runner's guard still judges every request)."""
+#: The network modes an agent may pick by itself: none, and proxy (default-deny, the allowlist the operator set).
+AGENT_NETWORKS = frozenset({"none", "proxy"})
+
+
+def root_grant(tools: Iterable[str], posture: int, network: str = "none") -> Grant:
+    """The server's own grant: everything its settings allow (the runner's guard still judges every request).
+    An agent may pick network none or proxy; a wider mode (egress, host) only when the operator chose it as
+    CODE_EXEC_NETWORK — the agent's `network` argument must never widen what the operator set."""
+    host = {"host"} if posture == 3 else set()  # posture 3's shell is this host, network included
     return Grant(id="root", chain=("root",), depth=0, label="the server's own grant", tools=frozenset(tools),
-                 network=frozenset(NETWORK_MODES), posture=posture)  # type: ignore[arg-type]
+                 network=AGENT_NETWORKS | {network} | host, posture=posture)  # type: ignore[arg-type]
 
 
 def narrow(parent: Grant, ask: GrantRequest, *, max_depth: int, default_ttl_s: float,
@@ -192,7 +199,7 @@ def narrow(parent: Grant, ask: GrantRequest, *, max_depth: int, default_ttl_s: f
     if posture == 0 and tools & SESSION_TOOLS:
         raise GrantError(f"refused: the tools {', '.join(sorted(tools & SESSION_TOOLS))} need posture 1 or more (a "
                          "persistent sandbox); ask for posture 1 or drop them")
-    expires = now + (ask.expires_in_s or default_ttl_s)
+    expires = now + min(ask.expires_in_s or default_ttl_s, default_ttl_s)  # EXECBOX_MCP_GRANT_TTL_SEC is the most
     if parent.expires_at is not None:
         expires = min(expires, parent.expires_at)
     grant_id = secrets.token_hex(8)

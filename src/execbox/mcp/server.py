@@ -114,7 +114,7 @@ class McpApp:
         self.transport = transport
         self.tools = postures.offered_tools(settings)
         self.signer = Signer(load_key(mcp_settings.key_file))
-        self.root = root_grant(self.tools, settings.posture)
+        self.root = root_grant(self.tools, settings.posture, settings.network)
         self.own_grant = self.root
         if mcp_settings.grant is not None:  # a sub-agent's own stdio server, under the grant it was given
             self.own_grant = self.signer.verify(mcp_settings.grant.get_secret_value())
@@ -289,7 +289,8 @@ class McpApp:
         if tool in SESSION_TOOLS:
             sandbox = await self.session_sandbox(ctx, grant, chain)
             assert sandbox.backend is not None
-            return Plan(sandbox.backend.name, sandbox.workspace, timeout=timeout, sandbox=sandbox)
+            return Plan(sandbox.backend.name, sandbox.workspace, timeout=timeout, sandbox=sandbox,
+                        max_output_bytes=grant.limits.max_output_bytes)
         name = backend or self.settings.backend
         if name == "auto":
             name = (await self.runner.select())[0].name
@@ -361,7 +362,7 @@ class McpApp:
                     assert plan.sandbox is not None  # a session tool: plan() opened the session's sandbox
                     return cell_result(await plan.sandbox.run_cell(text, timeout=plan.timeout))
                 if plan.sandbox is not None:
-                    result = await plan.sandbox.exec(text, timeout=plan.timeout)
+                    result = await plan.sandbox.exec(text, timeout=plan.timeout, max_output_bytes=plan.max_output_bytes)
                 elif tool == "run_code":
                     result = await self.runner.run_code(
                         text, args.get("language", "python"), backend=plan.backend, network=plan.network,

@@ -229,7 +229,7 @@ def register_tools(server: MCPServer, app: "McpApp") -> None:
         posture: Annotated[Literal[0, 1, 3] | None, Field(description=(
             "0 = one-shot runs only, 1 = also a persistent sandbox; at most yours."))] = None,
         expires_in_s: Annotated[float | None, Field(gt=0, allow_inf_nan=False, description=(
-            "How long the grant lasts, seconds; never longer than yours."))] = None,
+            "How long the grant lasts, seconds; never longer than yours or the server's grant lifetime."))] = None,
     ) -> CallToolResult:
         try:
             ask = GrantRequest(tools=tools, label=label, backends=backends, network=network, egress=egress,
