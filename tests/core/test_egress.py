@@ -269,7 +269,8 @@ def _guard_verdict(allow: list[str], *, local: bool = False, network: str = "pro
 
 @pytest.mark.parametrize("entry", ["127.0.0.1/32:8080", "127.0.0.0/8", "0.0.0.0/0", "[::1]:8080", "[::/0]",
                                    "168.63.129.16/32", "169.254.169.254/32", "169.254.0.0/16:80",
-                                   "[fd00:ec2::254/128]"])
+                                   "[fd00:ec2::254/128]", "[::ffff:0:0/96]:8080", "[::ffff:127.0.0.1/128]",
+                                   "[::ffff:169.254.169.254/128]"])
 def test_an_entry_reaching_this_host_is_refused_unless_local(entry: str) -> None:
     from execbox.core.errors import NotASandboxError
 

@@ -63,12 +63,13 @@ class Guard:
         there the provider's own loopback is meant)."""
         if (request.network or self.settings.network) != "proxy" or backend.capabilities.remote:
             return []
-        own = [ipaddress.ip_network(a) for a in local_addresses()]
+        host = [*HOST_NETWORKS, *(ipaddress.ip_network(a) for a in local_addresses())]
+        # An IPv4 place is also reachable as its IPv4-mapped IPv6 address (::ffff:127.0.0.1).
+        host += [ipaddress.ip_network(f"::ffff:{n.network_address}/{96 + n.prefixlen}") for n in host if n.version == 4]
         found = []
         for raw in self.settings.egress_allow:
             network = parse_entry(raw).network
-            if network is not None and any(network.version == n.version and network.overlaps(n)
-                                           for n in (*HOST_NETWORKS, *own)):
+            if network is not None and any(network.version == n.version and network.overlaps(n) for n in host):
                 found.append(raw)
         return found
 

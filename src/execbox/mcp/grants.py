@@ -148,9 +148,9 @@ def root_grant(tools: Iterable[str], posture: int, network: str = "none") -> Gra
     """The server's own grant: everything its settings allow (the runner's guard still judges every request).
     An agent may pick network none or proxy; a wider mode (egress, host) only when the operator chose it as
     CODE_EXEC_NETWORK — the agent's `network` argument must never widen what the operator set."""
-    host = {"host"} if posture == 3 else set()  # posture 3's shell is this host, network included
+    modes = set(AGENT_NETWORKS) | {network} | ({"host"} if posture == 3 else set())  # posture 3's shell: this host
     return Grant(id="root", chain=("root",), depth=0, label="the server's own grant", tools=frozenset(tools),
-                 network=AGENT_NETWORKS | {network} | host, posture=posture)  # type: ignore[arg-type]
+                 network=frozenset(modes), posture=posture)  # type: ignore[arg-type]
 
 
 def narrow(parent: Grant, ask: GrantRequest, *, max_depth: int, default_ttl_s: float,
