@@ -173,7 +173,8 @@ def test_mount_model_validates_and_parses() -> None:
             Mount("/src", target)
     # Over the sandbox's own system or the proxy's socket (found attacking the mounts): refused, also when the
     # path only gets there through '..'.
-    for target in ("/etc", "/usr/bin", "/lib64", "/run/execbox", "/workspace/../etc", "/data/../../usr"):
+    for target in ("/etc", "/usr/bin", "/lib64", "/run/execbox", "/run", "/var/run/execbox", "/var/lock",
+                   "/workspace/../etc", "/data/../../usr"):
         with pytest.raises(ConfigError, match="which the sandbox provides itself"):
             Mount("/src", target)
     assert Mount("/src", "/etcetera").target == "/etcetera" and Mount("/src", "/data/../x").target == "/x"

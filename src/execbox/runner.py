@@ -131,7 +131,8 @@ class AsyncRunner:
         self.slots = Slots(self.settings.max_concurrent or default_max_concurrent(self.settings.memory_mb))
         #: Warm sandboxes; active only while the runner is entered (its background task group refills them).
         self.pool = WarmPool(self.settings.pool_size, self.settings.pool_ttl_sec,
-                             record=lambda event, fields: self.audit.arecord(event, **fields))
+                             record=lambda event, fields: self.audit.arecord(event, **fields),
+                             longest_run_s=self.settings.max_timeout_sec + 60)
         self._background: Any = None
         self._pool_stop: anyio.Event | None = None
 

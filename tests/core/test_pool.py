@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from execbox import AsyncRunner, Settings
+from execbox import AsyncRunner, Limits, Settings
 from execbox.core.backend import Session, SessionSpec
 from execbox.core.errors import ConfigError
 from tests.core.support import anyio_backend  # noqa: F401
@@ -83,3 +83,16 @@ async def test_a_failing_refill_is_said_on_the_next_result(monkeypatch: pytest.M
         result = await runner.run("true")
     assert result.exit_code == 0 and not result.pooled
     assert any("warm pool" in note and "no room for a warm one" in note for note in result.notes), result.notes
+
+
+async def test_a_member_lives_long_enough_for_the_longest_run_whoever_asked_for_it() -> None:
+    # Found attacking the pool: a member filled after a 1 s run lived 1 + 60 s past its TTL, and a later 90 s run
+    # it served died with its container.
+    from execbox.core.pool import WarmPool
+
+    pool = WarmPool(2, 10.0, longest_run_s=260.0)
+    short = SessionSpec("none", Limits(), True, 61.0)
+    assert pool.member_spec(short).lifetime_s == 10.0 + 260.0
+    assert pool.member_spec(SessionSpec("none", Limits(), True, 500.0)).lifetime_s == 510.0
+    async with AsyncRunner(_local(max_timeout_sec=200)) as runner:
+        assert runner.pool.longest_run_s == 260.0

@@ -69,13 +69,12 @@ class Limits(BaseModel):
         return {fields[k] for k, v in self.model_dump().items() if v is not None}
 
 
-# Places a mount may not cover inside the sandbox: the kernel's views, the tmpfs, the workspace (and what holds
-# it), and where execbox mounts its own package cache.
-# Places the sandbox provides itself: its kernel interfaces, its scratch space, the package cache and the proxy's
-# socket (/opt/execbox, /run/execbox), and the system it runs (a mount over /etc or /usr would replace the
-# sandbox's own users, loader configuration or shell with host files).
-_MOUNT_TARGETS_REFUSED = ("/proc", "/sys", "/dev", "/tmp", "/opt/execbox", "/run/execbox", "/etc", "/usr", "/bin",
-                          "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/var/lib/dpkg")
+# Places a mount may not cover inside the sandbox, because the sandbox provides them itself: the kernel's views,
+# the tmpfs, the package cache (/opt/execbox), the proxy's socket (/run/execbox: all of /run, and /var/run and
+# /var/lock, which lead there), and the system it runs (a mount over /etc or /usr would replace the sandbox's own
+# users, loader configuration or shell with host files). The workspace is judged apart.
+_MOUNT_TARGETS_REFUSED = ("/proc", "/sys", "/dev", "/tmp", "/opt/execbox", "/run", "/var/run", "/var/lock", "/etc",
+                          "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/var/lib/dpkg")
 WORKSPACE_DIR = "/workspace"
 
 

@@ -27,9 +27,12 @@ Recorder = Callable[[str, dict[str, Any]], Awaitable[object]]
 
 
 class WarmPool:
-    def __init__(self, size: int, ttl_s: float, record: Recorder | None = None) -> None:
+    def __init__(self, size: int, ttl_s: float, record: Recorder | None = None, *,
+                 longest_run_s: float = 3600.0) -> None:
         self.size = size
         self.ttl_s = ttl_s
+        #: The longest run a member may serve (the maximum timeout, and a margin for removal).
+        self.longest_run_s = longest_run_s
         self._record = record
         self._ids: dict[int, str] = {}  # id(session) -> the member's id in the audit log
         self._members: dict[PoolKey, deque[tuple[float, Session]]] = {}
@@ -44,8 +47,9 @@ class WarmPool:
         return (id(backend), spec.network, spec.limits)
 
     def member_spec(self, spec: SessionSpec) -> SessionSpec:
-        # A member waits up to the TTL, then serves one run (bounded by its own timeout, already in lifetime_s).
-        return SessionSpec(spec.network, spec.limits, False, self.ttl_s + spec.lifetime_s)
+        # A member waits up to the TTL, then serves any one run: the longest allowed, whoever asked for the refill
+        # (members of one configuration serve runs of any timeout).
+        return SessionSpec(spec.network, spec.limits, False, self.ttl_s + max(self.longest_run_s, spec.lifetime_s))
 
     def attach(self, tasks: TaskGroup) -> None:
         self._tasks = tasks
