@@ -296,7 +296,8 @@ class AsyncRunner:
                                              asked_timeout=request.timeout, output=output)
                 result = await self.collected(impl, session, resolved, result)
                 for remote, local in downloads:
-                    moved = await self.download_from(impl, session, remote, local)
+                    moved = await self.download_from(impl, session, remote, local,
+                                                     secrets_inject.redactor_for(resolved.secrets))
                     result.notes.extend(f"download: {s}" for s in moved.skipped)
             finally:
                 if pooled:
@@ -339,12 +340,18 @@ class AsyncRunner:
             return await transfer.upload_path(session, _text(os.fspath(local), "local path"), rel,
                                               limits=self.transfer_limits)
 
-    async def download_from(self, backend: ExecutionBackend, session: Session, remote: str, local: str) -> Transfer:
+    async def download_from(self, backend: ExecutionBackend, session: Session, remote: str, local: str,
+                            redactor: secrets_inject.Redactor | None = None) -> Transfer:
+        """The download; what it says of the sandbox's files (skipped entries, errors) never shows a secret the
+        sandbox was given (the code may have named a file or a link after one)."""
         rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
         _not_mounted(session, rel, "download")
-        with backend_errors(backend.name):
-            return await transfer.download_path(session, rel, _text(os.fspath(local), "local path"),
-                                                limits=self.transfer_limits)
+        with secrets_inject.redacting(redactor), backend_errors(backend.name):
+            moved = await transfer.download_path(session, rel, _text(os.fspath(local), "local path"),
+                                                 limits=self.transfer_limits)
+        if redactor is not None:
+            moved = moved.model_copy(update={"skipped": [redactor.redact_text(s) for s in moved.skipped]})
+        return moved
 
     async def collected(self, backend: ExecutionBackend, session: Session, request: ExecRequest,
                         result: ExecResult) -> ExecResult:
@@ -791,7 +798,9 @@ class AsyncSandbox:
         redactor = self._redactor()
         if redactor is not None:
             (on_stdout, on_stderr), finish = secrets_inject.redacted_callbacks(redactor, on_stdout, on_stderr)
-        result = await deliver(lambda out: kernel.run_cell(code, timeout=timeout_s, live=out), on_stdout, on_stderr)
+        with secrets_inject.redacting(redactor):  # the interpreter's errors quote what the code left, too
+            result = await deliver(lambda out: kernel.run_cell(code, timeout=timeout_s, live=out), on_stdout,
+                                   on_stderr)
         if redactor is not None:
             await finish()
             result = secrets_inject.redact_model(result, redactor)
@@ -849,7 +858,7 @@ class AsyncSandbox:
         CODE_EXEC_MAX_TRANSFER_BYTES / _FILES before a byte is read; nothing is followed and no symlink, hard link
         or device the code left is created here (``skipped``)."""
         backend, session = self._live()
-        return await self.runner.download_from(backend, session, remote, os.fspath(local_path))
+        return await self.runner.download_from(backend, session, remote, os.fspath(local_path), self._redactor())
 
     async def pip_install(self, *requirements: str) -> ExecResult:
         """Install Python packages into this sandbox from the per-user package cache (``package_cache=True``):

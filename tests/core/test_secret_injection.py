@@ -188,3 +188,26 @@ def test_a_cell_reading_what_an_exec_left_is_redacted(local_mode: None) -> None:
     assert cell.stdout == f"[secret {NAME}]\n" and "".join(chunks) == cell.stdout
     assert f"[secret {NAME}]" in json.dumps([o.data for o in cell.outputs])  # the last expression's value
     assert not leaks(cell.model_dump_json())
+
+
+PLANT = f"""
+import os
+os.makedirs("out", exist_ok=True)
+v = os.environ["{NAME}"]
+os.symlink(v, "out/link")   # a link whose target is the value: a download skips it and says why
+os.mkfifo("out/" + v)       # a FIFO named after it
+"""
+
+
+def test_what_a_download_says_of_planted_files_never_shows_the_value(local_mode: None, tmp_path: Path) -> None:
+    # Found attacking: the download's notes and Transfer.skipped quoted a link's target and a FIFO's name.
+    with Runner() as runner:
+        result = runner.run_code(PLANT, secrets={NAME: KEY}, download={"out": str(tmp_path / "one")})
+        assert result.exit_code == 0, result.stderr
+        assert any("download:" in note for note in result.notes), result.notes
+        assert not leaks(result.model_dump_json())
+        with runner.sandbox(secrets={NAME: KEY}) as sb:
+            assert sb.run_code(PLANT).exit_code == 0
+            moved = sb.download("out", tmp_path / "two")
+            assert moved.skipped and not leaks(moved.model_dump_json())
+    assert not leaks("\n".join(str(p) for p in tmp_path.rglob("*")))
