@@ -108,3 +108,53 @@ def test_code_exec_egress_secrets_reads_values_from_execbox_s_environment() -> N
     assert (host, port, secret.reveal()) == ("api.example.com", 443, VALUE) and isinstance(secret, Secret)
     with pytest.raises(ConfigError, match="CODE_EXEC_EGRESS_SECRETS names K"):
         es.from_setting(["K=api.example.com"], {})
+
+
+# --- the intercepted request and response (found attacking: a gzip'd or partial reflection, or a request another
+# tenant of the same front-end receives, handed the real value to the code) ------------------------------------
+
+
+def test_the_request_is_rewritten_to_ask_for_one_plain_response() -> None:
+    head = (b"POST /v1/chat HTTP/1.1\r\nHost: api.example.com\r\nAccept-Encoding: gzip, br\r\nRange: bytes=0-9\r\n"
+            b"Connection: keep-alive\r\nAuthorization: Bearer PH\r\nContent-Length: 2\r\n\r\n")
+    out = es.plain_request(head, "api.example.com", 443)
+    assert isinstance(out, bytes)
+    lines = out.split(b"\r\n")
+    assert lines[0] == b"POST /v1/chat HTTP/1.1" and b"Authorization: Bearer PH" in lines
+    assert b"Accept-Encoding: identity" in lines and b"Connection: close" in lines
+    assert not [x for x in lines if x.lower().startswith((b"range", b"accept-encoding: gzip", b"connection: keep"))]
+    assert out.endswith(b"\r\n\r\n")
+    assert isinstance(es.plain_request(head.replace(b"api.example.com", b"API.example.com:443"),
+                                       "api.example.com", 443), bytes)
+
+
+@pytest.mark.parametrize(("head", "why"), [
+    (b"GET / HTTP/1.1\r\nHost: attacker-tenant.example\r\n\r\n", "not api.example.com"),
+    (b"GET / HTTP/1.1\r\nHost: api.example.com\r\nHost: x.example\r\n\r\n", "not api.example.com"),
+    (b"GET / HTTP/1.1\r\n\r\n", "(none)"),
+    (b"GET https://x.example/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", "a path on this host"),
+    (b"GET / HTTP/2\r\nHost: api.example.com\r\n\r\n", "HTTP/1.1"),
+    (b"GET / HTTP/1.1\r\nHost: api.example.com\r\nUpgrade: h2c\r\n\r\n", "upgrade"),
+    (b"GET / HTTP/1.1\r\nHost : api.example.com\r\n\r\n", "malformed"),
+])
+def test_requests_that_could_carry_the_value_elsewhere_are_refused(head: bytes, why: str) -> None:
+    refused = es.plain_request(head, "api.example.com", 443)
+    assert isinstance(refused, str) and why in refused
+
+
+@pytest.mark.parametrize(("head", "why"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n\r\n", "encoded (gzip)"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "transfer coding"),
+    (b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-9/99\r\n\r\n", "206"),
+    (b"HTTP/1.1 200 OK\r\nContent-Range: bytes 0-9/99\r\n\r\n", "Content-Range"),
+])
+def test_responses_where_the_value_would_pass_unswapped_are_withheld(head: bytes, why: str) -> None:
+    problem = es.encoded_response(head)
+    assert problem is not None and why in problem
+
+
+def test_plain_responses_pass() -> None:
+    for head in (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n",
+                 b"HTTP/1.1 401 No\r\nTransfer-Encoding: chunked\r\n\r\n",
+                 b"HTTP/1.1 200 OK\r\nContent-Encoding: identity\r\n\r\n"):
+        assert es.encoded_response(head) is None

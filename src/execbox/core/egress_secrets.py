@@ -365,9 +365,38 @@ class Interceptor:
             return
         outgoing = _Swap([(s.placeholder, s.value, s.name) for s in secrets])
         incoming = _Swap([(s.value, s.placeholder, "") for s in secrets])
-        out = asyncio.ensure_future(_pump_swapping(reader, up_writer, outgoing, attempt, "sent"))
-        back = asyncio.ensure_future(_pump_swapping(up_reader, writer, incoming, attempt, "received"))
+        # One request per connection, to this host, asking for a plain response: the value is swapped back only
+        # where it returns as bytes, so a compressed or partial reflection, or a request another tenant of the same
+        # front-end receives, would hand it to the code.
         try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT_S)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError, ssl.SSLError):
+            head = b""
+        request = plain_request(head, host, port) if head else "no request head"
+        if isinstance(request, str):
+            attempt.allowed = False
+            attempt.reason = f"refused before sending: the request {request}"
+            up_writer.transport.abort()
+            writer.transport.abort()
+            return
+        first = outgoing.feed(request) + outgoing.flush()
+        up_writer.write(first)
+        attempt.sent += len(first)
+        out = asyncio.ensure_future(_pump_swapping(reader, up_writer, outgoing, attempt, "sent"))  # the body
+        back: asyncio.Future[bool] | None = None
+        try:
+            try:
+                answer = await up_reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError, ssl.SSLError):
+                answer = b""
+            problem = encoded_response(answer) if answer else "the host sent no response head"
+            if problem:
+                attempt.reason += f"; the response was withheld: {problem}"
+                return
+            shown = incoming.feed(answer)
+            writer.write(shown)
+            attempt.received += len(shown)
+            back = asyncio.ensure_future(_pump_swapping(up_reader, writer, incoming, attempt, "received"))
             for done in asyncio.as_completed([out, back]):
                 if not await done:
                     break
@@ -377,7 +406,55 @@ class Interceptor:
                 attempt.secrets = sorted({*getattr(attempt, "secrets", []), *used})
             up_writer.transport.abort()
             writer.transport.abort()
-            await asyncio.gather(out, back, return_exceptions=True)
+            await asyncio.gather(out, *([back] if back else []), return_exceptions=True)
+
+
+_DROPPED_REQUEST_FIELDS = frozenset({b"accept-encoding", b"connection", b"keep-alive", b"proxy-connection", b"te",
+                                     b"range", b"if-range"})
+
+
+def plain_request(head: bytes, host: str, port: int) -> bytes | str:
+    """The first request head of an intercepted connection, rewritten to ask for one plain response
+    (``Accept-Encoding: identity``, ``Connection: close``, no ``Range``); or why it is refused: not HTTP/1.x in
+    origin form, a Host other than the secret's, an upgrade."""
+    lines = head[:-4].split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1.") or not parts[1].startswith(b"/"):
+        return "is not an HTTP/1.1 request for a path on this host"
+    kept, hosts = [lines[0]], []
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or name != name.strip() or not name:
+            return "has a malformed header line"
+        key = name.lower()
+        if key == b"upgrade":
+            return "asks for an upgrade (the proxy relays HTTP/1.1 only)"
+        if key == b"host":
+            hosts.append(value.strip().decode("latin-1").lower().rstrip("."))
+        if key not in _DROPPED_REQUEST_FIELDS:
+            kept.append(line)
+    wanted = host.lower().rstrip(".")
+    if len(hosts) != 1 or hosts[0] not in (wanted, f"{wanted}:{port}"):
+        return f"names the Host {', '.join(hosts) or '(none)'}, not {wanted}: refused as a possible exfiltration"
+    return b"\r\n".join([*kept, b"Accept-Encoding: identity", b"Connection: close"]) + b"\r\n\r\n"
+
+
+def encoded_response(head: bytes) -> str | None:
+    """Why a response head cannot be relayed with the value swapped back (an encoded or partial body)."""
+    lines = head[:-4].split(b"\r\n")
+    status = lines[0].split(b" ")
+    if len(status) < 2 or status[1] == b"206":
+        return "a partial (206) or malformed response"
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        key, value = name.strip().lower(), value.strip().lower()
+        if key == b"content-encoding" and value not in (b"", b"identity"):
+            return f"its body is encoded ({value.decode('latin-1')[:40]}), where a secret would pass unswapped"
+        if key == b"transfer-encoding" and value not in (b"chunked", b"identity"):
+            return f"its transfer coding is {value.decode('latin-1')[:40]}, where a secret would pass unswapped"
+        if key == b"content-range":
+            return "a partial response (Content-Range)"
+    return None
 
 
 class _Swap:
