@@ -62,6 +62,18 @@ def test_parser_caps_rich_outputs_and_ignores_what_it_does_not_know() -> None:
     assert parser.done is None
 
 
+def test_a_display_nested_too_deep_is_dropped_and_the_result_stays_serialisable() -> None:
+    # Found attacking: a _repr_json_ nested 300 deep made the CellResult unserialisable, 900 deep a RecursionError.
+    deep: Any = "leaf"
+    for _ in range(300):
+        deep = [deep]
+    parser = CellParser(max_output=100, max_display=1 << 20)
+    parser.feed("stdout", frames({"t": "display", "data": {"application/json": deep}, "metadata": {}},
+                                 {"t": "display", "data": {"text/plain": "ok"}, "metadata": {"a": [[1]]}}))
+    assert parser.dropped_displays == 1 and [o.text for o in parser.outputs] == ["ok"]
+    CellResult(outputs=parser.outputs).model_dump_json()
+
+
 def test_parser_keeps_head_and_tail_of_a_flood_and_counts_what_the_sandbox_cut() -> None:
     parser = CellParser(max_output=1000, max_display=1000)
     for _ in range(2000):

@@ -90,6 +90,23 @@ RunExec = Callable[[ExecSpec], Awaitable[ExecResult]]
 __all__ = ["CLIENT", "INTERRUPT_GRACE_S", "SOURCE", "CellParser", "CellResult", "Kernel"]
 
 
+#: Display data nested deeper than this is dropped (a hostile _repr_json_ could nest thousands deep).
+MAX_DISPLAY_DEPTH = 64
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and dicts nest in ``value``, counted without recursion (stops past the limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level)
+            if deepest > MAX_DISPLAY_DEPTH:
+                return deepest
+            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 class CellParser:
     """The relay's stdout (JSON lines from inside the sandbox), parsed as it arrives with every size bounded."""
 
@@ -170,6 +187,10 @@ class CellParser:
             self.bad_lines += 1
             return
         if self.display_bytes + size > self.max_display or len(self.outputs) >= MAX_DISPLAYS:
+            self.dropped_displays += 1
+            return
+        if _depth(data) > MAX_DISPLAY_DEPTH or _depth(metadata) > MAX_DISPLAY_DEPTH:
+            # A value nested this deep breaks serialising (and redacting) the result: dropped, and counted.
             self.dropped_displays += 1
             return
         self.display_bytes += size
@@ -360,7 +381,8 @@ class Kernel:
         dropped = parser.dropped_displays + (inside if isinstance(inside, int) and inside > 0 else 0)
         if dropped:
             notes.append(f"{dropped} rich output(s) dropped: over CODE_EXEC_MAX_DISPLAY_BYTES "
-                         f"({self.max_display_bytes} bytes per cell) or {MAX_DISPLAYS} outputs")
+                         f"({self.max_display_bytes} bytes per cell), {MAX_DISPLAYS} outputs, or nested deeper than "
+                         f"{MAX_DISPLAY_DEPTH} levels")
         if parser.bad_lines:
             notes.append(f"{parser.bad_lines} unreadable or oversized line(s) from the interpreter were skipped")
         count = done.get("count")
