@@ -211,10 +211,8 @@ class Settings(EnvSettings):
         "CODE_EXEC_AUDIT_OUTPUT", 0, "bytes of stdout and stderr text the audit log keeps per stream; 0 = only their "
         "SHA-256 and size", ge=0, le=1 << 20)
 
-    _split_lists = field_validator("secret_files", "load_plugins", "auto_plugins", "disable_plugins",
-                                   mode="before")(comma_list)
-
-    _split_egress = field_validator("egress_allow", mode="before")(comma_list)
+    _split_lists = field_validator("secret_files", "load_plugins", "auto_plugins", "disable_plugins", "egress_allow",
+                                   "egress_secrets", "review_off", mode="before")(comma_list)
 
     @field_validator("egress_allow")
     @classmethod
@@ -222,8 +220,6 @@ class Settings(EnvSettings):
         for entry in entries:
             parse_entry(entry)  # a ValueError names the entry and what to write instead
         return entries
-
-    _split_egress_secrets = field_validator("egress_secrets", mode="before")(comma_list)
 
     @field_validator("egress_secrets")
     @classmethod
@@ -241,8 +237,6 @@ class Settings(EnvSettings):
     @classmethod
     def _empty_means_none_loaded(cls, value: Any) -> Any:
         return [] if value == "" else value
-
-    _split_review = field_validator("review_off", mode="before")(comma_list)
 
     @field_validator("posture")
     @classmethod
