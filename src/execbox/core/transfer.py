@@ -35,7 +35,7 @@ from typing import IO, TYPE_CHECKING
 
 from execbox.core.errors import FileTooLargeError, SandboxError, TransferTooLargeError, WorkspacePathError
 from execbox.core.models import ExecSpec, FileInfo, Limits, Transfer
-from execbox.core.workspace import _open_dir, _refuse
+from execbox.core.workspace import _open_dir, _refuse, write_error
 
 if TYPE_CHECKING:
     from execbox.core.backend import Session
@@ -376,10 +376,7 @@ def host_unpack(root: str, dest: str, archive: IO[bytes], *, limits: TransferLim
 
 def _write_error(rel: str, exc: OSError, workspace: bool) -> SandboxError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        if workspace:
-            return SandboxError(f"cannot write {rel!r}: the workspace is full ({exc.strerror}); it holds at most "
-                                "CODE_EXEC_DISK_MB: free space in it or raise the limit", env_var="CODE_EXEC_DISK_MB")
-        return SandboxError(f"cannot write {rel!r}: {exc.strerror}")
+        return write_error(rel, exc) if workspace else SandboxError(f"cannot write {rel!r}: {exc.strerror}")
     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENXIO, errno.EEXIST):
         return WorkspacePathError(f"refused {rel!r}: it is (or passes through) a symlink, or something other than "
                                   f"what the archive holds is in its place ({exc.strerror})")

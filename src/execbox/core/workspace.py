@@ -129,11 +129,15 @@ def safe_write(root: str, rel: str, data: bytes, *, owner: tuple[int, int] | Non
                 os.fchown(fh.fileno(), *owner)
             fh.write(data)
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # the sandbox filled its workspace
-            raise SandboxError(f"cannot write {rel!r}: the workspace is full ({exc.strerror}); it holds at most "
-                               "CODE_EXEC_DISK_MB: free space in it or raise the limit",
-                               env_var="CODE_EXEC_DISK_MB") from None
-        raise SandboxError(f"cannot write {rel!r} in the workspace: {exc.strerror}") from None
+        raise write_error(rel, exc) from None
+
+
+def write_error(rel: str, exc: OSError) -> SandboxError:
+    """A write into the workspace that failed: a full workspace (the sandbox filled it) names CODE_EXEC_DISK_MB."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return SandboxError(f"cannot write {rel!r}: the workspace is full ({exc.strerror}); it holds at most "
+                            "CODE_EXEC_DISK_MB: free space in it or raise the limit", env_var="CODE_EXEC_DISK_MB")
+    return SandboxError(f"cannot write {rel!r} in the workspace: {exc.strerror}")
 
 
 def remove_tree(path: str) -> None:
