@@ -7,7 +7,7 @@ import pytest
 from execbox.core.errors import ConfigError
 from execbox.core.models import Capabilities
 from execbox.core.settings import Settings
-from execbox.mcp.postures import check_startup, offered_tools, session_backend, session_network
+from execbox.mcp.postures import check_startup, offered_tools, persistent_backend, session_network
 
 WITH_PROXY = Capabilities(sandbox=True, isolation="container", network_modes=frozenset({"none", "proxy"}))
 WITHOUT = Capabilities(sandbox=True, isolation="container", network_modes=frozenset({"none", "egress"}))
@@ -29,8 +29,9 @@ def test_posture_3_needs_stdio_and_local_mode() -> None:
     assert info.value.env_var == "CODE_EXEC_LOCAL"
     check_startup(Settings(posture=3, local=True), "stdio")
     check_startup(Settings(posture=1), "http")
-    assert session_backend(Settings(posture=3, local=True)) == "local_subprocess"
-    assert session_backend(Settings(posture=1)) is None
+    assert persistent_backend(Settings(posture=3, local=True)) == "local_subprocess"
+    assert persistent_backend(Settings(posture=1)) == "auto"
+    assert persistent_backend(Settings(posture=1, shell_backend="docker")) == "docker"
 
 
 def test_the_persistent_sandbox_gets_proxy_where_enforced_unless_the_operator_chose() -> None:

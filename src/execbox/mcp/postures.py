@@ -50,9 +50,9 @@ def check_startup(settings: Settings, transport: Transport) -> None:
             "(only on your own machine, for yourself), or use posture 1", env_var="CODE_EXEC_LOCAL")
 
 
-def session_backend(settings: Settings) -> str | None:
+def persistent_backend(settings: Settings) -> str:
     """The backend of the persistent sandbox: the host at posture 3, else SHELL_BACKEND / CODE_EXEC_BACKEND."""
-    return HOST_BACKEND if settings.posture == 3 else None
+    return HOST_BACKEND if settings.posture == 3 else settings.session_backend
 
 
 def session_network(settings: Settings, caps: Capabilities) -> NetworkMode:

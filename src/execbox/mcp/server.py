@@ -263,7 +263,7 @@ class McpApp:
                 raise SandboxError("this MCP session has ended; its sandbox is gone")
             if scope.sandbox is None:
                 s = self.settings
-                impl, caps = await self.runner.select(postures.session_backend(s) or s.session_backend)
+                impl, caps = await self.runner.select(postures.persistent_backend(s))
                 grant.check_backend(impl.name)
                 network: NetworkMode = "host" if s.posture == 3 else postures.session_network(s, caps)
                 try:
