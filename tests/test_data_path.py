@@ -180,7 +180,7 @@ def test_mount_model_validates_and_parses() -> None:
     assert Mount("/src", "/etcetera").target == "/etcetera" and Mount("/src", "/data/../x").target == "/x"
     with pytest.raises(ConfigError, match="absolute"):
         Mount("src", "/data")
-    with pytest.raises(ValueError, match="HOST:SANDBOX"):
+    with pytest.raises(ConfigError, match="HOST:SANDBOX"):
         Mount.parse("/a")
 
 

@@ -138,7 +138,9 @@ class Mount(BaseModel):
         if len(parts) == 3 and parts[2] in ("rw", "ro"):
             writable = parts.pop() == "rw"
         if len(parts) != 2 or not all(parts):
-            raise ValueError(f"--mount takes HOST:SANDBOX[:rw], got {spec!r}")
+            from execbox.core.errors import ConfigError
+
+            raise ConfigError(f"--mount takes HOST:SANDBOX[:rw], got {spec!r}")
         return cls(parts[0], parts[1], writable)
 
 

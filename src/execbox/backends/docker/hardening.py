@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from execbox.plugin import ConfigError, seccomp_policy
+from execbox.plugin import ConfigError, proxy, seccomp_policy
 
 WORKSPACE = "/workspace"
 TMPFS = "/tmp"
@@ -173,7 +173,7 @@ class Contract:
     nano_cpus: int
     pids: int
     runtime: str | None  # None: whatever the engine's default is, if it is a runtime execbox knows
-    proxy_dir: str | None = None  # network mode proxy: the host directory bound read-only at /run/execbox
+    proxy_dir: str | None = None  # network mode proxy: the host directory bound read-only at proxy.MOUNT_POINT
     mounts: tuple[tuple[str, str, bool], ...] = ()  # the caller's binds (execbox.Mount): source, target, writable
 
 
@@ -228,7 +228,7 @@ def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
     mounts = [(m.get("Type"), m.get("Source"), m.get("Destination"), m.get("RW")) for m in attrs.get("Mounts") or []]
     wanted = [("bind", c.workspace, WORKSPACE, True)]
     if c.proxy_dir:
-        wanted.append(("bind", c.proxy_dir, "/run/execbox", False))
+        wanted.append(("bind", c.proxy_dir, proxy.MOUNT_POINT, False))
     wanted += [("bind", source, target, writable) for source, target, writable in c.mounts]
     want("Mounts", sorted(mounts, key=str), sorted(wanted, key=str))
     for m in attrs.get("Mounts") or []:
