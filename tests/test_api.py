@@ -274,3 +274,11 @@ def test_all_is_complete_and_sorted() -> None:
     assert set(execbox.__all__) == public
     for name in execbox.__all__:
         assert hasattr(execbox, name), name
+
+
+def test_read_file_takes_a_smaller_cap_and_refuses_unread(local_mode: None) -> None:
+    with execbox.sandbox("local_subprocess", network="host") as sb:
+        sb.write_file("big", b"x" * 5000)
+        assert sb.read_file("big", max_bytes=5000) == b"x" * 5000
+        with pytest.raises(execbox.FileTooLargeError, match="over the read cap of 100 bytes"):
+            sb.read_file("big", max_bytes=100)

@@ -819,13 +819,16 @@ class AsyncSandbox:
         with backend_errors(backend.name):
             await session.write_file(rel, content)
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """The file's bytes; one over ``max_bytes`` (at most CODE_EXEC_MAX_READ_BYTES) is refused unread
+        (FileTooLargeError)."""
         backend, session = self._live()
         if normalize(_text(path, "path"), session.workspace, allow_root=True) == "":
             raise is_directory_error("")
         rel = normalize(path, session.workspace)
+        cap = min(max_bytes or self.runner.settings.max_read_bytes, self.runner.settings.max_read_bytes)
         with backend_errors(backend.name):
-            return await session.read_file(rel, self.runner.settings.max_read_bytes)
+            return await session.read_file(rel, cap)
 
     async def list_files(self, path: str = ".", *, recursive: bool = False) -> list[FileInfo]:
         """What is in the directory ``path`` of the workspace (everything below it with ``recursive``): names,
@@ -1007,8 +1010,8 @@ class Sandbox:
     def write_file(self, path: str, data: bytes | str) -> None:
         self._call(self.aio.write_file, path, data)
 
-    def read_file(self, path: str) -> bytes:
-        return self._call(self.aio.read_file, path)
+    def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        return self._call(self.aio.read_file, path, max_bytes=max_bytes)
 
     def list_files(self, path: str = ".", *, recursive: bool = False) -> list[FileInfo]:
         return self._call(self.aio.list_files, path, recursive=recursive)

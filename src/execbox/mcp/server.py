@@ -32,7 +32,7 @@ from mcp.server.mcpserver import Context, Elicit, MCPServer
 from mcp.types import CallToolResult
 
 from execbox.core import audit as audit_log
-from execbox.core.errors import ConfigError, ExecboxError, NotASandboxError, SandboxError
+from execbox.core.errors import ConfigError, ExecboxError, FileTooLargeError, NotASandboxError, SandboxError
 from execbox.core.models import ExecRequest, Limits, NetworkMode
 from execbox.core.review import ReviewDecision, ReviewRequest, strictest
 from execbox.core.settings import Settings
@@ -390,8 +390,11 @@ class McpApp:
                     return data_result({"path": args["path"], "size": len(data)},
                                        f"wrote {len(data)} bytes to {args['path']}")
                 if tool == "read_file":
-                    return read_result(args["path"], await sandbox.read_file(args["path"]),
-                                       self.settings.max_output_bytes)
+                    cap = self.settings.max_output_bytes
+                    try:  # refused unread past the output cap: an agent's read never loads more than it can see
+                        return read_result(args["path"], await sandbox.read_file(args["path"], max_bytes=cap), cap)
+                    except FileTooLargeError:
+                        return read_result(args["path"], None, cap)
                 entries = await list_entries(sandbox, args["path"], bool(args["recursive"]))
         except ExecboxError as exc:
             return error_result(exc)

@@ -288,11 +288,13 @@ def register_tools(server: MCPServer, app: "McpApp") -> None:
         server.add_tool(fn, name=name, description=description, annotations=annotations, structured_output=False)
 
 
-def read_result(path: str, data: bytes, cap: int) -> CallToolResult:
-    if len(data) > cap:
-        return error_result(f"refused to read {path!r}: it holds {len(data)} bytes, over the output cap of {cap} "
-                            "bytes (CODE_EXEC_MAX_OUTPUT_BYTES); read parts of it with shell (head -c, tail -c, "
-                            "sed -n)")
+def read_result(path: str, data: bytes | None, cap: int) -> CallToolResult:
+    """A file read for a model: text, or base64 with its size; ``None`` (or more than ``cap``) is a file over the
+    output cap, refused with how to read parts of it."""
+    if data is None or len(data) > cap:
+        size = f"more than {cap} bytes" if data is None else f"{len(data)} bytes"
+        return error_result(f"refused to read {path!r}: it holds {size}, over the output cap of {cap} bytes "
+                            "(CODE_EXEC_MAX_OUTPUT_BYTES); read parts of it with shell (head -c, tail -c, sed -n)")
     try:
         text = data.decode()
         encoding, content = ("text", text) if "\0" not in text else ("base64", base64.b64encode(data).decode())
