@@ -999,19 +999,28 @@ def _local_proxy(kit: Kit) -> None:
                          "on this host is out of its reach either way")
 
 
-@check("network mode proxy: an allowlisted destination is reached through the proxy variables, and recorded")
-def check_proxy_allowed_destination_is_reached(kit: Kit) -> None:
+@contextlib.contextmanager
+def _proxied_fetch(kit: Kit, claim: str, host: str, path: str) -> Iterator[tuple[TokenServer, ExecResult, Any]]:
+    """A token server on this host's loopback (its address allowlisted), and the fetch probe's run against
+    ``host``:port/``path`` in network mode proxy: (server, result, what the probe reported)."""
     _local_proxy(kit)
-    claim = "network mode 'proxy' (allowed destination)"
     server = TokenServer()
     try:
         expect(server.fetch("control") == "TOKEN control", claim, "the host's own control fetch to work",
                server.connections)
-        token = uuid.uuid4().hex
         with _proxy_runner(kit, [f"127.0.0.1/32:{server.port}"]) as runner:
-            result = runner.run(["python3", "-c", PROBE_PROXY_FETCH, f"http://127.0.0.1:{server.port}/{token}"],
+            result = runner.run(["python3", "-c", PROBE_PROXY_FETCH, f"http://{host}:{server.port}/{path}"],
                                 backend=kit.backend, network="proxy")
-        seen = reported(result, claim, "fetch probe")
+        yield server, result, reported(result, claim, "fetch probe")
+    finally:
+        server.close()
+
+
+@check("network mode proxy: an allowlisted destination is reached through the proxy variables, and recorded")
+def check_proxy_allowed_destination_is_reached(kit: Kit) -> None:
+    claim = "network mode 'proxy' (allowed destination)"
+    token = uuid.uuid4().hex
+    with _proxied_fetch(kit, claim, "127.0.0.1", token) as (server, result, seen):
         expect(seen["proxy"].startswith("http://"), claim, "HTTP_PROXY set in the sandbox", seen)
         expect(seen["http"] == f"FETCHED TOKEN {token}", claim, "a plain-HTTP fetch through the proxy", seen)
         expect(seen["connect"].startswith("HTTP/1.1 200") and seen["connect"].endswith(f"TOKEN {token}"), claim,
@@ -1021,23 +1030,13 @@ def check_proxy_allowed_destination_is_reached(kit: Kit) -> None:
                "both connections in the result's egress record, allowed, with bytes", result.egress)
         expect(server.connections == 3, claim, "exactly the two proxied connections at the server",
                f"{server.connections - 1} connection(s)")
-    finally:
-        server.close()
 
 
 @check("network mode proxy: a name outside the allowlist is refused and recorded, and nothing is connected")
 def check_proxy_denied_name_is_recorded(kit: Kit) -> None:
-    _local_proxy(kit)
     claim = "network mode 'proxy' (denied name)"
-    server = TokenServer()
-    try:
-        expect(server.fetch("control") == "TOKEN control", claim, "the host's own control fetch to work",
-               server.connections)
-        # The address is allowlisted, the name is not: a proxy that resolved "localhost" would reach the server.
-        with _proxy_runner(kit, [f"127.0.0.1/32:{server.port}"]) as runner:
-            result = runner.run(["python3", "-c", PROBE_PROXY_FETCH, f"http://localhost:{server.port}/denied"],
-                                backend=kit.backend, network="proxy")
-        seen = reported(result, claim, "fetch probe")
+    # The address is allowlisted, the name is not: a proxy that resolved "localhost" would reach the server.
+    with _proxied_fetch(kit, claim, "localhost", "denied") as (server, result, seen):
         expect(seen["http"].startswith("REFUSED") and "TOKEN" not in seen["connect"], claim,
                "both fetches refused", seen)
         denied = [a for a in result.egress if a.host == "localhost"]
@@ -1046,8 +1045,6 @@ def check_proxy_denied_name_is_recorded(kit: Kit) -> None:
                "two refusals of localhost in the egress record, 'not in the allowlist'", result.egress)
         time.sleep(0.2)
         expect(server.connections == 1, claim, "no connection at the server", f"{server.connections - 1}")
-    finally:
-        server.close()
 
 
 @check("network mode proxy: a direct connection, ignoring the proxy, has no route")
