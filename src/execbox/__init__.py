@@ -10,42 +10,76 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
-from execbox.core.errors import (
-    BackendUnavailableError,
-    BusyError,
-    ConfigError,
-    ExecboxError,
-    FileTooLargeError,
-    NotASandboxError,
-    PluginError,
-    RefusedError,
-    SandboxError,
-    SecretFileError,
-    TransferTooLargeError,
-    UnsupportedPolicyError,
-    WorkspacePathError,
-)
-from execbox.core.hookspecs import PluginWarning, hookimpl
-from execbox.core.models import (
-    Capabilities,
-    CellError,
-    CellResult,
-    DisplayData,
-    EgressAttempt,
-    ExecRequest,
-    ExecResult,
-    FileInfo,
-    Limits,
-    Mount,
-    Transfer,
-)
-from execbox.core.output import OutputEvent
-from execbox.core.secrets_inject import Secret
-from execbox.core.settings import Settings
-from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox, run_blocking
+if TYPE_CHECKING:
+    from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
+    from execbox.core.errors import (
+        BackendUnavailableError,
+        BusyError,
+        ConfigError,
+        ExecboxError,
+        FileTooLargeError,
+        NotASandboxError,
+        PluginError,
+        RefusedError,
+        SandboxError,
+        SecretFileError,
+        TransferTooLargeError,
+        UnsupportedPolicyError,
+        WorkspacePathError,
+    )
+    from execbox.core.hookspecs import PluginWarning, hookimpl
+    from execbox.core.models import (
+        Capabilities,
+        CellError,
+        CellResult,
+        DisplayData,
+        EgressAttempt,
+        ExecRequest,
+        ExecResult,
+        FileInfo,
+        Limits,
+        Mount,
+        Transfer,
+    )
+    from execbox.core.output import OutputEvent
+    from execbox.core.secrets_inject import Secret
+    from execbox.core.settings import Settings
+    from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox, run_blocking
+
+# Each public name and the module it lives in, imported on first use (PEP 562): `import execbox.cli` or a plugin's
+# `from execbox import hookimpl` loads only what it names, not the runner, every model and their dependencies.
+_LAZY = {
+    **dict.fromkeys(["ExecutionBackend", "Session", "SessionSpec", "Verdict"], "execbox.core.backend"),
+    **dict.fromkeys(["BackendUnavailableError", "BusyError", "ConfigError", "ExecboxError", "FileTooLargeError",
+                     "NotASandboxError", "PluginError", "RefusedError", "SandboxError", "SecretFileError",
+                     "TransferTooLargeError", "UnsupportedPolicyError", "WorkspacePathError"], "execbox.core.errors"),
+    **dict.fromkeys(["PluginWarning", "hookimpl"], "execbox.core.hookspecs"),
+    **dict.fromkeys(["Capabilities", "CellError", "CellResult", "DisplayData", "EgressAttempt", "ExecRequest",
+                     "ExecResult", "FileInfo", "Limits", "Mount", "Transfer"], "execbox.core.models"),
+    "OutputEvent": "execbox.core.output",
+    "Secret": "execbox.core.secrets_inject",
+    "Settings": "execbox.core.settings",
+    **dict.fromkeys(["AsyncRunner", "AsyncSandbox", "Runner", "Sandbox", "run_blocking"], "execbox.runner"),
+}
+
+if not TYPE_CHECKING:  # hidden from mypy, so a misspelt name is still an error there rather than Any
+
+    def __getattr__(name: str) -> Any:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'execbox' has no attribute {name!r}")
+        import importlib
+
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # once: later lookups are plain attribute reads
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "AsyncRunner",
@@ -97,12 +131,16 @@ __all__ = [
 
 def run(command: str | Sequence[str], **kw: Any) -> ExecResult:
     """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox. See AsyncRunner.run."""
+    from execbox.runner import Runner
+
     with Runner() as runner:
         return runner.run(command, **kw)
 
 
 def run_code(code: str, language: str = "python", **kw: Any) -> ExecResult:
     """Run Python or bash code in a fresh sandbox."""
+    from execbox.runner import Runner
+
     with Runner() as runner:
         return runner.run_code(code, language, **kw)  # type: ignore[arg-type]
 
@@ -110,23 +148,31 @@ def run_code(code: str, language: str = "python", **kw: Any) -> ExecResult:
 def sandbox(backend: str | None = None, **kw: Any) -> Sandbox:
     """A persistent sandbox: ``with execbox.sandbox() as sb: sb.exec(...)``; backend options as keywords
     (``execbox.sandbox("docker", image="my-image")``)."""
+    from execbox.runner import AsyncRunner, Sandbox
+
     inner = AsyncRunner().sandbox(backend, **kw)
     inner.owns_runner = True
     return Sandbox(inner)
 
 
 async def arun(command: str | Sequence[str], **kw: Any) -> ExecResult:
+    from execbox.runner import AsyncRunner
+
     async with AsyncRunner() as runner:
         return await runner.run(command, **kw)
 
 
 async def arun_code(code: str, language: str = "python", **kw: Any) -> ExecResult:
+    from execbox.runner import AsyncRunner
+
     async with AsyncRunner() as runner:
         return await runner.run_code(code, language, **kw)  # type: ignore[arg-type]
 
 
 def asandbox(backend: str | None = None, **kw: Any) -> AsyncSandbox:
     """``async with execbox.asandbox() as sb: await sb.exec(...)``."""
+    from execbox.runner import AsyncRunner
+
     inner = AsyncRunner().sandbox(backend, **kw)
     inner.owns_runner = True
     return inner

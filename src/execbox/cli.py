@@ -12,14 +12,12 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import anyio
 import click
 
-from execbox import ExecResult
 from execbox.core import audit as audit_log
-from execbox.core.backend import ExecutionBackend
 from execbox.core.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -27,12 +25,15 @@ from execbox.core.errors import (
     RefusedError,
     WorkspacePathError,
 )
-from execbox.core.models import NETWORK_MODES, ExecRequest, Language, Mount
+from execbox.core.models import NETWORK_MODES, ExecRequest, ExecResult, Language, Mount
 from execbox.core.output import OutputEvent, stream_events
 from execbox.core.secrets_inject import Secret
 from execbox.core.settings import EnvSettings, Settings
 from execbox.core.workspace import normalize, safe_write
 from execbox.runner import AsyncRunner, Runner, run_blocking
+
+if TYPE_CHECKING:
+    from execbox.core.backend import ExecutionBackend
 
 T = TypeVar("T")
 EXIT_TIMEOUT, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = 124, 125, 126, 2

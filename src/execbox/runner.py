@@ -12,7 +12,7 @@ import os
 import posixpath
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -31,10 +31,10 @@ from execbox.core.errors import (
     UnsupportedPolicyError,
     WorkspacePathError,
 )
-from execbox.core.kernel import CellResult, Kernel
 from execbox.core.models import (
     ISOLATION_STRENGTH,
     Capabilities,
+    CellResult,
     ExecRequest,
     ExecResult,
     ExecSpec,
@@ -54,6 +54,9 @@ from execbox.core.workspace import is_directory_error, normalize
 from execbox.guard.guard import Guard
 from execbox.guard.mounts import admit_upload
 from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
+
+if TYPE_CHECKING:
+    from execbox.core.kernel import Kernel
 
 T = TypeVar("T")
 LOCAL_FALLBACK = "local_subprocess"
@@ -788,6 +791,8 @@ class AsyncSandbox:
                 exc, request, backend=backend.name, session=self.id, oneshot=False))
             raise
         if self._kernel is None:
+            from execbox.core.kernel import Kernel  # only sandboxes that run cells need the kernel's client
+
             assert resolved.limits and resolved.max_output_bytes and self.capabilities
             self._kernel = Kernel(functools.partial(_session_exec, backend, session), workspace=session.workspace,
                                   network=self._network, limits=resolved.limits, lifetime_s=self._lifetime_s,
