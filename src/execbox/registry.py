@@ -2,10 +2,15 @@
 
 Built-in backends register through the same hook as third-party ones. A plugin that fails to import is
 a warning naming its distribution, never a crash of the host program.
+
+A backend is registered as a class, or by name as ``register("package.module:Class", name="mine")``: then its
+module is imported only when that backend is used (``get``) or every backend is listed (``backends``,
+``names``), so naming one backend does not import the others (the built-ins register this way).
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -15,41 +20,89 @@ import pluggy
 
 from execbox.core import hookspecs
 from execbox.core.backend import ExecutionBackend
-from execbox.core.errors import ConfigError, PluginError
+from execbox.core.errors import BackendUnavailableError, ConfigError, PluginError
 from execbox.core.hookspecs import PluginWarning
 
 ENTRY_POINT_GROUP = "execbox"
 BUILTIN_DISTRIBUTION = "execbox"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_REF_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
-@dataclass(frozen=True)
+@dataclass
 class BackendEntry:
+    """One registered backend: its class, or for one registered by name the "module:Class" that ``cls`` imports
+    (and checks) on first use."""
+
     name: str
-    cls: type[ExecutionBackend]
+    ref: type[ExecutionBackend] | str
     distribution: str
+
+    @property
+    def cls(self) -> type[ExecutionBackend]:
+        if not isinstance(self.ref, str):
+            return self.ref
+        module, _, attr = self.ref.partition(":")
+        cls: type[ExecutionBackend] = getattr(importlib.import_module(module), attr)
+        _check_class(cls, self.distribution)
+        if cls.name != self.name:
+            raise PluginError(f"distribution {self.distribution!r} registered backend {self.name!r} as {self.ref}, "
+                              f"whose class is named {cls.name!r}")
+        self.ref = cls
+        return cls
+
+    @property
+    def loaded(self) -> bool:
+        return not isinstance(self.ref, str)
 
 
 @dataclass
 class Registry:
-    backends: dict[str, BackendEntry] = field(default_factory=dict)
+    #: Every backend, by name, some perhaps not imported yet: read ``backends`` (or ``get``) for loaded entries.
+    entries: dict[str, BackendEntry] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     #: The plugin manager, for hooks other than backend registration (execbox_review_command).
     pm: pluggy.PluginManager | None = field(default=None, repr=False)
 
+    @property
+    def backends(self) -> dict[str, BackendEntry]:
+        """Every backend, each imported: one whose module fails to import is a warning and is left out."""
+        for name in list(self.entries):
+            self._load(name)
+        return self.entries
+
     def get(self, name: str) -> BackendEntry:
-        try:
-            return self.backends[name]
-        except KeyError:
-            known = ", ".join(sorted(self.backends)) or "(none)"
+        """The backend ``name``, imported (only it: the others stay as they are)."""
+        if name not in self.entries:
+            known = ", ".join(sorted(self.entries)) or "(none)"
             raise ConfigError(
                 f"unknown backend {name!r}; registered backends: {known}. "
                 "Set CODE_EXEC_BACKEND (or --backend) to one of them, or install the plugin that provides it.",
                 env_var="CODE_EXEC_BACKEND",
-            ) from None
+            )
+        entry = self._load(name)
+        if entry is None:
+            raise BackendUnavailableError(f"backend {name!r} cannot be loaded: {self.problems[-1]}", backend=name,
+                                          fix="reinstall the distribution that provides it")
+        return entry
 
     def names(self) -> list[str]:
         return sorted(self.backends)
+
+    def _load(self, name: str) -> BackendEntry | None:
+        entry = self.entries[name]
+        if entry.loaded:
+            return entry
+        try:
+            _ = entry.cls  # imports and checks the class
+        except PluginError:
+            raise
+        except Exception as exc:  # one broken module must not hide the other backends
+            del self.entries[name]
+            _warn(self, f"execbox backend {name!r} ({entry.ref}) from distribution {entry.distribution!r} failed to "
+                        f"import: {exc!r}")
+            return None
+        return entry
 
 
 _cache: dict[tuple[tuple[str, ...] | None, tuple[str, ...]], Registry] = {}
@@ -118,8 +171,8 @@ def _build(load: list[str] | None, disable: list[str]) -> Registry:
     for impl in pm.hook.execbox_register_backends.get_hookimpls():
         dist = distributions.get(impl.plugin_name, impl.plugin_name)
 
-        def register(cls: type[ExecutionBackend], _dist: str = dist) -> None:
-            _add(registry, cls, _dist)
+        def register(backend: type[ExecutionBackend] | str, name: str | None = None, _dist: str = dist) -> None:
+            _add(registry, backend, _dist, name)
 
         try:
             impl.function(register=register)
@@ -130,7 +183,7 @@ def _build(load: list[str] | None, disable: list[str]) -> Registry:
     return registry
 
 
-def _add(registry: Registry, cls: type[ExecutionBackend], dist: str) -> None:
+def _check_class(cls: object, dist: str) -> None:
     if not (isinstance(cls, type) and issubclass(cls, ExecutionBackend)):
         raise PluginError(f"distribution {dist!r} registered {cls!r}, which is not an ExecutionBackend subclass")
     name = getattr(cls, "name", None)
@@ -138,10 +191,26 @@ def _add(registry: Registry, cls: type[ExecutionBackend], dist: str) -> None:
         raise PluginError(f"backend class {cls.__qualname__} from {dist!r} needs a class-level name like 'my_backend'")
     if not hasattr(cls, "capabilities"):
         raise PluginError(f"backend {name!r} from {dist!r} declares no class-level capabilities")
-    existing = registry.backends.get(name)
+
+
+def _add(registry: Registry, backend: type[ExecutionBackend] | str, dist: str, name: str | None = None) -> None:
+    if isinstance(backend, str):
+        if not _REF_RE.match(backend):
+            raise PluginError(f"distribution {dist!r} registered {backend!r}: give a class, or its "
+                              "'package.module:Class' with name='backend_name'")
+        if name is None or not _NAME_RE.match(name):
+            raise PluginError(f"distribution {dist!r} registered {backend} without a name like 'my_backend': "
+                              "give name= (the class's name) so it is known before the module is imported")
+    else:
+        _check_class(backend, dist)
+        if name is not None and name != backend.name:
+            raise PluginError(f"distribution {dist!r} registered {backend.__qualname__} as {name!r}, but the class is "
+                              f"named {backend.name!r}")
+        name = backend.name
+    existing = registry.entries.get(name)
     if existing is not None:
         raise PluginError(
             f"two backends are named {name!r}: one from distribution {existing.distribution!r}, one from {dist!r}. "
             "Uninstall one, or disable one with EXECBOX_DISABLE_PLUGINS."
         )
-    registry.backends[name] = BackendEntry(name, cls, dist)
+    registry.entries[name] = BackendEntry(name, backend, dist)

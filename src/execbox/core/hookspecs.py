@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from execbox.core.backend import ExecutionBackend
     from execbox.core.review import ReviewDecision, ReviewRequest
 
 PROJECT = "execbox"
@@ -21,8 +20,10 @@ class PluginWarning(UserWarning):
 
 
 @hookspec
-def execbox_register_backends(register: Callable[[type[ExecutionBackend]], None]) -> None:
-    """Call ``register(BackendClass)`` once for each backend the plugin provides."""
+def execbox_register_backends(register: Callable[..., None]) -> None:
+    """Call ``register(BackendClass)`` once for each backend the plugin provides; or
+    ``register("package.module:BackendClass", name="its_name")`` to have the module imported only when that
+    backend is used or every backend is listed."""
 
 
 @hookspec
