@@ -111,6 +111,49 @@ _swept: set[str] = set()
 _swept_lock = threading.Lock()
 
 
+def _import_docker() -> Any:
+    """docker-py, without its ssh:// transport unless the engine may be reached over ssh.
+
+    docker-py imports that transport (docker.transport.sshconn, and with it paramiko, invoke and cryptography:
+    ~70 ms, half of importing docker) at import time, in a try/except ImportError; this backend only uses a local
+    engine. So while docker is first imported, a None entry for that one module makes docker-py skip it; the entry
+    is removed right after. Blocking paramiko itself would not do: another thread (the ssh backend) may import it
+    at the same moment. With DOCKER_HOST=ssh://..., or a docker context selected (it may name an ssh host),
+    docker is imported as usual.
+    """
+    import sys
+
+    transport = "docker.transport.sshconn"
+    if "docker" in sys.modules or transport in sys.modules or _engine_may_use_ssh():
+        import docker
+
+        return docker
+    sys.modules[transport] = None  # type: ignore[assignment]
+    try:
+        import docker
+    finally:
+        if transport in sys.modules and sys.modules[transport] is None:
+            del sys.modules[transport]
+    return docker
+
+
+def _engine_may_use_ssh() -> bool:
+    """True unless the engine is surely not ssh://: DOCKER_HOST names another scheme, or no docker context is
+    selected (DOCKER_CONTEXT unset or default, and no currentContext in the docker config), as resolve_endpoint
+    reads them."""
+    host = os.environ.get("DOCKER_HOST")
+    if host:
+        return host.startswith("ssh://")
+    if os.environ.get("DOCKER_CONTEXT", "default") != "default":
+        return True
+    config = os.path.join(os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker"), "config.json")
+    try:
+        with open(config, "rb") as fh:
+            return b"currentContext" in fh.read(1 << 20)
+    except OSError:
+        return False
+
+
 class DockerBackend(ExecutionBackend):
     name = "docker"
     extra = "docker"
@@ -163,7 +206,7 @@ class DockerBackend(ExecutionBackend):
 
     def call(self, fn: Any) -> Any:
         """Run ``fn(client)``; a dropped engine becomes one non-retryable error naming the endpoint."""
-        import docker
+        docker = _import_docker()  # the first import of docker-py on a run (check() comes here first)
         import requests
 
         client = self.client()
