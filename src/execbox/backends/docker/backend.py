@@ -342,8 +342,7 @@ class DockerBackend(ExecutionBackend):
             await anyio.to_thread.run_sync(session.prepare)
             if spec.network == "egress":
                 await anyio.to_thread.run_sync(self._ensure_egress_network)
-            if not spec.oneshot:
-                await anyio.to_thread.run_sync(session.start)
+            await anyio.to_thread.run_sync(session.start)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await session.close()

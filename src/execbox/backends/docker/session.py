@@ -1,5 +1,11 @@
 """A docker session: one container per run (one-shot), or one long-lived container that every exec enters.
 
+A one-shot container is started "armed", before its command is known: its process waits for one script on
+stdin (the command, its environment and directory, shell-quoted) and execs it. So everything but the run
+itself happens in ``open_session`` (where a warm pool does it ahead of time), the sized workspace is made while
+the engine creates the container, and the run costs no ``docker exec``. The command's environment travels on
+the attach stream, not in the container's config (``docker inspect`` does not show it).
+
 The deadline is kept twice. On the host: at the deadline the container (one-shot) or every process of the
 sandbox user (session) is SIGKILLed, and ``timed_out`` is what execbox saw, never guessed from an exit code.
 In the container, so that it holds when the caller is gone (SIGKILL, a crash, a lost machine): every command
@@ -18,6 +24,7 @@ import contextlib
 import math
 import os
 import re
+import shlex
 import tempfile
 import threading
 import time
@@ -50,7 +57,6 @@ from execbox.plugin import (
     SessionSpec,
     build_result,
     disk,
-    failed_to_start,
     owner_id,
     pid_alive,
     proxy,
@@ -82,6 +88,23 @@ BACKSTOP_GRACE_S = 5
 def backstop(argv: list[str], seconds: float) -> list[str]:
     """``argv`` under a deadline the container enforces without the caller: coreutils timeout, SIGKILL."""
     return ["timeout", "-s", "KILL", str(math.ceil(seconds)), *argv]
+
+
+# The armed one-shot's process: the script's length on a line, then the script (head -c reads exactly that many
+# bytes, so the command's own stdin follows untouched). A script cut short lacks its last line and is refused.
+_ARMED_END = "\n#armed"
+ARMED = f'IFS= read -r n || exit 0; s=$(head -c "$n"); case $s in *"{_ARMED_END}") eval "$s";; *) exit 125;; esac'
+
+
+def armed_script(command: list[str], env: dict[str, str], workdir: str) -> bytes:
+    """What an armed container runs: ``command`` in ``workdir`` with exactly ``env``, length first."""
+    words = [*(f"{k}={v}" for k, v in env.items()), *command]
+    if any("\0" in w for w in [*words, workdir]):
+        raise SandboxError("a command, variable or directory with a NUL byte cannot be passed to a process",
+                           backend="docker")
+    script = f"cd -- {shlex.quote(workdir)} && exec env -i -- {shlex.join(words)}{_ARMED_END}"
+    data = script.encode("utf-8", "surrogateescape")
+    return b"%d\n" % len(data) + data
 
 
 def workspace_owner(path: str) -> tuple[int, str] | None:
@@ -117,6 +140,27 @@ def orphaned_workspaces() -> list[str]:
             if owner is not None and not pid_alive(*owner) and os.path.join(tmp, base) not in found:
                 found.append(os.path.join(tmp, base))
     return found
+
+
+class _Background:
+    """``fn(*args)`` in a thread of its own; ``join`` waits for it and raises what it raised."""
+
+    def __init__(self, fn: Callable[..., object], *args: object) -> None:
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except BaseException as exc:  # handed to join()
+                self._error = exc
+        self._thread = threading.Thread(target=run, name="execbox-docker-disk", daemon=True)
+        self._thread.start()
+
+    def join(self, *, raise_error: bool = True) -> None:
+        self._thread.join()
+        error, self._error = self._error, None
+        if error is not None and raise_error:
+            raise error
 
 
 @dataclass
@@ -156,20 +200,23 @@ class DockerSession(Session):
         self._closed = False
         self._sized = False
         self._containers: set[str] = set()
-        self._keeper_id: str | None = None
+        self._keeper_id: str | None = None  # the session's keep-alive, or the one-shot's armed container
+        self._disk: _Background | None = None  # the sized workspace being made (prepare), joined before start
+        self._armed: Any = None  # a one-shot's attach socket, its container waiting for the command
         self._oom_seen = 0
         # Network mode proxy: the session's egress proxy; its directory is bound read-only at /run/execbox.
         self.egress: proxy.EgressProxy | None = None
 
     def prepare(self) -> None:
-        """Before any container: the size-limited workspace, when the disk limit is enforced here, and the
-        egress proxy in network mode proxy."""
-        if self.plan.disk and self.plan.limits.disk_mb:
-            self._sized = True  # set first: close() releases whatever part of the mount was made
-            disk.mount_sized(self.host_workspace, self.plan.limits.disk_mb, self._owner)
+        """Before any container: the egress proxy in network mode proxy, and the size-limited workspace where
+        the disk limit is enforced here — made in a thread while ``start`` has the engine create the container
+        (a bind mount is resolved when the container starts, not when it is created)."""
         if self.plan.network == "proxy":
             self.egress = proxy.EgressProxy.for_settings(self.backend.settings,
                                                          owner=self._owner if os.geteuid() == 0 else None)
+        if self.plan.disk and self.plan.limits.disk_mb:
+            self._sized = True  # set first: close() releases whatever part of the mount was made
+            self._disk = _Background(disk.mount_sized, self.host_workspace, self.plan.limits.disk_mb, self._owner)
 
     # -- container arguments --
 
@@ -253,15 +300,26 @@ class DockerSession(Session):
         with self._lock:
             self._containers.discard(container_id)
 
-    # -- persistent session --
+    # -- starting: a session's keep-alive, or a one-shot's armed container --
 
     def start(self) -> None:
-        # The keep-alive ends with the session's lifetime: a session whose caller died stops by itself.
-        keeper = ["sleep", str(math.ceil(self.spec.lifetime_s))]
-        kw = self._create_kwargs(keeper, user=self.plan.keeper, env=sandbox_env({}, home=HOME),
-                                 workdir=WORKSPACE, expires_in=self.spec.lifetime_s, stdin=False)
-        container = self._create(kw)
-        self.backend.call(lambda c: container.start())
+        if self.spec.oneshot:  # the command comes with the run: until then the container waits for it on stdin
+            command = backstop(["/bin/sh", "-c", ARMED], self.spec.lifetime_s)
+            user = self.plan.user
+        else:  # the keep-alive ends with the session's lifetime: a session whose caller died stops by itself
+            command, user = ["sleep", str(math.ceil(self.spec.lifetime_s))], self.plan.keeper
+        kw = self._create_kwargs(command, user=user, env=sandbox_env({}, home=HOME), workdir=WORKSPACE,
+                                 expires_in=self.spec.lifetime_s, stdin=self.spec.oneshot)
+        try:
+            container = self._create(kw)
+        finally:
+            if self._disk is not None:
+                self._disk.join()  # the workspace is ready (or its error raised) before anything runs
+        if self.spec.oneshot:
+            # Attach before start: not one byte of output can be missed, and stdin is ours from the start.
+            self._armed = self.backend.call(lambda c: c.api.attach_socket(
+                container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}))
+        self._start(container)
         self._keeper_id = container.id
 
     # -- running --
@@ -312,66 +370,51 @@ class DockerSession(Session):
         return backstop(argv, request.timeout + BACKSTOP_GRACE_S), env
 
     def _exec_oneshot(self, request: ExecSpec, door: proxy.ProxyRun | None = None) -> ExecResult:
+        assert self._keeper_id and self._armed is not None, "a one-shot session runs one command"
+        container_id, sock_io, self._armed = self._keeper_id, self._armed, None
         command, env = self._command(request, door)
-        kw = self._create_kwargs(command, user=self.plan.user, env=env, workdir=request.workdir,
-                                 expires_in=request.timeout + 60, stdin=True)
+        script = armed_script(command, env, request.workdir)
         out, err = request.captures()
-        container = self._create(kw)
+        started = time.monotonic()
+        sock, leftover = hijacked(sock_io)
         try:
-            # Attach before start: not one byte of output can be missed, and stdin is ours from the start.
-            sock_io = self.backend.call(lambda c: c.api.attach_socket(
-                container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}))
-            sock, leftover = hijacked(sock_io)
-            try:
-                started = time.monotonic()
-                failed = self._start(container)
-                if failed is not None:
-                    return failed
-                timed_out = pump(sock, leftover, request.stdin, started + request.timeout, out, err)
-                if timed_out:
-                    with contextlib.suppress(Exception):
-                        self.backend.call(lambda c: container.kill())
-                    drain(sock, out, err, _GRACE_S)
-            finally:
-                close(sock_io, sock)
-            state = self._final_state(container)
-            duration = time.monotonic() - started
+            timed_out = pump(sock, leftover, script + (request.stdin or b""), started + request.timeout, out, err)
+            if timed_out:
+                with contextlib.suppress(Exception):
+                    self.backend.call(lambda c: c.api.kill(container_id))
+                drain(sock, out, err, _GRACE_S)
         finally:
-            self._remove(container.id)
+            close(sock_io, sock)
+        state = self._final_state(container_id)
+        duration = time.monotonic() - started
+        self._remove(container_id)
         return build_result(exit_code=state.get("ExitCode"), stdout=out, stderr=err, timed_out=timed_out,
                             oom_killed=bool(state.get("OOMKilled")), duration_s=duration)
 
-    def _start(self, container: Any) -> ExecResult | None:
-        """Start the container; a command that cannot be executed is a result (127/126), like a shell's."""
+    def _start(self, container: Any) -> None:
         import docker
 
         try:
             self.backend.call(lambda c: container.start())
         except docker.errors.APIError as exc:
             message = str(exc.explanation or exc)
-            if "timeout" in message and ("not found" in message or "no such file" in message):
+            if "not found" in message or "no such file" in message:
                 raise BackendUnavailableError(
-                    f"the image {self.plan.image} has no `timeout` (coreutils), which execbox runs every command "
-                    f"under so that it ends even when the caller dies: {message}", backend="docker",
-                    fix="add coreutils to the image, or unset CODE_EXEC_DOCKER_IMAGE for the default image",
-                    env_var="CODE_EXEC_DOCKER_IMAGE") from None
-            if "executable file not found" in message or "no such file or directory" in message:
-                return failed_to_start(127, f"execbox: command not found in the image: {message}")
-            if "permission denied" in message:
-                return failed_to_start(126, f"execbox: command not executable: {message}")
+                    f"the image {self.plan.image} lacks what execbox runs in every container (coreutils `timeout`, "
+                    f"`sleep` and `head`, and /bin/sh): {message}", backend="docker",
+                    fix="add coreutils and a POSIX shell to the image, or unset CODE_EXEC_DOCKER_IMAGE for the "
+                        "default image", env_var="CODE_EXEC_DOCKER_IMAGE") from None
             raise SandboxError(f"the engine could not start the container: {message}", backend="docker") from None
-        return None
 
-    def _final_state(self, container: Any) -> dict[str, Any]:
+    def _final_state(self, container_id: str) -> dict[str, Any]:
         import requests
 
         try:
-            self.backend.call(lambda c: c.api.wait(container.id, timeout=10))
+            self.backend.call(lambda c: c.api.wait(container_id, timeout=10))
         except requests.exceptions.RequestException:
             with contextlib.suppress(Exception):
-                self.backend.call(lambda c: container.kill())
-        container.reload()
-        state: dict[str, Any] = container.attrs.get("State", {})
+                self.backend.call(lambda c: c.api.kill(container_id))
+        state: dict[str, Any] = self.backend.call(lambda c: c.api.inspect_container(container_id)).get("State", {})
         return state
 
     def _exec_in_session(self, request: ExecSpec, door: proxy.ProxyRun | None = None) -> ExecResult:
@@ -444,11 +487,17 @@ class DockerSession(Session):
         with self._lock:
             self._closed = True
             containers = list(self._containers)
+        if self._armed is not None:  # opened, never run
+            with contextlib.suppress(Exception):
+                close(self._armed, getattr(self._armed, "_sock", self._armed))
+            self._armed = None
         for cid in containers:
             with contextlib.suppress(Exception):
                 self._remove(cid)
         if self.egress is not None:
             self.egress.close()
+        if self._disk is not None:
+            self._disk.join(raise_error=False)
         if self._sized:  # the containers are gone: nothing holds the mount any more
             disk.release_sized(self.host_workspace)
         remove_tree(self.host_workspace)
