@@ -27,6 +27,7 @@ from _common import median_ms  # bench/_common.py (run from the repo: python ben
 from execbox import Limits, Runner, Settings
 from execbox.backends import bubblewrap as bw
 from execbox.core import disk
+from execbox.core.backend import SessionSpec
 from execbox.core.models import ExecSpec
 from execbox.runner import run_blocking
 
@@ -36,6 +37,7 @@ def bare_bwrap_argv(report: bw.HostReport, workspace: str) -> list[str]:
     session = bw.BubblewrapSession.__new__(bw.BubblewrapSession)
     session.report, session.settings, session.root, session.host_workspace = (
         report, bw.BubblewrapSettings.from_env(), workspace, workspace)
+    session.spec = SessionSpec("none", Limits(), True, 60.0)
     for name in ("passwd", "group", "hosts"):
         open(os.path.join(workspace, name), "w").close()
     request = ExecSpec(argv=["true"], timeout=10, max_output_bytes=1000, network="none", workdir=bw.WORKSPACE)

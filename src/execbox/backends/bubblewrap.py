@@ -9,8 +9,9 @@ The boundary, on every exec:
                    (core/proxy.py) listens on a Unix socket bound read-only at /run/execbox, and a
                    forwarder run by the host's python3 in front of the command relays to it
     identity       uid/gid 1000 inside with no capabilities; when execbox runs as root the launcher
-                   first drops to an unprivileged host uid (CODE_EXEC_BWRAP_USER, 65534:65534), since
-                   bwrap started by root maps the sandbox user onto host root for file access
+                   first drops to an unprivileged host uid with no groups (setpriv; CODE_EXEC_BWRAP_USER,
+                   65534:65534), since bwrap started by root maps the sandbox user onto host root for
+                   file access
     filesystem     an empty read-only root holding: /usr (and the /bin, /lib* links), the pieces of
                    /etc a program needs (no passwd/shadow of the host: a generated one), a fresh /proc
                    and /dev, /tmp and /dev/shm as size-limited tmpfs, and exactly one writable host
@@ -18,15 +19,15 @@ The boundary, on every exec:
                    or the execbox install directory (masked when it lies under /usr)
     seccomp        ptrace, mounts, setns, keyrings, bpf, perf, userfaultfd, io_uring, new user
                    namespaces and kernel-module/kexec calls fail (bubblewrap_seccomp.py)
-    limits         rlimits always (no core dumps, 1 GiB files, CPU seconds); memory, pids and cpu
+    limits         rlimits always (prlimit: no core dumps, 1 GiB files, CPU seconds); memory, pids and cpu
                    through a cgroup per exec where the host lets execbox create one (v1 or v2),
                    decided by ``check``: the capabilities report only what is enforced here; as
                    root, the workspace is a size-limited filesystem of its own (core.disk: the disk
                    limit, CODE_EXEC_DISK_MB), claimed only where ``check`` could mount one
-    time           at the deadline the launcher kills bwrap's pid 1: its PID namespace dies with every
-                   process in it, setsid and double-forked grandchildren included
-    caller's death the launcher (_bwrap_launch.py) stays beside bwrap as a subreaper with a
-                   parent-death signal: SIGKILL, SIGTERM or SIGHUP of execbox kills the sandbox at once,
+    time           at the deadline the launcher's watcher kills bwrap's pid 1: its PID namespace dies with
+                   every process in it, setsid and double-forked grandchildren included
+    caller's death the launcher (_bwrap_launch.py: a shell watcher, no interpreter) stays beside bwrap with
+                   a parent-death signal: SIGKILL, SIGTERM or SIGHUP of execbox kills the sandbox at once,
                    also in the start-up window that bwrap --die-with-parent leaves open
 
 A session is a directory ``execbox-bwrap-PID-STARTTIME-*`` in the temp dir (with an ``owner`` file,
@@ -58,7 +59,7 @@ import anyio
 from pydantic import field_validator
 from pydantic_settings import NoDecode
 
-from execbox.backends import bubblewrap_seccomp
+from execbox.backends import _bwrap_launch, bubblewrap_seccomp
 from execbox.plugin import (
     OWNER_FILE,
     BackendSettings,
@@ -89,7 +90,9 @@ from execbox.plugin import (
     setting,
 )
 
-_LAUNCHER = os.path.join(os.path.dirname(__file__), "_bwrap_launch.py")
+# The launcher's tools (_bwrap_launch.py), looked up here only: what a root process runs must not come from PATH.
+_TOOLS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+_LAUNCH_TOOLS = ("sh", "setpriv", "prlimit")
 WORKSPACE = "/workspace"
 SANDBOX_UID = SANDBOX_GID = 1000
 FILE_SIZE_LIMIT = 1 << 30
@@ -489,6 +492,8 @@ class HostReport:
     seccomp_syscalls: tuple[str, ...]
     # Why the workspace cannot be size-limited here; "" when it is (the disk limit).
     disk_reason: str
+    # The launcher's sh, setpriv and prlimit (absolute paths, checked like bwrap).
+    tools: dict[str, str]
 
     @property
     def sized_workspace(self) -> bool:
@@ -570,6 +575,7 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> Host
     if not {"--json-status-fd", "--args"} <= features:
         raise _unavailable(f"{version.strip()} is too old (no --args/--json-status-fd)",
                            "install bubblewrap >= 0.5 (Debian 12, Ubuntu 22.04 and newer have it)")
+    tools = await _launch_tools()
     try:
         bubblewrap_seccomp.compiled_filter()
     except bubblewrap_seccomp.SeccompUnavailable as exc:
@@ -577,14 +583,15 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> Host
     plan, reason = await anyio.to_thread.run_sync(plan_cgroups, settings)
     disk_reason = await anyio.to_thread.run_sync(_disk_reason, settings.host_identity())
     report = HostReport(_capabilities(plan, not disk_reason), bwrap, version.strip(), features,
-                        settings.host_identity(), plan, reason, seccomp_policy.DENIED_SYSCALLS, disk_reason)
+                        settings.host_identity(), plan, reason, seccomp_policy.DENIED_SYSCALLS, disk_reason, tools)
     # Prove it end to end: a real sandbox, with the cgroup and the seccomp filter, must run.
     result = await _probe(report, settings, core_limits)
     if result.exit_code != 0 and plan is not None:
         # A host that lets us create cgroups but not join them: fall back to rlimits only, and say so.
         failed = f"joining the cgroup failed: {result.stderr.strip()[-300:]}"
         report = HostReport(_capabilities(None, not disk_reason), bwrap, version.strip(), features,
-                            settings.host_identity(), None, failed, seccomp_policy.DENIED_SYSCALLS, disk_reason)
+                            settings.host_identity(), None, failed, seccomp_policy.DENIED_SYSCALLS, disk_reason,
+                            tools)
         result = await _probe(report, settings, core_limits)
     if result.exit_code != 0 or result.stdout.strip() != str(SANDBOX_UID):
         detail = (result.stderr or result.stdout).strip()[-500:]
@@ -592,6 +599,27 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> Host
         raise _unavailable(f"a test sandbox did not start (exit {result.exit_code}): {detail}", fix)
     _REPORTS[key] = report
     return report
+
+
+async def _launch_tools() -> dict[str, str]:
+    """The launcher's tools: sh, and util-linux's setpriv (with --pdeathsig, util-linux >= 2.33) and prlimit."""
+    tools = {}
+    for name in _LAUNCH_TOOLS:
+        found = shutil.which(name, path=_TOOLS_PATH)
+        if not found:
+            raise _unavailable(f"{name} not found (the launcher needs sh, setpriv and prlimit)",
+                               "apt-get install util-linux (Fedora: dnf install util-linux-core)")
+        path = os.path.realpath(found)
+        untrusted = _untrusted_binary(path)
+        if untrusted:
+            raise _unavailable(f"{path} cannot be trusted to start the sandbox: {untrusted}",
+                               "reinstall it from the distribution (util-linux, dash or bash)")
+        tools[name] = path
+    _, usage = await _output(tools["setpriv"], "--help")
+    if "--pdeathsig" not in usage:
+        raise _unavailable(f"{tools['setpriv']} has no --pdeathsig (util-linux older than 2.33)",
+                           "install util-linux >= 2.33 (Debian 10, Ubuntu 20.04, Fedora 29 and newer have it)")
+    return tools
 
 
 async def _probe(report: HostReport, settings: BubblewrapSettings, limits: Limits) -> ExecResult:
@@ -792,11 +820,12 @@ class BubblewrapSession(Session):
                                    "directory); open a new sandbox", backend=BubblewrapBackend.name)
 
     def _rlimits(self, request: ExecSpec, cgroup: RunCgroup | None) -> dict[str, int]:
-        rlimits = {"CORE": 0, "FSIZE": FILE_SIZE_LIMIT, "CPU": math.ceil(request.timeout) + 1}
+        """prlimit's resource names -> value (soft = hard)."""
+        rlimits = {"core": 0, "fsize": FILE_SIZE_LIMIT, "cpu": math.ceil(request.timeout) + 1}
         limits = request.limits
         if limits.memory_mb and not (cgroup and "memory" in cgroup.dirs):
             # No memory cgroup here: a per-process address-space cap is the best there is (not claimed).
-            rlimits["AS"] = limits.memory_mb * 1024 * 1024
+            rlimits["as"] = limits.memory_mb * 1024 * 1024
         return rlimits
 
     async def exec(self, request: ExecSpec) -> ExecResult:
@@ -825,16 +854,14 @@ class BubblewrapSession(Session):
                 except OSError as exc:
                     raise SandboxError(f"cannot create the run's cgroup: {exc}",
                                        backend=BubblewrapBackend.name) from exc
-            launch = [sys.executable, "-I", "-S", _LAUNCHER, f"parent={os.getpid()}", f"bwrap={self.report.bwrap}",
-                      f"args={args_file}",
-                      f"seccomp={os.path.join(self.root, 'filter.bpf')}", f"status={status_file}"]
-            launch += [f"rlimit={k}:{v}" for k, v in self._rlimits(request, cgroup).items()]
-            launch += [f"cgroup={p}" for p in (cgroup.procs_files() if cgroup else [])]
-            if self.owner:
-                launch.append(f"user={self.owner[0]}:{self.owner[1]}")
+            launch = _bwrap_launch.launch_argv(
+                tools=self.report.tools, caller=os.getpid(), bwrap=self.report.bwrap, args_file=args_file,
+                seccomp_file=os.path.join(self.root, "filter.bpf"), status_file=status_file,
+                rlimits=self._rlimits(request, cgroup), cgroup_procs=cgroup.procs_files() if cgroup else [],
+                user=self.owner, command=proxy.EgressProxy.command(run, request.argv) if run else request.argv)
             outcome = await run_process(
-                [*launch, "--", *(proxy.EgressProxy.command(run, request.argv) if run else request.argv)],
-                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                launch,
+                env={"PATH": _TOOLS_PATH},
                 cwd=self.root,
                 stdin=request.stdin,
                 timeout=request.timeout,
