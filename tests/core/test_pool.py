@@ -70,12 +70,12 @@ async def test_a_failing_refill_is_said_on_the_next_result(monkeypatch: pytest.M
     plain = LocalSubprocessBackend.open_session
 
     async def no_warm_ones(self: LocalSubprocessBackend, spec: SessionSpec) -> Session:
-        if spec.lifetime_s >= 1000:  # a pool member: it lives the pool's TTL on top of a run
+        if not spec.oneshot:  # pool members are opened as sessions
             raise SandboxError("no room for a warm one")
         return await plain(self, spec)
 
     monkeypatch.setattr(LocalSubprocessBackend, "open_session", no_warm_ones)
-    async with AsyncRunner(_local(pool_size=1, pool_ttl_sec=1000)) as runner:
+    async with AsyncRunner(_local(pool_size=1)) as runner:
         await runner.warm()
         with anyio.fail_after(10):
             while "local_subprocess" not in runner.pool.errors:

@@ -47,10 +47,11 @@ class WarmPool:
         return (id(backend), spec.network, spec.limits)
 
     def member_spec(self, spec: SessionSpec) -> SessionSpec:
-        # A member is opened as a one-shot, so it is ready up to the command (docker: its container started and
-        # waiting for the command). It waits up to the TTL, then serves any one run: the longest allowed, whoever
-        # asked for the refill (members of one configuration serve runs of any timeout).
-        return SessionSpec(spec.network, spec.limits, True, self.ttl_s + max(self.longest_run_s, spec.lifetime_s))
+        # A member is opened as a session, whose exec costs least on docker and bubblewrap (measured: docker's
+        # armed one-shot waits for its container's exit, a session's exec only for the process). It waits up to
+        # the TTL, then serves any one run: the longest allowed, whoever asked for the refill (members of one
+        # configuration serve runs of any timeout).
+        return SessionSpec(spec.network, spec.limits, False, self.ttl_s + max(self.longest_run_s, spec.lifetime_s))
 
     def attach(self, tasks: TaskGroup) -> None:
         self._tasks = tasks
