@@ -44,6 +44,17 @@ def bare_bwrap_argv(report: bw.HostReport, workspace: str) -> list[str]:
     return [report.bwrap, *session._bwrap_args(request), "--", "true"]
 
 
+def bare_command(report: bw.HostReport, workspace: str) -> list[str]:
+    """bare_bwrap_argv as the backend would run it: as root, dropped to the sandbox user first (never bwrap as
+    host root), like the launcher does. Also used by bench_pool.py."""
+    argv = bare_bwrap_argv(report, workspace)
+    if os.geteuid() == 0:
+        uid, gid = report.host_identity or (65534, 65534)
+        os.chown(workspace, uid, gid)
+        argv = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *argv]
+    return argv
+
+
 def fork_bomb_latency(runner: Runner) -> tuple[float, float, float, int]:
     """(median idle, median and worst during the bomb) of a host `true` in ms, and how many were sampled."""
     def latency() -> float:
