@@ -245,8 +245,9 @@ def write_readme(rows: Rows) -> None:
     head, rest = text.split(begin)
     _, tail = rest.split(end)
     command = "`.venv/bin/python bench/bench_pool.py --peer --readme`"
-    body = "| what | median | command |\n|---|---|---|\n" + "".join(f"| {what} | {figure} | {command if i == 0 else 'same'} |\n"
-                   for i, (what, figure) in enumerate(rows))
+    body = "| what | median | command |\n|---|---|---|\n"
+    body += "".join(f"| {what} | {figure} | {command if i == 0 else 'same'} |\n"
+                     for i, (what, figure) in enumerate(rows))
     readme.write_text(head + begin + body + end + tail)
     print(f"README.md: {len(rows)} rows rewritten")
 
