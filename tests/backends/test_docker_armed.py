@@ -83,3 +83,22 @@ def test_the_commands_environment_is_not_in_the_containers_config(engine: Any) -
     assert result.exit_code == 0 and result.stdout == "k3y-v4lue\n", result
     assert seen, "the run's container was never seen"
     assert not any("k3y-v4lue" in item for env in seen for item in env), seen
+
+
+def test_a_sessions_armed_first_exec_and_a_later_one_see_the_same(engine: Any) -> None:  # noqa: F811
+    # The first exec of a session (a warm-pool member's only one) is served by the exec armed at start; the rest
+    # start their own. Both must see the same words, environment, directory and stdin, and keep the deadline.
+    runner = Runner(Settings.from_env(backend="docker"))
+    probe = ["sh", "-c", 'printf "%s|" "$@"; echo "$ONLY|$(pwd)"; cat', "sh", "a b", "it's", "x\ny"]
+    with runner.sandbox() as sandbox:
+        sandbox.exec(["mkdir", "sub"])  # the armed one
+        first = sandbox.exec(probe, env={"ONLY": "v\n1"}, stdin=b"in\x00put", workdir="sub")
+        assert sandbox.exec(probe, env={"ONLY": "v\n1"}, stdin=b"in\x00put", workdir="sub").stdout == first.stdout
+    with runner.sandbox() as sandbox:
+        armed = sandbox.exec(probe, env={"ONLY": "v\n1"}, stdin=b"in\x00put", workdir="sub")
+    assert armed.exit_code == 0 and first.exit_code == 0, (armed, first)
+    assert first.stdout == armed.stdout == "a b|it's|x\ny|v\n1|/workspace/sub\nin\x00put", first.stdout
+    with runner.sandbox() as sandbox:
+        late = sandbox.exec("sleep 30", timeout=1)
+        assert late.timed_out and sandbox.exec("echo still").stdout == "still\n", late
+

@@ -48,7 +48,7 @@ class WarmPool:
 
     def member_spec(self, spec: SessionSpec) -> SessionSpec:
         # A member is opened as a session, whose exec costs least on docker and bubblewrap (measured: docker's
-        # armed one-shot waits for its container's exit, a session's exec only for the process). It waits up to
+        # one-shot waits for its container's exit, a session's armed first exec only for its process). It waits up to
         # the TTL, then serves any one run: the longest allowed, whoever asked for the refill (members of one
         # configuration serve runs of any timeout).
         return SessionSpec(spec.network, spec.limits, False, self.ttl_s + max(self.longest_run_s, spec.lifetime_s))

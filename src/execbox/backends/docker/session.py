@@ -4,7 +4,9 @@ A one-shot container is started "armed", before its command is known: its proces
 stdin (the command, its environment and directory, shell-quoted) and execs it. So the sized workspace is made
 while the engine creates the container (~18 ms less per one-shot, measured side by side), and the command's
 environment travels on the attach stream, not in the container's config (``docker inspect`` does not show it).
-(Warm-pool members are sessions: an exec returns when its process ends, an armed run when its container has.)
+A session arms its first exec the same way (an exec started at open, waiting for the script): a warm-pool member,
+a session whose one exec is the run, costs no `docker exec` when it is used; its result comes when the process
+ends, where an armed one-shot's waits for its container to exit.
 
 The deadline is kept twice. On the host: at the deadline the container (one-shot) or every process of the
 sandbox user (session) is SIGKILLed, and ``timed_out`` is what execbox saw, never guessed from an exit code.
@@ -203,6 +205,7 @@ class DockerSession(Session):
         self._keeper_id: str | None = None  # the session's keep-alive, or the one-shot's armed container
         self._disk: _Background | None = None  # the sized workspace being made (prepare), joined before start
         self._armed: Any = None  # a one-shot's attach socket, its container waiting for the command
+        self._armed_exec: tuple[str, Any] | None = None  # a session's first exec, waiting for its command
         self._oom_seen = 0
         # Network mode proxy: the session's egress proxy; its directory is bound read-only at /run/execbox.
         self.egress: proxy.EgressProxy | None = None
@@ -321,6 +324,10 @@ class DockerSession(Session):
                 container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}))
         self._start(container)
         self._keeper_id = container.id
+        if not self.spec.oneshot:
+            # The first exec armed ahead (a warm-pool member's only one): its process is started now, so the run
+            # costs no `docker exec` (~30 ms); later execs start their own.
+            self._armed_exec = self._start_exec(["/bin/sh", "-c", ARMED], sandbox_env({}, home=HOME), WORKSPACE)
 
     # -- running --
 
@@ -423,18 +430,20 @@ class DockerSession(Session):
         return int(code), False
 
     def _exec_in_session(self, request: ExecSpec, door: proxy.ProxyRun | None = None) -> ExecResult:
-        assert self._keeper_id
-        cid = self._keeper_id
         command, env = self._command(request, door)
         out, err = request.captures()
-        exec_id = self.backend.call(lambda c: c.api.exec_create(
-            cid, command, stdin=True, stdout=True, stderr=True, user=self.plan.user, environment=env,
-            workdir=request.workdir))["Id"]
-        sock_io = self.backend.call(lambda c: c.api.exec_start(exec_id, socket=True))
+        with self._lock:
+            armed, self._armed_exec = self._armed_exec, None
+        if armed is not None:  # the first exec: its process is already running, waiting for the script
+            exec_id, sock_io = armed
+            stdin = armed_script(command, env, request.workdir) + (request.stdin or b"")
+        else:
+            exec_id, sock_io = self._start_exec(command, env, request.workdir)
+            stdin = request.stdin or b""
         started = time.monotonic()
         sock, leftover = hijacked(sock_io)
         try:
-            timed_out = pump(sock, leftover, request.stdin, started + request.timeout, out, err)
+            timed_out = pump(sock, leftover, stdin, started + request.timeout, out, err)
             if timed_out:
                 self._kill_sandbox_user()
                 drain(sock, out, err, _GRACE_S)
@@ -445,6 +454,14 @@ class DockerSession(Session):
         oom = exit_code == 137 and not timed_out and self._new_oom_kills()
         return build_result(exit_code=exit_code, stdout=out, stderr=err, timed_out=timed_out, oom_killed=oom,
                             duration_s=duration)
+
+    def _start_exec(self, command: list[str], env: dict[str, str], workdir: str) -> tuple[str, Any]:
+        """``command`` started in the session's container as the sandbox user: (exec id, its hijacked socket)."""
+        cid = self._keeper_id
+        exec_id: str = self.backend.call(lambda c: c.api.exec_create(
+            cid, command, stdin=True, stdout=True, stderr=True, user=self.plan.user, environment=env,
+            workdir=workdir))["Id"]
+        return exec_id, self.backend.call(lambda c: c.api.exec_start(exec_id, socket=True))
 
     def _quick_exec(self, argv: list[str], user: str) -> bytes:
         cid = self._keeper_id
@@ -492,10 +509,11 @@ class DockerSession(Session):
         with self._lock:
             self._closed = True
             containers = list(self._containers)
-        if self._armed is not None:  # opened, never run
-            with contextlib.suppress(Exception):
-                close(self._armed, getattr(self._armed, "_sock", self._armed))
-            self._armed = None
+        for sock_io in (self._armed, self._armed_exec[1] if self._armed_exec else None):  # armed, never used
+            if sock_io is not None:
+                with contextlib.suppress(Exception):
+                    close(sock_io, getattr(sock_io, "_sock", sock_io))
+        self._armed = self._armed_exec = None
         for cid in containers:
             with contextlib.suppress(Exception):
                 self._remove(cid)
