@@ -6,6 +6,7 @@ also works inside programs that already run an event loop). Sessions: ``AsyncSan
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -892,6 +893,20 @@ class AsyncSandbox:
         return result.model_copy(update={"notes": [*result.notes, note]})
 
 
+# Sync facades whose event-loop thread is open (a sandbox, a runner with a warm pool). One left open by its owner
+# (an exception outside its `with`, a forgotten close) is closed when the interpreter exits, by atexit, while
+# that thread still runs: later, daemon threads are frozen, and the portal's own clean-up would wait on its
+# frozen thread for ever — the program would hang at exit, its sandbox running.
+_OPEN_FACADES: set[Runner | Sandbox] = set()
+
+
+@atexit.register
+def _close_forgotten() -> None:
+    for facade in list(_OPEN_FACADES):
+        with contextlib.suppress(Exception):
+            facade.close()
+
+
 class Runner:
     """The sync facade of AsyncRunner: same methods, blocking; ``with Runner() as runner:`` closes its backends."""
 
@@ -908,6 +923,7 @@ class Runner:
             self._portal_cm = start_blocking_portal()
             self._portal = self._portal_cm.__enter__()
             self._pool_task, _ = self._portal.start_task(self.aio.serve_pool)
+            _OPEN_FACADES.add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -915,6 +931,7 @@ class Runner:
 
     def close(self) -> None:
         portal, self._portal = self._portal, None
+        _OPEN_FACADES.discard(self)
         if portal is None:
             run_blocking(self.aio.aclose)
             return
@@ -977,16 +994,24 @@ class Sandbox:
         except BaseException:
             self._portal_cm.__exit__(None, None, None)
             raise
+        _OPEN_FACADES.add(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.close(*exc)
+
+    def close(self, *exc: Any) -> None:
+        """Close the sandbox (what ``with`` does on leaving the block); a second call does nothing."""
         portal, self._portal = self._portal, None
+        _OPEN_FACADES.discard(self)
+        if portal is None:
+            return
         try:
             portal.call(self.aio.close)
             if self.aio.owns_runner:
                 portal.call(self.aio.runner.aclose)
         finally:
-            self._portal_cm.__exit__(*exc)
+            self._portal_cm.__exit__(*(exc or (None, None, None)))
 
     @property
     def backend(self) -> ExecutionBackend | None:

@@ -1,0 +1,55 @@
+"""A program that leaves a sync sandbox (or a runner with a warm pool) open exits anyway, promptly, and leaves no
+sandbox behind. Found measuring: a script that raised while a sandbox was open hung at exit for good, its session's
+container running (the portal's clean-up waited on its event-loop thread, frozen by then)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+from tests.backends.test_docker import engine  # noqa: F401 - fixture
+
+SCRIPT = textwrap.dedent("""
+    import os, sys
+    from execbox import Runner, Settings
+    network = "host" if sys.argv[1] == "local_subprocess" else "none"  # local_subprocess enforces no other
+    settings = Settings(backend=sys.argv[1], local=True, network=network, pool_size=int(sys.argv[2]))
+    runner = Runner(settings).__enter__()          # never closed
+    sandbox = runner.sandbox().__enter__()         # never closed
+    result = sandbox.exec("pwd")
+    print(result.stdout.strip(), flush=True)
+    raise SystemExit(3)                            # an error outside any `with`
+""")
+
+
+def leave_open(backend: str, pool: int) -> tuple[subprocess.CompletedProcess[str], int]:
+    child = subprocess.Popen([sys.executable, "-c", SCRIPT, backend, str(pool)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "CODE_EXEC_AUDIT_LOG": "off"})
+    try:
+        out, err = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, err = child.communicate()
+        pytest.fail(f"the program hung at exit with its sandbox open: {err[-2000:]}")
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err), child.pid
+
+
+@pytest.mark.parametrize("pool", [0, 2])
+def test_a_forgotten_local_sandbox_is_closed_at_exit(pool: int) -> None:
+    done, _ = leave_open("local_subprocess", pool)
+    assert done.returncode == 3, done.stderr
+    workspace = done.stdout.strip()
+    assert workspace and not os.path.exists(workspace), f"the session's workspace {workspace} was left"
+
+
+def test_a_forgotten_docker_sandbox_and_pool_leave_no_container(engine: Any) -> None:  # noqa: F811
+    done, pid = leave_open("docker", 2)
+    assert done.returncode == 3, done.stderr
+    left = [c.name for c in engine.containers.list(all=True, filters={"label": "io.execbox.owner"})
+            if c.labels.get("io.execbox.owner", "").split(":")[1:2] == [str(pid)]]
+    assert not left, f"containers of the exited program: {left}"
