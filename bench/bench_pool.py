@@ -32,6 +32,7 @@ import anyio
 from execbox import AsyncRunner, Runner, Settings
 from execbox.backends import docker_image
 from execbox.backends.docker.hardening import seccomp_profile
+from execbox.core.owner import owner_id
 
 REPO = Path(__file__).resolve().parents[1]
 PEER_VENV = REPO / ".bench-peer" / "venv"  # .bench-peer/ is git-ignored
@@ -157,8 +158,8 @@ def concurrent(n: int, rows: Rows) -> None:
             return time.perf_counter() - started, runner.slots.total
 
     elapsed, cap = anyio.run(go)
-    left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=io.execbox.owner"], capture_output=True,
-                          text=True, check=True).stdout.split()
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=io.execbox.owner={owner_id()}"],
+                          capture_output=True, text=True, check=True).stdout.split()
     print(f"  {n} concurrent `sleep 0.2` one-shots: {elapsed:.1f} s, at most {seen['peak']} at once (cap {cap}), "
           f"{len(left)} containers left")
     rows.append((f"{n} concurrent one-shots (`sleep 0.2`) in one process",
