@@ -67,6 +67,16 @@ def test_a_public_name_loads_its_module_on_first_use() -> None:
     assert loaded == ["execbox.runner", "execbox.core.models"]
 
 
+def test_a_lazy_name_whose_module_fails_says_why(tmp_path: Path) -> None:
+    # Found reviewing: a module shadowing the stdlib's inspect made `from execbox import Runner` say only "cannot
+    # import name 'Runner'" (a from-import turns the AttributeError inside into that), hiding the cause.
+    (tmp_path / "inspect.py").write_text("")
+    done = subprocess.run([sys.executable, "-c", "from execbox import Runner"], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=60)
+    assert done.returncode != 0
+    assert "importing execbox.runner failed" in done.stderr and "getsource" in done.stderr, done.stderr[-800:]
+
+
 def test_importing_the_cli_imports_no_backend_and_no_sdk() -> None:
     assert _heavy_loaded("import execbox.cli") == []
 
@@ -125,8 +135,20 @@ class TestLazyRegistration:
         monkeypatch.setattr(execbox.backends, "BUILTIN_BACKENDS",
                             ["impostor = execbox.backends.local_subprocess:LocalSubprocessBackend"])
         registry = get_registry()
-        with pytest.raises(PluginError, match="'impostor'.*named 'local_subprocess'"):
+        with pytest.warns(PluginWarning, match="'impostor'"):
+            with pytest.raises(PluginError, match="'impostor'.*named 'local_subprocess'"):
+                registry.get("impostor")
+        with pytest.raises(PluginError, match="'impostor'.*named 'local_subprocess'"):  # the same reason again
             registry.get("impostor")
+
+    def test_a_listing_leaves_a_misnamed_entry_out_with_a_warning(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        # Found reviewing: a plugin's misnamed lazy entry crashed `execbox backends` and `execbox doctor`.
+        monkeypatch.setattr(execbox.backends, "BUILTIN_BACKENDS", [
+            *execbox.backends.BUILTIN_BACKENDS, "impostor = execbox.backends.local_subprocess:LocalSubprocessBackend"])
+        with pytest.warns(PluginWarning, match="'impostor'"):
+            assert get_registry().names() == ["fake_sandbox", "local_subprocess"]
+        with pytest.raises(PluginError, match="'impostor'"):
+            get_registry().get("impostor")
 
     def test_a_module_that_fails_to_import_is_a_warning_and_named_when_asked_for(
             self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,6 +161,8 @@ class TestLazyRegistration:
                 registry.get("broken")
         assert registry.names() == ["fake_sandbox", "local_subprocess"]
         assert len(registry.problems) == 1
+        with pytest.raises(BackendUnavailableError, match="'broken' cannot be loaded.*execbox_no_such_module"):
+            registry.get("broken")  # asked again: the same reason, not "unknown backend"
 
     def test_the_listing_leaves_a_broken_module_out_with_a_warning(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(execbox.backends, "BUILTIN_BACKENDS", [

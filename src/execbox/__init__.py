@@ -72,7 +72,10 @@ if not TYPE_CHECKING:  # hidden from mypy, so a misspelt name is still an error 
             raise AttributeError(f"module 'execbox' has no attribute {name!r}")
         import importlib
 
-        value = getattr(importlib.import_module(module), name)
+        try:
+            value = getattr(importlib.import_module(module), name)
+        except AttributeError as exc:  # `from execbox import X` would say only "cannot import name", hiding why
+            raise ImportError(f"execbox.{name}: importing {module} failed: {exc!r}", name=module) from exc
         globals()[name] = value  # once: later lookups are plain attribute reads
         return value
 

@@ -20,7 +20,7 @@ import pluggy
 
 from execbox.core import hookspecs
 from execbox.core.backend import ExecutionBackend
-from execbox.core.errors import BackendUnavailableError, ConfigError, PluginError
+from execbox.core.errors import BackendUnavailableError, ConfigError, ExecboxError, PluginError
 from execbox.core.hookspecs import PluginWarning
 
 ENTRY_POINT_GROUP = "execbox"
@@ -61,6 +61,8 @@ class Registry:
     #: Every backend, by name, some perhaps not imported yet: read ``backends`` (or ``get``) for loaded entries.
     entries: dict[str, BackendEntry] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    #: Backends registered by name whose class could not be loaded: the error ``get`` raises, every time.
+    failed: dict[str, ExecboxError] = field(default_factory=dict)
     #: The plugin manager, for hooks other than backend registration (execbox_review_command).
     pm: pluggy.PluginManager | None = field(default=None, repr=False)
 
@@ -73,6 +75,8 @@ class Registry:
 
     def get(self, name: str) -> BackendEntry:
         """The backend ``name``, imported (only it: the others stay as they are)."""
+        if name in self.failed:
+            raise self.failed[name]
         if name not in self.entries:
             known = ", ".join(sorted(self.entries)) or "(none)"
             raise ConfigError(
@@ -82,8 +86,7 @@ class Registry:
             )
         entry = self._load(name)
         if entry is None:
-            raise BackendUnavailableError(f"backend {name!r} cannot be loaded: {self.problems[-1]}", backend=name,
-                                          fix="reinstall the distribution that provides it")
+            raise self.failed[name]
         return entry
 
     def names(self) -> list[str]:
@@ -95,12 +98,18 @@ class Registry:
             return entry
         try:
             _ = entry.cls  # imports and checks the class
-        except PluginError:
-            raise
-        except Exception as exc:  # one broken module must not hide the other backends
+        except Exception as exc:  # one broken or misdeclared backend must not hide the others, nor crash a listing
             del self.entries[name]
-            _warn(self, f"execbox backend {name!r} ({entry.ref}) from distribution {entry.distribution!r} failed to "
-                        f"import: {exc!r}")
+            if isinstance(exc, PluginError):
+                message = str(exc)
+                self.failed[name] = exc
+            else:
+                message = (f"execbox backend {name!r} ({entry.ref}) from distribution {entry.distribution!r} failed to "
+                           f"import: {exc!r}")
+                self.failed[name] = BackendUnavailableError(f"backend {name!r} cannot be loaded: {message}",
+                                                            backend=name,
+                                                            fix="reinstall the distribution that provides it")
+            _warn(self, message)
             return None
         return entry
 

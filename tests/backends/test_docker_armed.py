@@ -98,6 +98,8 @@ def test_a_sessions_armed_first_exec_and_a_later_one_see_the_same(engine: Any) -
         armed = sandbox.exec(probe, env={"ONLY": "v\n1"}, stdin=b"in\x00put", workdir="sub")
     assert armed.exit_code == 0 and first.exit_code == 0, (armed, first)
     assert first.stdout == armed.stdout == "a b|it's|x\ny|v\n1|/workspace/sub\nin\x00put", first.stdout
+    with runner.sandbox() as sandbox:  # the whole environment too (review: the armed exec lacked HOSTNAME)
+        assert sorted(sandbox.exec(["env"]).stdout.splitlines()) == sorted(sandbox.exec(["env"]).stdout.splitlines())
     with runner.sandbox() as sandbox:
         late = sandbox.exec("sleep 30", timeout=1)
         assert late.timed_out and sandbox.exec("echo still").stdout == "still\n", late

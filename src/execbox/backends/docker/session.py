@@ -369,7 +369,8 @@ class DockerSession(Session):
 
     def _command(self, request: ExecSpec, door: proxy.ProxyRun | None) -> tuple[list[str], dict[str, str]]:
         """The container's command (under the backstop; behind the proxy's forwarder in mode proxy) and env."""
-        env = sandbox_env(request.env, home=HOME)
+        # HOSTNAME as docker sets it for a container's own process and an exec: an armed command's env -i drops it.
+        env = {"HOSTNAME": "sandbox", **sandbox_env(request.env, home=HOME)}
         argv = request.argv
         if door is not None and self.egress is not None:
             env.update(self.egress.env())
@@ -377,10 +378,12 @@ class DockerSession(Session):
         return backstop(argv, request.timeout + BACKSTOP_GRACE_S), env
 
     def _exec_oneshot(self, request: ExecSpec, door: proxy.ProxyRun | None = None) -> ExecResult:
-        assert self._keeper_id and self._armed is not None, "a one-shot session runs one command"
-        container_id, sock_io, self._armed = self._keeper_id, self._armed, None
         command, env = self._command(request, door)
         script = armed_script(command, env, request.workdir)
+        with self._lock:
+            container_id, sock_io, self._armed = self._keeper_id, self._armed, None
+        if container_id is None or sock_io is None:
+            raise SandboxError("this one-shot sandbox has run its command already, or was closed", backend="docker")
         out, err = request.captures()
         started = time.monotonic()
         sock, leftover = hijacked(sock_io)
@@ -432,11 +435,12 @@ class DockerSession(Session):
     def _exec_in_session(self, request: ExecSpec, door: proxy.ProxyRun | None = None) -> ExecResult:
         command, env = self._command(request, door)
         out, err = request.captures()
+        script = armed_script(command, env, request.workdir)
         with self._lock:
             armed, self._armed_exec = self._armed_exec, None
         if armed is not None:  # the first exec: its process is already running, waiting for the script
             exec_id, sock_io = armed
-            stdin = armed_script(command, env, request.workdir) + (request.stdin or b"")
+            stdin = script + (request.stdin or b"")
         else:
             exec_id, sock_io = self._start_exec(command, env, request.workdir)
             stdin = request.stdin or b""
@@ -509,11 +513,12 @@ class DockerSession(Session):
         with self._lock:
             self._closed = True
             containers = list(self._containers)
-        for sock_io in (self._armed, self._armed_exec[1] if self._armed_exec else None):  # armed, never used
+            unused = (self._armed, self._armed_exec[1] if self._armed_exec else None)  # armed, never used
+            self._armed = self._armed_exec = None
+        for sock_io in unused:
             if sock_io is not None:
                 with contextlib.suppress(Exception):
                     close(sock_io, getattr(sock_io, "_sock", sock_io))
-        self._armed = self._armed_exec = None
         for cid in containers:
             with contextlib.suppress(Exception):
                 self._remove(cid)
