@@ -199,3 +199,38 @@ def _cgroup_dir(pid: int, controller: str) -> str:
                         if found:
                             return found
     raise AssertionError(f"no {controller} cgroup for {pid}")
+
+
+def test_the_watcher_kills_what_is_left_in_the_runs_cgroup(report: bw.HostReport, tmp_path: Path) -> None:
+    """Found reviewing (1 caller kill in ~150 during start-up): a monitor stopped inside clone() made bwrap's pid 1
+    after its children were listed, and it outlived everything. The watcher now waits for the stop, and kills
+    whatever is still in the run's cgroups: here a process that left both the monitor's children and the watcher's
+    process group (setsid, reparented), as such a pid 1 does."""
+    if report.cgroup is None:
+        engine_missing(f"no cgroup for execbox here: {report.cgroup_reason}")
+    marker = f"left-{uuid.uuid4().hex[:8]}"
+    fake_bwrap = tmp_path / "bwrap"  # skips bwrap's own options, runs the command
+    fake_bwrap.write_text('#!/bin/sh\nwhile [ "$1" != -- ]; do shift; done; shift; exec "$@"\n')
+    fake_bwrap.chmod(0o755)
+    for name in ("args", "bpf"):
+        (tmp_path / name).write_bytes(b"")
+    cgroup = bw.RunCgroup.create(report.cgroup, Limits(pids=64))
+    argv = launch.launch_argv(tools=report.tools, caller=os.getpid(), bwrap=str(fake_bwrap),
+                              args_file=str(tmp_path / "args"), seccomp_file=str(tmp_path / "bpf"),
+                              status_file=str(tmp_path / "status"), rlimits={"core": 0},
+                              cgroup_procs=cgroup.procs_files(), user=None,
+                              command=["sh", "-c", f"(setsid sh -c 'sleep 1000; :' {marker} &); sleep 1000"])
+    watcher = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        assert _wait(lambda: bool(_with_arg(marker)), timeout=30), "the escaped process never started"
+        (escaped,) = _with_arg(marker)
+        assert _ancestor_with_arg(escaped, "execbox-bwrap") is None  # no child of the watcher's tree any more
+        watcher.send_signal(signal.SIGTERM)  # the deadline
+        watcher.wait(30)
+        assert _wait(lambda: not _with_arg(marker), timeout=10), "a process of the run's cgroup outlived its watcher"
+    finally:
+        for pid in _with_arg(marker):
+            os.kill(pid, signal.SIGKILL)
+        if watcher.poll() is None:
+            watcher.kill()
+        cgroup.remove()

@@ -19,8 +19,10 @@ Why the watcher stays instead of the shell becoming bwrap: ``bwrap --die-with-pa
 bwrap's pid 1 asks for its parent-death signal only once it has set the sandbox up; a monitor killed before
 that leaves a sandbox that nobody will ever kill. So on its parent-death signal, on SIGTERM (the deadline)
 and on SIGHUP/SIGINT, the watcher stops the monitor (a stopped process reaps nothing: the pids it reads
-stay its children's), SIGKILLs the monitor's children (bwrap's pid 1: its PID namespace dies with every
-process in it, setsid and double-forked ones included) and the monitor, and exits 128+signal. When the
+stay its children's; it waits until the stop has landed, since a monitor inside clone() may still make bwrap's
+pid 1), SIGKILLs the monitor's children (bwrap's pid 1: its PID namespace dies with every
+process in it, setsid and double-forked ones included), the monitor and whatever is still in the run's
+cgroups, and exits 128+signal. When the
 monitor ends by itself, bwrap's pid 1 has its parent-death signal and dies with it; what bwrap left before
 its sandbox existed (a pid 1 never released by a monitor that failed) is still in the watcher's process
 group, and gets SIGTERM there (the watcher ignores it). ``run_process`` starts the watcher as a new
@@ -44,7 +46,7 @@ stat_of() {  # stat_of FILE: pid, ppid and process group from a /proc/PID/stat (
     st=; read -r st < "$1" 2>/dev/null || [ -n "$st" ] || return 1
     spid=${st%% *}
     set -- ${st##*) }
-    sppid=$2 spgrp=$3
+    sstate=$1 sppid=$2 spgrp=$3
 }
 children() {  # children of $1, zombies included (CONFIG_PROC_CHILDREN, else scan_children)
     if [ -e "/proc/$1/task/$1/children" ]; then
@@ -64,10 +66,35 @@ stop() {
     # children cannot be reused before they are killed.
     if [ -n "$child" ] && stat_of "/proc/$child/stat" && [ "$sppid" = "$$" ]; then
         kill -STOP "$child" 2>/dev/null
+        # SIGSTOP lands when the monitor leaves the kernel: inside clone() it may still make bwrap's pid 1, which
+        # has no parent-death signal yet. So its children are listed once it has stopped (or died), ~1 s at most.
+        tries=0
+        while stat_of "/proc/$child/stat" && [ "$sstate" != T ] && [ "$sstate" != t ] && [ "$sstate" != Z ] \
+                && [ "$tries" -lt 300 ]; do
+            tries=$((tries + 1))
+            [ "$tries" -gt 200 ] && sleep 0.01
+        done
         kill -KILL $(children "$child") "$child" 2>/dev/null
     fi
+    # And whatever is still in the run's cgroups (every process of the sandbox is; the watcher is not).
+    IFS='
+'
+    for procs in $cgroups; do
+        while read -r p; do kill -KILL "$p" 2>/dev/null; done < "$procs"
+    done
     kill -TERM 0 2>/dev/null
     exit $((128 + $1))
+}
+cgroups_of() {  # the watcher's arguments -> $cgroups, the run's cgroup.procs files, one a line
+    shift 4
+    k=$1 cgroups=
+    shift
+    while [ "$k" -gt 0 ]; do
+        cgroups="$cgroups$1
+"
+        k=$((k - 1))
+        shift
+    done
 }
 """
 
@@ -77,6 +104,7 @@ trap 'stop 15' TERM
 trap 'stop 1' HUP
 trap 'stop 2' INT
 [ "$PPID" = "$1" ] || exit 125
+cgroups_of "$@"
 stat_of /proc/self/stat && [ "$spgrp" = "$$" ] || fail "the watcher must lead its own process group"
 exec 9<&0
 (
