@@ -56,3 +56,18 @@ def test_release_of_a_plain_directory_touches_nothing(tmp_path: Path) -> None:
 def test_unavailable_without_root_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert "root" in (disk.unavailable_reason() or "")
+
+
+def test_a_mount_point_with_a_newline_space_and_backslash_is_seen_and_released(tmp_path: Path) -> None:
+    # Found reviewing: a TMPDIR with a newline left the sized workspace mounted (mountinfo escapes it as \012).
+    reason = disk.unavailable_reason()
+    if reason:
+        engine_missing(reason)
+    path = tmp_path / "odd\nname \\ here"
+    path.mkdir()
+    disk.mount_sized(str(path), 8, (65534, 65534))
+    try:
+        assert disk.is_mounted(str(path))
+    finally:
+        disk.release_sized(str(path))
+    assert not disk.is_mounted(str(path)) and not os.path.exists(str(path) + disk.IMAGE_SUFFIX)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 
@@ -65,11 +66,12 @@ def mount_sized(path: str, size_mb: int, owner: tuple[int, int]) -> None:
 
 
 def is_mounted(path: str) -> bool:
-    real = os.path.realpath(path)
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+    real = os.fsencode(os.path.realpath(path))
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", "rb") as fh:
         for line in fh:
             fields = line.split()
-            if len(fields) > 4 and fields[4].replace("\\040", " ") == real:
+            # The kernel writes space, tab, newline and backslash in a mount point as octal escapes (\040...).
+            if len(fields) > 4 and re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), fields[4]) == real:
                 return True
     return False
 
