@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -40,15 +41,22 @@ PEER_IMAGE = "execbox-bench-peer:latest"  # ours, plus `python` on PATH (llm-san
 Rows = list[tuple[str, str]]
 
 
-def raw_docker(settings: Settings, workspace: str, profile: str) -> list[str]:
-    """`docker run` with execbox's hardening (hardening.py's table), without execbox: what the engine costs."""
+@contextlib.contextmanager
+def raw_docker(settings: Settings) -> Iterator[Callable[[], object]]:
+    """A `docker run` of `true` with execbox's hardening (hardening.py's table) but without execbox: what the
+    engine costs. Its seccomp profile and workspace live in a temporary directory for the block."""
     s, mem = settings, f"{settings.memory_mb}m"
-    return ["docker", "run", "--rm", "-i", "--init", "--network", "none", "--cap-drop", "ALL", "--read-only",
-            "--user", "65534:65534", "--security-opt", "no-new-privileges", "--security-opt", f"seccomp={profile}",
-            "--ipc", "private", "--cgroupns", "private", "--hostname", "sandbox", "--pids-limit", str(s.pids_limit),
-            "--memory", mem, "--memory-swap", mem, "--cpus", str(s.cpus), "--ulimit", "core=0", "--log-driver", "none",
-            "--tmpfs", "/tmp:rw,exec,nosuid,nodev,size=512m,mode=1777", "--mount",
-            f"type=bind,src={workspace},dst=/workspace", "-w", "/workspace", docker_image.DEFAULT_TAG, "true"]
+    with tempfile.TemporaryDirectory() as tmp:
+        profile, workspace = os.path.join(tmp, "seccomp.json"), os.path.join(tmp, "ws")
+        Path(profile).write_text(seccomp_profile())
+        os.mkdir(workspace)
+        argv = ["docker", "run", "--rm", "-i", "--init", "--network", "none", "--cap-drop", "ALL", "--read-only",
+                "--user", "65534:65534", "--security-opt", "no-new-privileges", "--security-opt", f"seccomp={profile}",
+                "--ipc", "private", "--cgroupns", "private", "--hostname", "sandbox", "--pids-limit",
+                str(s.pids_limit), "--memory", mem, "--memory-swap", mem, "--cpus", str(s.cpus), "--ulimit", "core=0",
+                "--log-driver", "none", "--tmpfs", "/tmp:rw,exec,nosuid,nodev,size=512m,mode=1777", "--mount",
+                f"type=bind,src={workspace},dst=/workspace", "-w", "/workspace", docker_image.DEFAULT_TAG, "true"]
+        yield lambda: subprocess.run(argv, check=True, stdin=subprocess.DEVNULL)
 
 
 def interleaved(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, list[float]]:
@@ -92,15 +100,9 @@ def show(label: str, samples: list[float], base: list[float] | None = None) -> N
 
 def docker_figures(runs: int, rows: Rows) -> None:
     settings = Settings.from_env(backend="docker")
-    with tempfile.TemporaryDirectory() as tmp:
-        profile = os.path.join(tmp, "seccomp.json")
-        Path(profile).write_text(seccomp_profile())
-        workspace = os.path.join(tmp, "ws")
-        os.mkdir(workspace)
-        raw = raw_docker(settings, workspace, profile)
-        plain = Runner(settings)
-        got = interleaved({"raw": lambda: subprocess.run(raw, check=True, stdin=subprocess.DEVNULL),
-                           "execbox": lambda: plain.run("true")}, runs)
+    plain = Runner(settings)
+    with raw_docker(settings) as raw:
+        got = interleaved({"raw": raw, "execbox": lambda: plain.run("true")}, runs)
     print("docker one-shot `true`, in-process, interleaved")
     show("raw `docker run`, execbox's hardening", got["raw"])
     show("execbox, no pool", got["execbox"], got["raw"])
@@ -169,17 +171,13 @@ def concurrent(n: int, rows: Rows) -> None:
 def fresh_process(runs: int, rows: Rows) -> None:
     settings = Settings.from_env(backend="docker")
     cli = [str(REPO / ".venv/bin/execbox"), "run", "--backend", "docker", "--", "true"]
-    with tempfile.TemporaryDirectory() as tmp:
-        profile = os.path.join(tmp, "seccomp.json")
-        Path(profile).write_text(seccomp_profile())
-        os.mkdir(os.path.join(tmp, "ws"))
-        raw = raw_docker(settings, os.path.join(tmp, "ws"), profile)
+    with raw_docker(settings) as raw:
         # With bytecode, as an installed package has it (this machine sets PYTHONDONTWRITEBYTECODE, which would
         # recompile execbox in every process: ~80 ms that no user pays).
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPYCACHEPREFIX"] = str(REPO / ".bench-peer" / "pycache")
-        got = interleaved({"raw": lambda: subprocess.run(raw, check=True, stdin=subprocess.DEVNULL),
-                           "cli": lambda: subprocess.run(cli, check=True, stdout=subprocess.DEVNULL, env=env)}, runs)
+        got = interleaved({"raw": raw, "cli": lambda: subprocess.run(cli, check=True, stdout=subprocess.DEVNULL,
+                                                                      env=env)}, runs)
     imports = subprocess.run([sys.executable, "-X", "importtime", "-c", "import execbox.cli"], capture_output=True,
                              text=True, check=True, env=env).stderr.strip().splitlines()[-1]
     import_ms = int(imports.split("|")[1]) / 1000
@@ -205,9 +203,10 @@ def bubblewrap_figures(runs: int, rows: Rows) -> None:
     except Exception as exc:  # noqa: BLE001 - say why and measure the rest
         print(f"bubblewrap: not measured ({exc})")
         return
-    assert backend.report is not None
+    report = getattr(backend, "report", None)  # the bubblewrap backend's host facts, after check()
+    assert report is not None
     with tempfile.TemporaryDirectory() as workspace:
-        bare = bare_command(backend.report, workspace)
+        bare = bare_command(report, workspace)
         got = interleaved({"bare": lambda: subprocess.run(bare, check=True),
                            "execbox": lambda: runner.run("true")}, runs)
     print("bubblewrap one-shot `true`, interleaved")
