@@ -49,6 +49,7 @@ from execbox.backends.docker.hardening import (
 from execbox.backends.docker.stream import close, drain, hijacked, pump
 from execbox.plugin import (
     BackendUnavailableError,
+    BoundedCapture,
     ExecResult,
     ExecSpec,
     Limits,
@@ -142,6 +143,21 @@ def orphaned_workspaces() -> list[str]:
             if owner is not None and not pid_alive(*owner) and os.path.join(tmp, base) not in found:
                 found.append(os.path.join(tmp, base))
     return found
+
+
+def _stream(sock_io: Any, stdin: bytes, deadline: float, out: BoundedCapture, err: BoundedCapture,
+            kill: Callable[[], object]) -> bool:
+    """Feed stdin and capture the output of a hijacked attach/exec socket until EOF or the deadline (then
+    ``kill`` and what is left for a moment); the socket is closed either way. True if the deadline came first."""
+    sock, leftover = hijacked(sock_io)
+    try:
+        timed_out = pump(sock, leftover, stdin, deadline, out, err)
+        if timed_out:
+            kill()
+            drain(sock, out, err, _GRACE_S)
+        return timed_out
+    finally:
+        close(sock_io, sock)
 
 
 class _Background:
@@ -386,15 +402,11 @@ class DockerSession(Session):
             raise SandboxError("this one-shot sandbox has run its command already, or was closed", backend="docker")
         out, err = request.captures()
         started = time.monotonic()
-        sock, leftover = hijacked(sock_io)
-        try:
-            timed_out = pump(sock, leftover, script + (request.stdin or b""), started + request.timeout, out, err)
-            if timed_out:
-                with contextlib.suppress(Exception):
-                    self.backend.call(lambda c: c.api.kill(container_id))
-                drain(sock, out, err, _GRACE_S)
-        finally:
-            close(sock_io, sock)
+
+        def kill() -> None:
+            with contextlib.suppress(Exception):
+                self.backend.call(lambda c: c.api.kill(container_id))
+        timed_out = _stream(sock_io, script + (request.stdin or b""), started + request.timeout, out, err, kill)
         exit_code, oom = self._exit_state(container_id)
         duration = time.monotonic() - started
         # The container is removed with the session (close): for a pool member, after the result is returned.
@@ -445,14 +457,7 @@ class DockerSession(Session):
             exec_id, sock_io = self._start_exec(command, env, request.workdir)
             stdin = request.stdin or b""
         started = time.monotonic()
-        sock, leftover = hijacked(sock_io)
-        try:
-            timed_out = pump(sock, leftover, stdin, started + request.timeout, out, err)
-            if timed_out:
-                self._kill_sandbox_user()
-                drain(sock, out, err, _GRACE_S)
-        finally:
-            close(sock_io, sock)
+        timed_out = _stream(sock_io, stdin, started + request.timeout, out, err, self._kill_sandbox_user)
         exit_code = self._exec_exit_code(exec_id)
         duration = time.monotonic() - started
         oom = exit_code == 137 and not timed_out and self._new_oom_kills()
