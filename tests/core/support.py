@@ -14,7 +14,7 @@ import pytest
 import execbox.backends
 from execbox import registry as plugins
 
-LOCAL_BUILTIN = "execbox.backends.local_subprocess:LocalSubprocessBackend"
+LOCAL_BUILTIN = "local_subprocess = execbox.backends.local_subprocess:LocalSubprocessBackend"
 
 
 class FakeDistributions:

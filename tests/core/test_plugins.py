@@ -51,7 +51,8 @@ def no_installed_plugins(fake_dists: FakeDistributions, only_local_builtin: None
 
 
 def test_builtins_register_through_the_hook_as_distribution_execbox(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(execbox.backends, "BUILTIN_BACKENDS", [LOCAL_BUILTIN, "tests.core.fakes_plugin:FakeSandbox"])
+    monkeypatch.setattr(execbox.backends, "BUILTIN_BACKENDS",
+                        [LOCAL_BUILTIN, "fake_sandbox = tests.core.fakes_plugin:FakeSandbox"])
     registry = get_registry()
     assert registry.names() == ["fake_sandbox", "local_subprocess"]
     assert {e.distribution for e in registry.backends.values()} == {"execbox"}

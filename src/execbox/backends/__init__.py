@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
-import warnings
 from collections.abc import Callable
-from typing import Any
 
-from execbox.plugin import PluginWarning, hookimpl
+from execbox.plugin import hookimpl
 
 # One line per backend, "name = module:Class" as in an entry point: registered by name, the module is imported
-# only when that backend is used or every backend is listed, so `--backend docker` imports no other backend. A
-# bare "module:Class" is imported at once to learn its name.
+# only when that backend is used or every backend is listed (a module that fails to import is the registry's
+# warning), so `--backend docker` imports no other backend.
 BUILTIN_BACKENDS = [
     "local_subprocess = execbox.backends.local_subprocess:LocalSubprocessBackend",
     "modal = execbox.backends.modal:ModalBackend",
@@ -27,14 +24,5 @@ BUILTIN_BACKENDS = [
 @hookimpl
 def execbox_register_backends(register: Callable[..., None]) -> None:
     for spec in BUILTIN_BACKENDS:
-        name, sep, ref = (part.strip() for part in spec.rpartition("="))
-        if sep:
-            register(ref, name=name)
-            continue
-        module, _, cls = ref.partition(":")
-        try:
-            backend: Any = getattr(importlib.import_module(module), cls)
-        except Exception as exc:  # one broken module must not hide the other backends
-            warnings.warn(f"execbox built-in backend {spec} failed to import: {exc!r}", PluginWarning, stacklevel=2)
-            continue
-        register(backend)
+        name, _, ref = (part.strip() for part in spec.partition("="))
+        register(ref, name=name)
