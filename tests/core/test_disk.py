@@ -13,11 +13,12 @@ from execbox.testing import engine_missing
 
 
 @pytest.fixture
-def sized(tmp_path: Path) -> Path:
+def sized(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """A sized workspace, mounted on tmp_path / (the test's indirect parameter, or "ws")."""
     reason = disk.unavailable_reason()
     if reason:
         engine_missing(reason)
-    path = tmp_path / "ws"
+    path = tmp_path / getattr(request, "param", "ws")
     path.mkdir()
     disk.mount_sized(str(path), 8, (65534, 65534))
     yield path
@@ -58,16 +59,9 @@ def test_unavailable_without_root_says_why(monkeypatch: pytest.MonkeyPatch) -> N
     assert "root" in (disk.unavailable_reason() or "")
 
 
-def test_a_mount_point_with_a_newline_space_and_backslash_is_seen_and_released(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sized", ["odd\nname \\ here"], indirect=True)
+def test_a_mount_point_with_a_newline_space_and_backslash_is_seen_and_released(sized: Path) -> None:
     # Found reviewing: a TMPDIR with a newline left the sized workspace mounted (mountinfo escapes it as \012).
-    reason = disk.unavailable_reason()
-    if reason:
-        engine_missing(reason)
-    path = tmp_path / "odd\nname \\ here"
-    path.mkdir()
-    disk.mount_sized(str(path), 8, (65534, 65534))
-    try:
-        assert disk.is_mounted(str(path))
-    finally:
-        disk.release_sized(str(path))
-    assert not disk.is_mounted(str(path)) and not os.path.exists(str(path) + disk.IMAGE_SUFFIX)
+    assert disk.is_mounted(str(sized))
+    disk.release_sized(str(sized))
+    assert not disk.is_mounted(str(sized)) and not os.path.exists(str(sized) + disk.IMAGE_SUFFIX)
