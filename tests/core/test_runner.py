@@ -33,7 +33,7 @@ class TestAuto:
         import execbox.backends
 
         monkeypatch.setattr(execbox.backends, "BUILTIN_BACKENDS",
-                            [*execbox.backends.BUILTIN_BACKENDS, "tests.core.fakes_plugin:FakeDown"])
+                            [*execbox.backends.BUILTIN_BACKENDS, "fake_down = tests.core.fakes_plugin:FakeDown"])
         from tests.core.fakes_plugin import FakeDown
 
         with pytest.raises(BackendUnavailableError) as info:
