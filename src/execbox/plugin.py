@@ -33,7 +33,8 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
     remote helpers   remote (labels and orphan_reason for gc, the in-sandbox argv wrapper and reaper, path checks)
     lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
     gc ownership     owner_id, owner_alive, pid_alive (host:pid:start-time; a reused pid is not the owner);
-                     OWNER_FILE, orphaned (a host directory that names its owner)
+                     OWNER_FILE, orphaned (a host directory that names its owner); owner_tag, name_owner
+                     (PREFIX + pid-start + random names, and reading them back), orphaned_dirs (those of dead owners)
     errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError, ...)
 """
 
@@ -71,7 +72,16 @@ from execbox.core.models import (
     Transfer,
 )
 from execbox.core.output import BoundedCapture, OnOutput, OutputEvent
-from execbox.core.owner import OWNER_FILE, orphaned, owner_alive, owner_id, pid_alive
+from execbox.core.owner import (
+    OWNER_FILE,
+    name_owner,
+    orphaned,
+    orphaned_dirs,
+    owner_alive,
+    owner_id,
+    owner_tag,
+    pid_alive,
+)
 from execbox.core.procs import CommandEnv, ProcessOutcome, reaped, run_process
 from execbox.core.remote import RemoteSession
 from execbox.core.results import TIMEOUT_EXIT_CODE, build_result, failed_to_start
@@ -83,8 +93,8 @@ from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
 # 1.1: streaming (OnOutput, OutputEvent, Capabilities.streaming), run_cell's models. 1.2: files (Session.list_files /
 # upload / download with defaults, host_workspace, transfer, TransferLimits, FileInfo, Transfer), Mount and
 # Capabilities.mounts, packages. 1.3: the hook's register(ref, name=...) registers a backend by "module:Class", imported
-# only when that backend is used or all are listed.
-KIT_VERSION = "1.3"
+# only when that backend is used or all are listed. 1.4: owner_tag, name_owner, orphaned_dirs.
+KIT_VERSION = "1.4"
 
 __all__ = [
     "KIT_VERSION",
@@ -134,11 +144,14 @@ __all__ = [
     "filter_env",
     "hookimpl",
     "host_env",
+    "name_owner",
     "normalize",
     "OWNER_FILE",
     "orphaned",
+    "orphaned_dirs",
     "owner_alive",
     "owner_id",
+    "owner_tag",
     "packages",
     "pid_alive",
     "proxy",

@@ -34,8 +34,9 @@ FILE_SIZE_LIMIT = 1 << 30  # no single file over 1 GiB: a runaway writer cannot 
 class HostWorkspaceSession(Session):
     """A temporary host directory as the workspace, and each command a reaped child process."""
 
-    def __init__(self, prefix: str = "execbox-local-") -> None:
-        self.workspace = tempfile.mkdtemp(prefix=prefix)
+    def __init__(self, prefix: str = "execbox-local-", workspace: str | None = None) -> None:
+        # ``workspace``: a directory the subclass made (e.g. inside one that names its owner, for gc); else a new one.
+        self.workspace = workspace or tempfile.mkdtemp(prefix=prefix)
         self.host_workspace = self.workspace  # the sandbox sees the host directory itself
         self._closed = False
 

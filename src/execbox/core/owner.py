@@ -7,7 +7,12 @@ happens to reuse its pid.
 from __future__ import annotations
 
 import os
+import re
 import socket
+import stat
+import tempfile
+
+_DIGITS = re.compile(r"[0-9]{1,10}")
 
 
 def _start_time(pid: int) -> str:
@@ -34,6 +39,25 @@ def owner_id(pid: int | None = None) -> str:
     return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
 
 
+def owner_tag() -> str:
+    """``pid-starttime`` of this process, for the names of what it creates on this host: gc tells a dead owner
+    from a new process that reuses its pid (``name_owner`` reads it back)."""
+    _, pid, started = owner_id().rsplit(":", 2)
+    return f"{pid}-{started}"
+
+
+def name_owner(name: str, prefix: str) -> tuple[int, str] | None:
+    """(pid, start time, "" in names of older versions) from PREFIX + PID[-START]-RANDOM; None if not ours."""
+    if not name.startswith(prefix):
+        return None
+    parts = name[len(prefix):].split("-")
+    if len(parts) == 3 and _DIGITS.fullmatch(parts[0]) and (not parts[1] or parts[1].isascii() and parts[1].isdigit()):
+        return int(parts[0]), parts[1]
+    if len(parts) == 2 and _DIGITS.fullmatch(parts[0]):
+        return int(parts[0]), ""
+    return None
+
+
 #: The file a sandbox's host directory carries with its owner_id(), for gc.
 OWNER_FILE = "owner"
 
@@ -57,6 +81,30 @@ def orphaned(directory: str, pid: int, started: str) -> bool:
     if owner:
         return owner_alive(owner) is False
     return not pid_alive(pid, started)
+
+
+def orphaned_dirs(prefix: str) -> list[str]:
+    """The directories PREFIX + owner_tag() + "-" + RANDOM in the temp dir whose execbox process is gone: only real
+    directories (never a symlink) of this process's user, as anyone can plant such a name in a shared /tmp and gc
+    may run as root. The caller removes them (``workspace.remove_tree``)."""
+    tmp = tempfile.gettempdir()
+    found = []
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return []
+    for name in names:
+        owner = name_owner(name, prefix)
+        path = os.path.join(tmp, name)
+        if owner is None:
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and orphaned(path, *owner):
+            found.append(path)
+    return found
 
 
 def owner_alive(owner: str) -> bool | None:
