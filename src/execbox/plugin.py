@@ -93,7 +93,7 @@ from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
 # 1.1: streaming (OnOutput, OutputEvent, Capabilities.streaming), run_cell's models. 1.2: files (Session.list_files /
 # upload / download with defaults, host_workspace, transfer, TransferLimits, FileInfo, Transfer), Mount and
 # Capabilities.mounts, packages. 1.3: the hook's register(ref, name=...) registers a backend by "module:Class", imported
-# only when that backend is used or all are listed. 1.4: owner_tag, name_owner, orphaned_dirs.
+# only when that backend is used or all are listed. 1.4: owner_tag, name_owner, orphaned_dirs (parent, owner_file).
 KIT_VERSION = "1.4"
 
 __all__ = [

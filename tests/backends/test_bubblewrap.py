@@ -21,6 +21,7 @@ from execbox import Limits, NotASandboxError, Runner, Settings, WorkspacePathErr
 from execbox.backends import bubblewrap as bw
 from execbox.core.errors import BackendUnavailableError, UnsupportedPolicyError
 from execbox.core.models import Capabilities
+from execbox.plugin import OWNER_FILE, orphaned_dirs, owner_id, owner_tag
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
 from execbox.testing.conformance import PROBE_CONNECT, BackendConformance, Listener
@@ -478,6 +479,37 @@ def test_gc_takes_only_real_directories_of_its_own_user(scratch_tmp: Path) -> No
     assert stat_mode(scratch_tmp) == 0o1777, "gc changed the mode of the temp directory"
     assert stat_mode(victim) == 0o755 and (victim / "keep.txt").read_text() == "keep"
     assert link.is_symlink()
+    assert alien.exists() == ROOT  # as root it belongs to uid 65534: not gc's to remove
+
+
+def test_gc_takes_only_cgroups_of_its_own_user_whose_named_owner_is_gone(scratch_tmp: Path) -> None:
+    """A cgroup parent is swept like the temp dir (real directories of ours, never through a link), but a cgroup
+    holds no owner file: its name alone says whose it is. Plain directories stand in for cgroups here."""
+    parent = scratch_tmp / "cgroup-parent"
+    parent.mkdir()
+    pid = dead_pid()
+    stale = parent / f"{bw.CGROUP_PREFIX}{pid}-1-stale"
+    stale.mkdir()
+    live = parent / f"{bw.CGROUP_PREFIX}{owner_tag()}-live"
+    live.mkdir()
+    target = scratch_tmp / f"{bw.CGROUP_PREFIX}{pid}-target"
+    target.mkdir()
+    link = parent / f"{bw.CGROUP_PREFIX}{pid}-link"
+    link.symlink_to(target)
+    alien = parent / f"{bw.CGROUP_PREFIX}{pid}-alien"
+    alien.mkdir()
+    if ROOT:
+        os.chown(alien, 65534, 65534)
+    # A file called "owner" that names a live owner does not keep a cgroup: only its name counts.
+    claimed = parent / f"{bw.CGROUP_PREFIX}{pid}-claimed"
+    claimed.mkdir()
+    (claimed / OWNER_FILE).write_text(owner_id() + "\n")
+    assert str(claimed) not in orphaned_dirs(bw.CGROUP_PREFIX, str(parent))
+    assert str(claimed) in orphaned_dirs(bw.CGROUP_PREFIX, str(parent), owner_file=False)
+    (claimed / OWNER_FILE).unlink()
+    removed = bw._gc([str(parent)])
+    assert sorted(removed) == sorted([str(stale), str(claimed)]) and not stale.exists() and not claimed.exists()
+    assert live.is_dir() and link.is_symlink() and target.is_dir()
     assert alien.exists() == ROOT  # as root it belongs to uid 65534: not gc's to remove
 
 

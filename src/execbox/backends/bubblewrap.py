@@ -77,9 +77,9 @@ from execbox.plugin import (
     comma_list,
     create_cleanly,
     disk,
-    orphaned,
+    orphaned_dirs,
     owner_id,
-    pid_alive,
+    owner_tag,
     proxy,
     remove_tree,
     run_process,
@@ -116,25 +116,6 @@ MAX_PATH = 4096
 MAX_ID = (1 << 32) - 1
 _DIGITS = re.compile(r"[0-9]{1,10}")
 _CGROUP_NAME = re.compile(r"[A-Za-z0-9._@:+/-]*")
-
-
-def owner_tag() -> str:
-    """``pid-starttime`` of this process, in the names of its session directories and cgroups: gc tells a
-    dead owner from a new process that reuses its pid (core.owner)."""
-    _, pid, started = owner_id().rsplit(":", 2)
-    return f"{pid}-{started}"
-
-
-def name_owner(name: str, prefix: str) -> tuple[int, str] | None:
-    """(pid, start time, "" in names of older versions) from PREFIX + PID[-START]-RANDOM; None if not ours."""
-    if not name.startswith(prefix):
-        return None
-    parts = name[len(prefix):].split("-")
-    if len(parts) == 3 and _DIGITS.fullmatch(parts[0]) and (not parts[1] or parts[1].isascii() and parts[1].isdigit()):
-        return int(parts[0]), parts[1]
-    if len(parts) == 2 and _DIGITS.fullmatch(parts[0]):
-        return int(parts[0]), ""
-    return None
 
 
 def forbidden_places() -> list[str]:
@@ -1003,37 +984,21 @@ class BubblewrapBackend(ExecutionBackend):
         return await anyio.to_thread.run_sync(sweep)
 
 
-def _ours(path: str) -> bool:
-    """A real directory (not a symlink) owned by this process's user."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
-
-
 def _gc(cgroup_dirs: list[str]) -> list[str]:
     """Session directories (and their size-limited workspaces) and cgroups left by execbox processes that are
-    gone (a crash, a SIGKILL); a cgroup's processes are killed first."""
+    gone (a crash, a SIGKILL); a cgroup's processes are killed first. orphaned_dirs takes only real directories
+    of ours: anyone can plant an execbox-bwrap-* name (a symlink, a directory) in a shared /tmp, and gc may run
+    as root; a cgroup holds no owner file, so its name alone says whose it is."""
     removed = []
-    tmp = tempfile.gettempdir()
     with contextlib.suppress(OSError):
-        for name in os.listdir(tmp):
-            owner = name_owner(name, SESSION_PREFIX)
-            path = os.path.join(tmp, name)
-            # Only a real directory of ours: anyone can plant an execbox-bwrap-* name (a symlink, a directory)
-            # in a shared /tmp, and gc may run as root.
-            if owner and _ours(path) and orphaned(path, *owner):
-                disk.release_sized(os.path.join(path, "workspace"))
-                remove_tree(path)
-                removed.append(path)
+        for path in orphaned_dirs(SESSION_PREFIX):
+            disk.release_sized(os.path.join(path, "workspace"))  # the mount first: a mount point cannot go
+            remove_tree(path)
+            removed.append(path)
     for parent in cgroup_dirs:
         with contextlib.suppress(OSError):
-            for name in os.listdir(parent):
-                owner = name_owner(name, CGROUP_PREFIX)
-                path = os.path.join(parent, name)
-                if owner and _ours(path) and not pid_alive(*owner) and _remove_cgroup(path):
-                    removed.append(path)
+            removed += [path for path in orphaned_dirs(CGROUP_PREFIX, parent, owner_file=False)
+                        if _remove_cgroup(path)]
     return removed
 
 

@@ -83,26 +83,29 @@ def orphaned(directory: str, pid: int, started: str) -> bool:
     return not pid_alive(pid, started)
 
 
-def orphaned_dirs(prefix: str) -> list[str]:
-    """The directories PREFIX + owner_tag() + "-" + RANDOM in the temp dir whose execbox process is gone: only real
-    directories (never a symlink) of this process's user, as anyone can plant such a name in a shared /tmp and gc
-    may run as root. The caller removes them (``workspace.remove_tree``)."""
-    tmp = tempfile.gettempdir()
+def orphaned_dirs(prefix: str, parent: str | None = None, owner_file: bool = True) -> list[str]:
+    """The directories PREFIX + owner_tag() + "-" + RANDOM in PARENT (the temp dir by default) whose execbox
+    process is gone: only real directories (never a symlink) of this process's user, as anyone can plant such a
+    name in a shared /tmp and gc may run as root. Judged by ``orphaned`` (OWNER_FILE, else the name); with
+    ``owner_file=False`` by the pid and start time in the name alone (a directory that holds no file of ours,
+    such as a cgroup). The caller removes them (``workspace.remove_tree``)."""
+    where = tempfile.gettempdir() if parent is None else parent
     found = []
     try:
-        names = os.listdir(tmp)
+        names = os.listdir(where)
     except OSError:
         return []
     for name in names:
         owner = name_owner(name, prefix)
-        path = os.path.join(tmp, name)
+        path = os.path.join(where, name)
         if owner is None:
             continue
         try:
             st = os.lstat(path)
         except OSError:
             continue
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and orphaned(path, *owner):
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and (
+                orphaned(path, *owner) if owner_file else not pid_alive(*owner)):
             found.append(path)
     return found
 
