@@ -9,10 +9,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+# Not typing's: `import execbox` must stay light (the `execbox` program imports it before handing its command line
+# to a resident server); mypy reads any TYPE_CHECKING as true.
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
     from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
     from execbox.core.errors import (
         BackendUnavailableError,

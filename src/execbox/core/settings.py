@@ -151,6 +151,9 @@ class Settings(EnvSettings):
     queue_timeout_sec: float = setting(
         "CODE_EXEC_QUEUE_TIMEOUT_SEC", 60.0, "how long a run may wait for a free slot, seconds (apart from its "
         "timeout)", gt=0, allow_inf_nan=False)
+    server: Path | None = setting(
+        "CODE_EXEC_SERVER", None, "socket of an `execbox serve`: the `execbox` program hands its command line to it "
+        "(a fork of a process with execbox loaded) instead of loading execbox itself; (none) = it never does")
     pool_size: int = setting(
         "CODE_EXEC_POOL_SIZE", 0, "warm pool: started, never-used sandboxes kept per configuration (0 = off); "
         "only inside `with Runner()` / `async with AsyncRunner()`", ge=0, le=64)

@@ -1,0 +1,128 @@
+"""A resident execbox, the client's side (the server's is ``resident_server``): ``execbox serve`` keeps the CLI
+imported and forks a child for each command line it is handed; the ``execbox`` program hands its command line
+over when ``CODE_EXEC_SERVER`` names the server's socket.
+
+Why: a fresh ``execbox run`` spends ~300 ms before its sandbox starts (Python, then importing pydantic, click,
+anyio and docker-py): twice a raw ``docker run``. A child forked from a process that has all that imported
+starts in a few milliseconds. Opt-in, since the server is a process that outlives the runs (like ``execbox
+mcp``); every sandbox still belongs to the child that made it, and goes with it.
+
+Why fork, not run the command in the server: the child gets the client's own standard streams (passed over the
+socket as file descriptors), its working directory (a descriptor too), its umask and its environment, and runs
+the very same CLI code; so a command behaves exactly as it does without the server (relative paths, ``--stdin``,
+a terminal, the exit status, the settings in the environment). The server itself starts no thread and opens no
+connection to an engine: a child shares nothing with the server or with another child.
+
+Safety: the socket is 0600 and the server serves its own uid only (``SO_PEERCRED``): a root server never runs
+another user's command line. Lifetimes: a client that dies (SIGKILL included) closes its connection, and the
+server then hangs up its child's process group (SIGHUP, which the CLI handles like Ctrl-C: its sandbox is
+removed), and kills it ``KILL_GRACE_S`` later if it is still there. A child gets SIGHUP too when the server dies
+(its parent-death signal). The client forwards SIGINT, SIGTERM and SIGHUP to its child's process group.
+
+The wire: the client sends a 4-byte length with four descriptors (stdin, stdout, stderr, working directory),
+then that many bytes: the request (``encode_request``: umask, argv and environment, NUL-separated, as the
+kernel keeps them, so any bytes a file name may hold go through); later, single bytes, each a signal number to
+forward. The server answers one line: ``exit N`` when the child has ended, or ``error MESSAGE``.
+
+The client runs before anything else of execbox is imported: a few stdlib modules only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import sys
+
+#: The variable that names the server's socket (declared with the other settings as ``Settings.server``; read here
+#: directly, because the client runs before pydantic is imported).
+SERVER_VAR = "CODE_EXEC_SERVER"
+#: The signals a client forwards to its child's process group.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The request's header: the length of its JSON body.
+HEADER = struct.Struct("!I")
+
+
+def forward(path: str, argv: list[str]) -> int | None:
+    """Run the command line ``argv`` on the server at ``path``, with this process's standard streams, working
+    directory, umask and environment; its exit status. None when no server answers there: then nothing was
+    sent, and the caller runs the command itself."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        sock.close()
+        sys.stderr.write(f"execbox: no server at {SERVER_VAR}={path} ({exc.strerror or exc}); running without it. "
+                         f"Start one with `execbox serve`, or unset {SERVER_VAR}\n")
+        return None
+    umask = os.umask(0o022)
+    os.umask(umask)
+    body = encode_request(umask, argv, dict(os.environ))
+    fds = [_fd_or_null(fd) for fd in (0, 1, 2)] + [os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        socket.send_fds(sock, [HEADER.pack(len(body))], fds)
+        sock.sendall(body)
+    finally:
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+
+    def relay(signum: int, frame: object) -> None:
+        try:
+            sock.send(bytes([signum]))
+        except OSError:
+            pass
+
+    for signum in FORWARDED:
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored here (nohup, a background job): not relayed
+            signal.signal(signum, relay)
+    answer = b""
+    while not answer.endswith(b"\n"):
+        try:
+            chunk = sock.recv(4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            sys.stderr.write(f"execbox: the server at {path} ended before the command did\n")
+            return 1
+        answer += chunk
+    kind, _, value = answer.decode(errors="replace").strip().partition(" ")
+    if kind != "exit" or not value.isdigit():
+        sys.stderr.write(f"execbox: the server at {path} refused: {value if kind == 'error' else answer!r}\n")
+        return 1
+    return int(value)
+
+
+def encode_request(umask: int, argv: list[str], env: dict[str, str]) -> bytes:
+    """``umask``, the number of arguments, the arguments, then NAME=VALUE of each variable; each ends in NUL."""
+    items = [f"{umask:o}", str(len(argv)), *argv, *(f"{name}={value}" for name, value in env.items())]
+    return b"".join(os.fsencode(item) + b"\0" for item in items)
+
+
+def decode_request(body: bytes) -> tuple[int, list[str], dict[str, str]]:
+    """``encode_request``'s (umask, argv, env); ValueError when ``body`` is not one."""
+    if not body.endswith(b"\0"):
+        raise ValueError("request does not end in NUL")
+    items = [os.fsdecode(item) for item in body[:-1].split(b"\0")]
+    if len(items) < 2 or not items[1].isdigit() or len(items) < 2 + int(items[1]):
+        raise ValueError("request has no umask and argument count")
+    umask, count = int(items[0], 8), int(items[1])
+    if not 0 <= umask <= 0o777:
+        raise ValueError(f"umask {items[0]} out of range")
+    env = {}
+    for item in items[2 + count:]:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"variable without a name or '=': {item[:50]!r}")
+        env[name] = value
+    return umask, items[2:2 + count], env
+
+
+def _fd_or_null(fd: int) -> int:
+    """``fd`` when it is open, else a new descriptor of /dev/null (a closed stdin stays empty for the child)."""
+    try:
+        os.fstat(fd)
+        return fd
+    except OSError:
+        return os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)

@@ -1,0 +1,284 @@
+"""`execbox serve` and the `execbox` program handing command lines to it (CODE_EXEC_SERVER).
+
+The server is the real program, started as a process; every client is the real `execbox` program. What a
+command line does through the server must be what it does without it: output, exit status, standard streams,
+working directory, environment; and nothing may outlive a client, a child or the server that is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import AliasChoices
+
+from execbox import resident
+from execbox.core.settings import Settings
+from tests.backends.test_docker import engine  # noqa: F401 - fixture
+from tests.support.waiting import wait_until
+
+EXECBOX = str(Path(sys.executable).parent / "execbox")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != resident.SERVER_VAR}
+    env["CODE_EXEC_AUDIT_LOG"] = "off"
+    env.update(extra)
+    return env
+
+
+class Server:
+    def __init__(self, path: str, env: dict[str, str]) -> None:
+        self.path = path
+        self.proc = subprocess.Popen([EXECBOX, "serve", "--socket", path], env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert wait_until(lambda: self.listening() or self.proc.poll() is not None, 60), "not listening"
+        assert self.proc.poll() is None, self.proc.communicate()
+        self.env = {**env, resident.SERVER_VAR: path}
+
+    def listening(self) -> bool:  # a socket file may be there before this server listens on it (a stale one)
+        with socket.socket(socket.AF_UNIX) as sock:
+            try:
+                sock.connect(self.path)
+            except OSError:
+                return False
+        return True
+
+    def run(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        kw.setdefault("env", self.env)
+        return subprocess.run([EXECBOX, *args], capture_output=True, text=True, timeout=120, **kw)
+
+    def stop(self) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        _, err = self.proc.communicate(timeout=60)
+        return self.proc.returncode, err
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    srv = Server(str(tmp_path / "execbox.sock"), _env())
+    yield srv
+    srv.stop()
+
+
+def test_the_setting_is_the_variable_the_client_reads() -> None:
+    # The client reads CODE_EXEC_SERVER before pydantic is imported: the declared setting must be that name.
+    alias = Settings.model_fields["server"].validation_alias
+    assert isinstance(alias, AliasChoices) and alias.choices[0] == resident.SERVER_VAR
+
+
+def test_socket_is_private_and_removed_at_the_end(server: Server) -> None:
+    mode = os.lstat(server.path).st_mode
+    assert mode & 0o077 == 0, oct(mode)
+    code, err = server.stop()
+    assert code == 0, err
+    assert not os.path.exists(server.path)
+
+
+def test_a_command_line_behaves_as_without_the_server(server: Server, tmp_path: Path) -> None:
+    # Output on the client's own streams, its exit status, its working directory (a relative --file), its
+    # environment (a setting), and a usage error's status and message: each the same with and without.
+    (tmp_path / "data.txt").write_text("from the client's directory\n")
+    cases = [
+        ["run", "--backend", "local_subprocess", "--network", "host", "--file", "data.txt", "--",
+         "sh", "-c", "cat data.txt; echo to-stderr >&2; exit 7"],
+        ["run", "--code", "x", "--", "true"],  # usage error: 2
+        ["backends", "--json"],
+    ]
+    for args in cases:
+        env = _env(CODE_EXEC_LOCAL="true")
+        here = subprocess.run([EXECBOX, *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+        there = server.run(*args, cwd=tmp_path, env={**env, resident.SERVER_VAR: server.path})
+        assert (there.returncode, there.stdout, there.stderr) == (here.returncode, here.stdout, here.stderr), args
+        if args is cases[0]:
+            assert there.returncode == 7 and there.stdout == "from the client's directory\n", there
+            assert there.stderr.endswith("to-stderr\n"), there.stderr
+    bad = server.run("run", "--backend", "local_subprocess", "--", "true",
+                     env={**server.env, "CODE_EXEC_MAX_TIMEOUT_SEC": "soon"})
+    assert bad.returncode == 2 and "CODE_EXEC_MAX_TIMEOUT_SEC" in bad.stderr, bad
+
+
+def test_stdin_reaches_the_command(server: Server, tmp_path: Path) -> None:
+    done = subprocess.run([EXECBOX, "run", "--backend", "local_subprocess", "--network", "host", "--stdin", "--",
+                           "sh", "-c", 'cat; printf "%s|%s" "$1" "$2"', "sh", "a b", "é"],
+                          input=b"piped input\n", capture_output=True, timeout=120,
+                          env={**server.env, "CODE_EXEC_LOCAL": "true"}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "piped input\na b|é".encode(), done.stdout
+
+
+def test_bytes_that_are_not_utf8_arrive_as_they_would_here(server: Server, tmp_path: Path) -> None:
+    # Arguments and variables go through as the kernel keeps them (bytes), so the CLI judges them the same way.
+    odd = os.fsdecode(b"caf\xe9-\xff")
+    args = [EXECBOX, "run", "--backend", "local_subprocess", "--network", "host", "--", "echo", odd]
+    env = {**_env(), "CODE_EXEC_LOCAL": "true", "ODD": odd}
+    here = subprocess.run(args, capture_output=True, timeout=120, env=env, cwd=tmp_path)
+    there = subprocess.run(args, capture_output=True, timeout=120, env={**env, **server.env, "ODD": odd},
+                           cwd=tmp_path)
+    assert (there.returncode, there.stdout, there.stderr) == (here.returncode, here.stdout, here.stderr)
+
+
+def test_no_server_there_runs_here_and_says_so(tmp_path: Path) -> None:
+    done = subprocess.run([EXECBOX, "backends", "--json"], capture_output=True, text=True, timeout=120,
+                          env=_env(**{resident.SERVER_VAR: str(tmp_path / "nobody.sock")}))
+    assert done.returncode == 0 and done.stdout.startswith("["), done
+    assert "no server at CODE_EXEC_SERVER=" in done.stderr and "running without it" in done.stderr
+
+
+def test_what_is_at_the_path_decides(tmp_path: Path) -> None:
+    # A file that is not a socket is never replaced; a live server is not displaced; a dead one's socket is.
+    path = tmp_path / "taken"
+    path.write_text("precious")
+    done = subprocess.run([EXECBOX, "serve", "--socket", str(path)], capture_output=True, text=True, timeout=60,
+                          env=_env())
+    assert done.returncode == 2 and "is not a socket" in done.stderr, done
+    assert path.read_text() == "precious"
+    stale = tmp_path / "stale.sock"
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(stale))
+    dead.close()  # a socket file nobody listens on
+    first = Server(str(stale), _env())
+    try:
+        again = subprocess.run([EXECBOX, "serve", "--socket", str(stale)], capture_output=True, text=True,
+                               timeout=60, env=_env())
+        assert again.returncode == 2 and "already listens" in again.stderr, again
+        assert first.run("backends", "--json").returncode == 0
+    finally:
+        first.stop()
+
+
+def test_malformed_requests_are_answered_and_the_server_goes_on(server: Server) -> None:
+    for payload, fds in [(b"\x00\x00\x00\x05abc", [0, 1, 2, 0]), (resident.HEADER.pack(3) + b"abc", [0, 1]),
+                         (resident.HEADER.pack(1 << 30), [0, 1, 2, 0])]:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(server.path)
+            socket.send_fds(sock, [payload], fds)
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.makefile("rb").readline().startswith(b"error "), payload
+    # The program never hands `serve` over; a client that does is refused.
+    body = resident.encode_request(0o22, ["serve", "--socket", server.path + "2"], {})
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(server.path)
+        socket.send_fds(sock, [resident.HEADER.pack(len(body))], [0, 1, 2, os.open(".", os.O_RDONLY)])
+        sock.sendall(body)
+        assert sock.makefile("rb").readline() == b"error a server does not start another server\n"
+    assert server.run("backends", "--json").returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+def test_another_user_is_refused() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as where:
+        os.chmod(where, 0o755)
+        server = Server(os.path.join(where, "s.sock"), _env())
+        try:
+            os.chmod(server.path, 0o666)  # even with the socket opened up, the server checks who connects
+            done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", EXECBOX,
+                                   "--version"], capture_output=True, text=True, timeout=60, env=server.env, cwd="/")
+        finally:
+            server.stop()
+    assert done.returncode == 1, done
+    assert "serves uid 0 only, not uid 65534" in done.stderr
+
+
+def _containers_of(engine: Any, pid: int) -> list[str]:  # noqa: F811
+    return [c.name for c in engine.containers.list(all=True, filters={"label": "io.execbox.owner"})
+            if c.labels.get("io.execbox.owner", "").split(":")[1:2] == [str(pid)]]
+
+
+def _child_pids(server: Server) -> list[int]:
+    kids = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
+    return [int(k) for k in kids]
+
+
+@pytest.mark.parametrize("how", ["client SIGKILL", "server SIGKILL", "client SIGINT"])
+def test_nothing_outlives_a_killed_client_or_server(engine: Any, server: Server, how: str) -> None:  # noqa: F811
+    client = subprocess.Popen([EXECBOX, "run", "--backend", "docker", "--timeout", "300", "--", "sleep", "300"],
+                              env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_until(lambda: bool(_child_pids(server)), 30)
+    child = _child_pids(server)[0]
+    assert wait_until(lambda: bool(_containers_of(engine, child)), 60), "the run never started"
+    if how == "client SIGKILL":
+        client.kill()
+    elif how == "server SIGKILL":
+        server.proc.kill()
+    else:
+        client.send_signal(signal.SIGINT)
+    _, err = client.communicate(timeout=60)
+    if how == "server SIGKILL":
+        assert client.returncode == 1 and "ended before the command did" in err, err
+    if how == "client SIGINT":
+        assert client.returncode != 0
+    # The child hangs up like a closed terminal: its container is removed well before the run's 300 s.
+    assert wait_until(lambda: not _containers_of(engine, child), 60), _containers_of(engine, child)
+    assert wait_until(lambda: not Path(f"/proc/{child}").exists() or
+                      Path(f"/proc/{child}/stat").read_text().split(") ")[1].startswith("Z"), 30)
+    if how != "server SIGKILL":
+        assert server.run("backends", "--json").returncode == 0  # and the server goes on
+
+
+def test_stopping_the_server_hangs_up_its_children(engine: Any, server: Server) -> None:  # noqa: F811
+    client = subprocess.Popen([EXECBOX, "run", "--backend", "docker", "--timeout", "300", "--", "sleep", "300"],
+                              env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_until(lambda: bool(_child_pids(server)), 30)
+    child = _child_pids(server)[0]
+    assert wait_until(lambda: bool(_containers_of(engine, child)), 60)
+    started = time.monotonic()
+    code, err = server.stop()
+    assert code == 0, err
+    client.communicate(timeout=60)
+    assert client.returncode != 0
+    assert not _containers_of(engine, child)
+    assert time.monotonic() - started < 300  # hung up, not waited out
+    assert not os.path.exists(server.path)
+
+
+@given(st.integers(0, 0o777), st.lists(st.text()), st.dictionaries(st.text(min_size=1), st.text()))
+def test_requests_round_trip(umask: int, argv: list[str], env: dict[str, str]) -> None:
+    def clean(s: str) -> str:  # what a process can hold: no NUL; a name has no '='
+        return s.replace("\0", "")
+
+    argv = [clean(a) for a in argv]
+    env = {clean(k).replace("=", "") or "X": clean(v) for k, v in env.items()}
+    try:
+        body = resident.encode_request(umask, argv, env)
+    except UnicodeEncodeError:  # a lone surrogate the file system encoding cannot carry: never in a real argv
+        return
+    assert resident.decode_request(body) == (umask, argv, env)
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_decode_or_are_refused(body: bytes) -> None:
+    try:
+        umask, argv, env = resident.decode_request(body)
+    except ValueError:
+        return
+    assert 0 <= umask <= 0o777 and all(isinstance(a, str) for a in argv) and all(k for k in env)
+
+
+def test_the_client_imports_nothing_heavy(server: Server) -> None:
+    # The point of the server: the program that hands its command line over loads neither pydantic, click nor
+    # anyio (the child has them already). Control: without the server, the same command line loads all three.
+    heavy = ("pydantic", "click", "anyio")
+
+    def loaded(env: dict[str, str]) -> set[str]:
+        done = subprocess.run([EXECBOX, "--version"], capture_output=True, text=True, timeout=120,
+                              env={**env, "PYTHONPROFILEIMPORTTIME": "1"})
+        assert done.returncode == 0, done.stderr
+        lines = [line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+        return {name for name in lines if name.split(".")[0] in heavy}
+
+    assert not loaded(server.env)
+    assert {name.split(".")[0] for name in loaded(_env())} == set(heavy)
