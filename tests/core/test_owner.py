@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+from pathlib import Path
 
-from execbox.core.owner import owner_alive, owner_id, pid_alive
+from execbox.core.owner import OWNER_FILE, owner_alive, owner_id, pid_alive, read_owner
 
 
 def test_owner_alive() -> None:
@@ -24,3 +25,22 @@ def test_pid_alive() -> None:
     proc = subprocess.Popen(["true"])
     proc.wait()
     assert pid_alive(os.getpid()) and not pid_alive(proc.pid)
+
+
+def test_read_owner_takes_only_a_file(tmp_path: Path) -> None:
+    # What gc reads in a directory it may not have written itself: a FIFO must not hang it, a directory or a
+    # link must not be read or followed; each is "no owner".
+    cases = {"fifo": lambda p: os.mkfifo(p), "dir": lambda p: os.mkdir(p),
+             "link": lambda p: os.symlink(tmp_path / "file" / OWNER_FILE, p)}
+    (tmp_path / "file").mkdir()
+    (tmp_path / "file" / OWNER_FILE).write_text("host:1:2\n")
+    assert read_owner(str(tmp_path / "file")) == "host:1:2"
+    for name, make in cases.items():
+        (tmp_path / name).mkdir()
+        make(str(tmp_path / name / OWNER_FILE))
+        assert read_owner(str(tmp_path / name)) is None, name
+
+
+def test_a_pid_no_process_can_have_is_not_alive() -> None:
+    assert pid_alive(9_999_999_999) is False
+    assert owner_alive(f"{socket.gethostname()}:9999999999:1") is False

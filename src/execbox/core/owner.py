@@ -27,7 +27,7 @@ def pid_alive(pid: int, started: str = "") -> bool:
     """Is ``pid`` a live process (and, when ``started`` is given, the same one that had that start time)?"""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: a pid no process can have (a 10-digit name)
         return False
     except PermissionError:
         pass
@@ -65,11 +65,16 @@ OWNER_FILE = "owner"
 def read_owner(directory: str) -> str | None:
     """The owner written into ``directory`` (bounded, never through a link); None when there is none."""
     try:
-        fd = os.open(os.path.join(directory, OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO planted there must not hang gc (it is refused below, as anything but a file is).
+        fd = os.open(os.path.join(directory, OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         return os.read(fd, 512).decode("utf-8", "replace").strip() or None
+    except OSError:
+        return None
     finally:
         os.close(fd)
 
