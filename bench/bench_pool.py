@@ -7,8 +7,10 @@
 - one-shot `true` and `print(1)` in python from a warm pool: median and p99; the same back to back, the pool
   refilling while the runs go;
 - N concurrent one-shots in one process: wall time, most running at once, containers left;
-- `execbox run` as a fresh process against the raw docker CLI for the same hardened one-shot, interleaved;
-- bubblewrap: a bare bwrap with the backend's own arguments against execbox's one-shot, interleaved;
+- `execbox run` as a fresh process, and handed to an `execbox serve`, against the raw docker CLI for the same
+  hardened one-shot, interleaved;
+- bubblewrap: a bare bwrap with the backend's own arguments against execbox's one-shot, without and with a warm
+  pool, interleaved;
 - with --peer, llm-sandbox's one-shot `print(1)` (installed into .bench-peer/, never into the project's venv).
 --readme rewrites the README's performance rows for these figures (between the bench:pool markers).
 """
@@ -171,23 +173,47 @@ def concurrent(n: int, rows: Rows) -> None:
 def fresh_process(runs: int, rows: Rows) -> None:
     settings = Settings.from_env(backend="docker")
     cli = [str(REPO / ".venv/bin/execbox"), "run", "--backend", "docker", "--", "true"]
-    with raw_docker(settings) as raw:
-        # With bytecode, as an installed package has it (this machine sets PYTHONDONTWRITEBYTECODE, which would
-        # recompile execbox in every process: ~80 ms that no user pays).
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env["PYTHONPYCACHEPREFIX"] = str(REPO / ".bench-peer" / "pycache")
-        got = interleaved({"raw": raw, "cli": lambda: subprocess.run(cli, check=True, stdout=subprocess.DEVNULL,
-                                                                      env=env)}, runs)
+    # With bytecode, as an installed package has it (this machine sets PYTHONDONTWRITEBYTECODE, which would
+    # recompile execbox in every process: ~80 ms that no user pays).
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "CODE_EXEC_SERVER")}
+    env["PYTHONPYCACHEPREFIX"] = str(REPO / ".bench-peer" / "pycache")
+    with raw_docker(settings) as raw, resident_server(env) as served_env:
+        got = interleaved({
+            "raw": raw,
+            "cli": lambda: subprocess.run(cli, check=True, stdout=subprocess.DEVNULL, env=env),
+            "served": lambda: subprocess.run(cli, check=True, stdout=subprocess.DEVNULL, env=served_env),
+        }, runs)
     imports = subprocess.run([sys.executable, "-X", "importtime", "-c", "import execbox.cli"], capture_output=True,
                              text=True, check=True, env=env).stderr.strip().splitlines()[-1]
     import_ms = int(imports.split("|")[1]) / 1000
     print("fresh process, interleaved")
     show("raw `docker run` CLI, execbox's hardening", got["raw"])
     show("`execbox run --backend docker -- true`", got["cli"], got["raw"])
+    show("the same, handed to `execbox serve` (CODE_EXEC_SERVER)", got["served"], got["raw"])
     print(f"  of which importing execbox.cli: {import_ms:.0f} ms (-X importtime)")
     rows.append(("`execbox run` as a fresh process / the raw docker CLI, same hardening",
                  f"{med(got['cli']):.0f} / {med(got['raw']):.0f} ms (x{med(got['cli']) / med(got['raw']):.2f}; "
                  f"importing execbox.cli: {import_ms:.0f} ms)"))
+    rows.append(("`execbox run` handed to `execbox serve` (CODE_EXEC_SERVER) / the raw docker CLI",
+                 f"{med(got['served']):.0f} / {med(got['raw']):.0f} ms (x{med(got['served']) / med(got['raw']):.2f})"))
+
+
+@contextlib.contextmanager
+def resident_server(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """An `execbox serve` for the block; yields the environment that hands command lines to it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "execbox.sock")
+        server = subprocess.Popen([str(REPO / ".venv/bin/execbox"), "serve", "--socket", path], env=env,
+                                  stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while not os.path.exists(path):
+                if server.poll() is not None:
+                    raise RuntimeError(f"execbox serve exited with {server.returncode}")
+                time.sleep(0.05)
+            yield {**env, "CODE_EXEC_SERVER": path}
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
 
 
 def bubblewrap_figures(runs: int, rows: Rows) -> None:
@@ -207,14 +233,20 @@ def bubblewrap_figures(runs: int, rows: Rows) -> None:
     assert report is not None
     with tempfile.TemporaryDirectory() as workspace:
         bare = bare_command(report, workspace)
-        got = interleaved({"bare": lambda: subprocess.run(bare, check=True),
-                           "execbox": lambda: runner.run("true")}, runs)
+        with Runner(Settings.from_env(backend="bubblewrap", pool_size=2)) as pooled:
+            got = interleaved({"bare": lambda: subprocess.run(bare, check=True),
+                               "execbox": lambda: runner.run("true"),
+                               "pooled": lambda: pooled.run("true")}, runs)
     print("bubblewrap one-shot `true`, interleaved")
     show("bare bwrap, the backend's arguments", got["bare"])
     show("execbox", got["execbox"], got["bare"])
+    show("execbox, warm pool", got["pooled"], got["bare"])
     rows.append(("bubblewrap one-shot `true`: bare bwrap with the backend's arguments / execbox",
                  f"{med(got['bare']):.1f} / {med(got['execbox']):.1f} ms "
                  f"(+{med(got['execbox']) - med(got['bare']):.1f} ms)"))
+    rows.append(("the same from a warm pool (CODE_EXEC_POOL_SIZE=2)",
+                 f"{med(got['bare']):.1f} / {med(got['pooled']):.1f} ms "
+                 f"(+{med(got['pooled']) - med(got['bare']):.1f} ms)"))
 
 
 def peer(runs: int, rows: Rows) -> None:
