@@ -130,6 +130,8 @@ def test_the_sandbox_runs_in_its_cgroup_with_the_pids_limit_and_the_watcher_does
         path = _cgroup_dir(sandboxed, "pids")
         assert os.path.basename(path).startswith(bw.CGROUP_PREFIX), path
         assert Path(path, "pids.max").read_text().strip() == "37"
+        for controller in report.cgroup.parents:  # v1: each hierarchy joined on its own (through tasks)
+            assert os.path.basename(_cgroup_dir(sandboxed, controller)) == os.path.basename(path), controller
         watcher = _ancestor_with_arg(sandboxed, "execbox-bwrap")
         assert watcher is not None, "no watcher above the sandbox"
         assert _cgroup_dir(watcher, "pids") != path

@@ -295,7 +295,13 @@ class RunCgroup:
                 _write(self.dirs["cpu"], "cpu.max", f"{quota} {period}")
 
     def procs_files(self) -> list[str]:
-        return sorted({os.path.join(d, "cgroup.procs") for d in self.dirs.values()})
+        """The files through which the launcher joins the run's cgroups, and whose lists its watcher kills.
+
+        v1: ``tasks``, written with 0 (the writing thread: the launcher's shell has no other). Moving a whole
+        process through ``cgroup.procs`` takes the kernel's global threadgroup lock for writing, which waits for
+        an RCU grace period: 5-15 ms of every exec on this kind of host. v2: ``cgroup.procs``."""
+        name = "tasks" if self.plan.version == 1 else "cgroup.procs"
+        return sorted({os.path.join(d, name) for d in self.dirs.values()})
 
     def oom_killed(self) -> bool:
         base = self.dirs.get("memory")
