@@ -5,6 +5,7 @@ container running (the portal's clean-up waited on its event-loop thread, frozen
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -53,3 +54,42 @@ def test_a_forgotten_docker_sandbox_and_pool_leave_no_container(engine: Any) -> 
     left = [c.name for c in engine.containers.list(all=True, filters={"label": "io.execbox.owner"})
             if c.labels.get("io.execbox.owner", "").split(":")[1:2] == [str(pid)]]
     assert not left, f"containers of the exited program: {left}"
+
+
+FORKS = textwrap.dedent("""
+    import os, sys
+    from execbox import Runner, Settings
+    from execbox.core.errors import SandboxError
+    settings = Settings(backend="local_subprocess", local=True, network="host", pool_size=int(sys.argv[1]))
+    with Runner(settings) as runner, runner.sandbox() as sandbox:
+        print(sandbox.exec("pwd").stdout.strip(), flush=True)
+        pid = os.fork()                             # what multiprocessing's fork workers do
+        if pid == 0:
+            try:
+                sandbox.exec("true")
+                print("the child used its parent's sandbox", flush=True)
+            except SandboxError:
+                print("child: not its sandbox", flush=True)
+            sys.exit(5)                              # the child's exit must not wait on the parent's loop thread
+        _, status = os.waitpid(pid, 0)
+        print(f"child exit {os.waitstatus_to_exitcode(status)}", flush=True)
+        print(sandbox.exec("echo parent still has it").stdout.strip(), flush=True)
+""")
+
+
+@pytest.mark.parametrize("pool", [0, 2])
+def test_a_forked_child_exits_and_leaves_its_parents_sandbox_alone(pool: int) -> None:
+    # Found reviewing: a child forked while a sync sandbox was open hung at exit for good (its inherited portal's
+    # clean-up waited on the parent's event-loop thread, which the child does not have).
+    child = subprocess.Popen([sys.executable, "-c", FORKS, str(pool)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "CODE_EXEC_AUDIT_LOG": "off"}, start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)  # the hung grandchild too: it holds the pipes
+        out, err = child.communicate()
+        pytest.fail(f"hung: {out} {err[-2000:]}")
+    lines = out.splitlines()
+    assert child.returncode == 0, err
+    assert lines[1:] == ["child: not its sandbox", "child exit 5", "parent still has it"], out
+    assert not os.path.exists(lines[0]), "the workspace outlived the sandbox"

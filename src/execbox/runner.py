@@ -7,17 +7,19 @@ also works inside programs that already run an event loop). Sessions: ``AsyncSan
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import functools
 import os
 import posixpath
+import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
-from anyio.from_thread import start_blocking_portal
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 from pydantic import ValidationError
 
 from execbox.core import audit as audit_log
@@ -907,22 +909,62 @@ def _close_forgotten() -> None:
             facade.close()
 
 
+def _forget_in_child() -> None:
+    # A forked child (multiprocessing's workers, say) does not own its parent's sandboxes: closing them would end
+    # the parent's; and it has no event-loop thread to reach them through (waiting on one hung it at exit).
+    for facade in list(_OPEN_FACADES):
+        facade._loop = None
+    _OPEN_FACADES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+class _LoopThread:
+    """An event loop in a daemon thread, reached through its BlockingPortal: anyio's start_blocking_portal as an
+    object, not a generator, so that a forked child can simply drop it (a generator's clean-up would wait for
+    ever on a thread the child does not have)."""
+
+    def __init__(self) -> None:
+        ready: concurrent.futures.Future[BlockingPortal] = concurrent.futures.Future()
+
+        async def serve() -> None:
+            async with BlockingPortal() as portal:
+                ready.set_result(portal)
+                await portal.sleep_until_stopped()
+
+        def run() -> None:
+            try:
+                anyio.run(serve)
+            except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits for the portal
+                if not ready.done():
+                    ready.set_exception(exc)
+
+        self._thread = threading.Thread(target=run, daemon=True, name="execbox-portal")
+        self._thread.start()
+        self.portal = ready.result()
+
+    def stop(self, cancel: bool = False) -> None:
+        """Stop the loop (cancelling what still runs in it when ``cancel``) and wait for its thread."""
+        with contextlib.suppress(RuntimeError):  # stopped already
+            self.portal.call(self.portal.stop, cancel)
+        self._thread.join()
+
+
 class Runner:
     """The sync facade of AsyncRunner: same methods, blocking; ``with Runner() as runner:`` closes its backends."""
 
     def __init__(self, settings: Settings | None = None, *,
                  options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.aio = AsyncRunner(settings, options=options)
-        self._portal_cm: Any = None
-        self._portal: Any = None
+        self._loop: _LoopThread | None = None
 
     def __enter__(self) -> Runner:
         # With a warm pool the runner needs one event loop for its life (the pool refills in the background);
         # otherwise each call runs in its own short-lived loop.
-        if self.aio.settings.pool_size and self._portal is None:
-            self._portal_cm = start_blocking_portal()
-            self._portal = self._portal_cm.__enter__()
-            self._pool_task, _ = self._portal.start_task(self.aio.serve_pool)
+        if self.aio.settings.pool_size and self._loop is None:
+            self._loop = _LoopThread()
+            self._pool_task, _ = self._loop.portal.start_task(self.aio.serve_pool)
             _OPEN_FACADES.add(self)
         return self
 
@@ -930,20 +972,20 @@ class Runner:
         self.close()
 
     def close(self) -> None:
-        portal, self._portal = self._portal, None
+        loop, self._loop = self._loop, None
         _OPEN_FACADES.discard(self)
-        if portal is None:
+        if loop is None:
             run_blocking(self.aio.aclose)
             return
         try:
-            portal.call(self.aio.aclose)
+            loop.portal.call(self.aio.aclose)
             self._pool_task.result()
         finally:
-            self._portal_cm.__exit__(None, None, None)
+            loop.stop()
 
     def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        if self._portal is not None:
-            result: T = self._portal.call(fn)
+        if self._loop is not None:
+            result: T = self._loop.portal.call(fn)
             return result
         return run_blocking(fn)
 
@@ -983,17 +1025,16 @@ class Sandbox:
 
     def __init__(self, inner: AsyncSandbox) -> None:
         self.aio = inner
-        self._portal_cm: Any = None
-        self._portal: Any = None
+        self._loop: _LoopThread | None = None
 
     def __enter__(self) -> Sandbox:
-        self._portal_cm = start_blocking_portal()
-        self._portal = self._portal_cm.__enter__()
+        loop = _LoopThread()
         try:
-            self._portal.call(self.aio.__aenter__)
+            loop.portal.call(self.aio.__aenter__)
         except BaseException:
-            self._portal_cm.__exit__(None, None, None)
+            loop.stop(cancel=True)
             raise
+        self._loop = loop
         _OPEN_FACADES.add(self)
         return self
 
@@ -1002,26 +1043,27 @@ class Sandbox:
 
     def close(self, *exc: Any) -> None:
         """Close the sandbox (what ``with`` does on leaving the block); a second call does nothing."""
-        portal, self._portal = self._portal, None
+        loop, self._loop = self._loop, None
         _OPEN_FACADES.discard(self)
-        if portal is None:
+        if loop is None:
             return
         try:
-            portal.call(self.aio.close)
+            loop.portal.call(self.aio.close)
             if self.aio.owns_runner:
-                portal.call(self.aio.runner.aclose)
+                loop.portal.call(self.aio.runner.aclose)
         finally:
-            self._portal_cm.__exit__(*(exc or (None, None, None)))
+            loop.stop(cancel=bool(exc) and exc[0] is not None)
 
     @property
     def backend(self) -> ExecutionBackend | None:
         return self.aio.backend
 
     def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
-        if self._portal is None:
-            raise SandboxError("this sandbox is not open (closed already, or never entered): use it as "
-                               "`with execbox.sandbox() as sb:` and call it inside that block")
-        result: T = self._portal.call(functools.partial(fn, *args, **kw))
+        if self._loop is None:
+            raise SandboxError("this sandbox is not open (closed already, never entered, or opened by the process "
+                               "this one was forked from): use it as `with execbox.sandbox() as sb:` and call it "
+                               "inside that block")
+        result: T = self._loop.portal.call(functools.partial(fn, *args, **kw))
         return result
 
     def exec(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
