@@ -8,13 +8,17 @@ working directory, environment; and nothing may outlive a client, a child or the
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,7 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import AliasChoices
 
-from execbox import resident
+from execbox import resident, resident_server
 from execbox.core.settings import Settings
 from tests.backends.test_docker import engine  # noqa: F401 - fixture
 from tests.support.waiting import wait_until
@@ -56,7 +60,8 @@ class Server:
 
     def run(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
         kw.setdefault("env", self.env)
-        return subprocess.run([EXECBOX, *args], capture_output=True, text=True, timeout=120, **kw)
+        kw.setdefault("timeout", 120)
+        return subprocess.run([EXECBOX, *args], capture_output=True, text=True, **kw)
 
     def stop(self) -> tuple[int, str]:
         if self.proc.poll() is None:
@@ -133,7 +138,7 @@ def test_no_server_there_runs_here_and_says_so(tmp_path: Path) -> None:
     done = subprocess.run([EXECBOX, "backends", "--json"], capture_output=True, text=True, timeout=120,
                           env=_env(**{resident.SERVER_VAR: str(tmp_path / "nobody.sock")}))
     assert done.returncode == 0 and done.stdout.startswith("["), done
-    assert "no server at CODE_EXEC_SERVER=" in done.stderr and "running without it" in done.stderr
+    assert "no server of yours at CODE_EXEC_SERVER=" in done.stderr and "running without it" in done.stderr
 
 
 def test_what_is_at_the_path_decides(tmp_path: Path) -> None:
@@ -178,19 +183,26 @@ def test_malformed_requests_are_answered_and_the_server_goes_on(server: Server) 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
 def test_another_user_is_refused() -> None:
-    import tempfile
-
+    # Both ends check: the program runs the command itself rather than hand it to another user's server, and
+    # the server answers another uid's connection with a refusal (even with the socket opened up to all).
+    raw = ("import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+           "print(s.makefile('rb').readline().decode(), end='')")
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     with tempfile.TemporaryDirectory(dir="/tmp") as where:
         os.chmod(where, 0o755)
         server = Server(os.path.join(where, "s.sock"), _env())
         try:
-            os.chmod(server.path, 0o666)  # even with the socket opened up, the server checks who connects
-            done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", EXECBOX,
-                                   "--version"], capture_output=True, text=True, timeout=60, env=server.env, cwd="/")
+            os.chmod(server.path, 0o666)
+            program = subprocess.run([*as_nobody, EXECBOX, "--version"], capture_output=True, text=True,
+                                     timeout=60, env=server.env, cwd="/")
+            connection = subprocess.run([*as_nobody, sys.executable, "-c", raw, server.path], capture_output=True,
+                                        text=True, timeout=60, cwd="/")
         finally:
             server.stop()
-    assert done.returncode == 1, done
-    assert "serves uid 0 only, not uid 65534" in done.stderr
+    assert program.returncode == 0 and "version" in program.stdout, program
+    assert "it is uid 0's, not yours" in program.stderr
+    assert connection.stdout == "error this server serves uid 0 only, not uid 65534; start your own with " \
+                                "`execbox serve`\n", connection
 
 
 def _containers_of(engine: Any, pid: int) -> list[str]:  # noqa: F811
@@ -282,3 +294,133 @@ def test_the_client_imports_nothing_heavy(server: Server) -> None:
 
     assert not loaded(server.env)
     assert {name.split(".")[0] for name in loaded(_env())} == set(heavy)
+
+
+# --- found by the review of the server (each failed before its fix) ----------------------------------------
+
+LISTENER = textwrap.dedent("""
+    import socket, sys
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(sys.argv[1])
+    srv.listen(1)
+    print("ready", flush=True)
+    conn, _ = srv.accept()
+    conn.settimeout(5)
+    got = b""
+    try:
+        while chunk := conn.recv(65536):
+            got += chunk
+    except OSError:
+        pass
+    print(len(got), flush=True)
+""")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to listen as another uid")
+def test_the_client_hands_nothing_to_another_users_listener(tmp_path: Path) -> None:
+    # Whoever can make the socket's path (a world-writable directory, a path left free) would get the client's
+    # environment, its streams and its directory. The client checks who listens and runs the command itself.
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        shared.chmod(0o1777)
+        path = shared / "execbox.sock"
+        evil = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                                 "-c", LISTENER, str(path)], stdout=subprocess.PIPE, text=True, cwd="/")
+        assert evil.stdout is not None and evil.stdout.readline().strip() == "ready"
+        done = subprocess.run([EXECBOX, "--version"], capture_output=True, text=True, timeout=60,
+                              env=_env(**{resident.SERVER_VAR: str(path), "MY_API_KEY": "sk-12345"}))
+        assert done.returncode == 0 and "version" in done.stdout, done
+        assert "it is uid 65534's, not yours" in done.stderr, done.stderr
+        out, _ = evil.communicate(timeout=30)
+        assert out.strip() == "0", f"the listener got {out.strip()} bytes"
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_child_ending_as_its_client_signals_does_not_bring_the_server_down() -> None:
+    # The child's exit and its client's byte in one select batch, exit first: the second event found the child
+    # reaped, and the server died of a KeyError, hanging up every run in flight.
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(7)
+    listener = socket.socket(socket.AF_UNIX)
+    server = resident_server._Server("unused", lambda argv: 0, listener, 0, os.pipe(), lambda *a: 0)
+    server.children[pid] = resident_server._Child(ours, os.pidfd_open(pid))
+    theirs.send(bytes([signal.SIGINT]))  # what the client's Ctrl-C relays
+
+    class OneBatch:
+        def select(self, timeout: float) -> list[tuple[Any, int]]:
+            return [(SimpleNamespace(data=("exit", pid)), 1), (SimpleNamespace(data=("client", pid)), 1)]
+
+        def unregister(self, what: object) -> None:
+            pass
+
+    server.selector = OneBatch()  # type: ignore[assignment]
+    try:
+        resident_server._step(server, timeout=0)
+        assert theirs.recv(64) == b"exit 7\n"
+        assert not server.children
+    finally:
+        listener.close()
+        theirs.close()
+        for fd in server.wake:
+            os.close(fd)
+
+
+def test_a_closed_stream_of_the_client_stays_closed(server: Server, tmp_path: Path) -> None:
+    # A closed stdin was taken by the client's socket, and handed to the child as its stdin: `cat` read the
+    # socket for ever. Now it reads nothing, as without the server.
+    args = [EXECBOX, "run", "--backend", "local_subprocess", "--network", "host", "--stdin", "--", "cat"]
+    for env in (_env(), server.env):
+        done = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+                              env={**env, "CODE_EXEC_LOCAL": "true"}, pass_fds=(), preexec_fn=lambda: os.close(0))
+        assert (done.returncode, done.stdout) == (0, ""), done
+
+
+def test_refused_requests_leave_no_descriptor_and_a_silent_client_stalls_nobody(server: Server) -> None:
+    def open_fds() -> int:
+        return len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+
+    assert server.run("--version").returncode == 0
+    before = open_fds()
+    for _ in range(5):
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(server.path)
+            socket.send_fds(sock, [resident.HEADER.pack(3) + b"abc"], [0, 1, 2, 0])
+            assert sock.makefile("rb").readline().startswith(b"error malformed request"), "not refused"
+    assert wait_until(lambda: open_fds() == before, 10), (open_fds(), before)
+    with socket.socket(socket.AF_UNIX) as silent:  # connects, sends nothing, keeps the connection
+        silent.connect(server.path)
+        done = server.run("--version", timeout=resident_server.REQUEST_TIMEOUT_S - 1)
+        assert done.returncode == 0, done
+
+
+def test_a_server_started_without_standard_streams_still_serves(tmp_path: Path) -> None:
+    path = str(tmp_path / "bare.sock")
+    proc = subprocess.Popen(f'exec "{EXECBOX}" serve --socket "{path}" <&- >&- 2>&-', shell=True, env=_env())
+    try:
+        assert wait_until(lambda: os.path.exists(path), 60)
+        done = subprocess.run([EXECBOX, "--version"], capture_output=True, text=True, timeout=60,
+                              env=_env(**{resident.SERVER_VAR: path}))
+        assert done.returncode == 0 and "version" in done.stdout, done
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def test_serve_behind_a_double_dash_is_neither_handed_over_nor_run(server: Server) -> None:
+    assert resident.starts_a_server(["--", "serve", "--socket", "x"])
+    assert not resident.starts_a_server(["run", "--", "serve"])
+    body = resident.encode_request(0o22, ["--", "serve", "--socket", server.path + "2"], {})
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(server.path)
+        socket.send_fds(sock, [resident.HEADER.pack(len(body))], [0, 1, 2, os.open(".", os.O_RDONLY)])
+        sock.sendall(body)
+        assert sock.makefile("rb").readline() == b"error a server does not start another server\n"
+
+
+def test_an_empty_variable_is_no_server(tmp_path: Path) -> None:
+    done = subprocess.run([EXECBOX, "serve"], capture_output=True, text=True, timeout=60,
+                          env=_env(**{resident.SERVER_VAR: ""}), cwd=tmp_path)
+    assert done.returncode == 2 and "give --socket PATH, or set CODE_EXEC_SERVER" in done.stderr, done

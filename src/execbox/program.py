@@ -11,11 +11,10 @@ def main() -> None:
     from execbox import resident
 
     path = os.environ.get(resident.SERVER_VAR)
-    if path and sys.argv[1:2] != ["serve"]:
+    if path and not resident.starts_a_server(sys.argv[1:]):
         code = resident.forward(path, sys.argv[1:])
         if code is not None:
-            sys.stdout.flush()
-            os._exit(code)  # no teardown: this process imported almost nothing, and the child has ended
+            os._exit(code)  # no teardown: this process imported almost nothing and wrote nothing; its child ended
     from execbox.cli import main as cli_main
 
     cli_main()

@@ -40,33 +40,48 @@ import sys
 SERVER_VAR = "CODE_EXEC_SERVER"
 #: The signals a client forwards to its child's process group.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-#: The request's header: the length of its JSON body.
+#: The request's header: the length of its body (``encode_request``).
 HEADER = struct.Struct("!I")
+
+
+def starts_a_server(argv: list[str]) -> bool:
+    """Is ``argv`` (the program's arguments) an ``execbox serve``? Never handed to a server, nor run by one."""
+    command = [arg for arg in argv if arg != "--"][:1]
+    return command == ["serve"]
 
 
 def forward(path: str, argv: list[str]) -> int | None:
     """Run the command line ``argv`` on the server at ``path``, with this process's standard streams, working
-    directory, umask and environment; its exit status. None when no server answers there: then nothing was
-    sent, and the caller runs the command itself."""
+    directory, umask and environment; its exit status. None when no server of this user answers there: then
+    nothing was sent, and the caller runs the command itself."""
+    for fd in (0, 1, 2):  # a closed one would be taken by the socket, and handed over as the stream
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
+        uid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
     except OSError as exc:
         sock.close()
-        sys.stderr.write(f"execbox: no server at {SERVER_VAR}={path} ({exc.strerror or exc}); running without it. "
-                         f"Start one with `execbox serve`, or unset {SERVER_VAR}\n")
+        _without(path, exc.strerror or str(exc))
+        return None
+    if uid != os.getuid():  # whoever could make that path would get the environment, streams and directory
+        sock.close()
+        _without(path, f"it is uid {uid}'s, not yours")
         return None
     umask = os.umask(0o022)
     os.umask(umask)
     body = encode_request(umask, argv, dict(os.environ))
-    fds = [_fd_or_null(fd) for fd in (0, 1, 2)] + [os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # O_PATH: a directory we may enter, not read
     try:
-        socket.send_fds(sock, [HEADER.pack(len(body))], fds)
+        socket.send_fds(sock, [HEADER.pack(len(body))], [0, 1, 2, cwd])
         sock.sendall(body)
+    except OSError:
+        pass  # refused before it read everything: its answer says why
     finally:
-        for fd in fds:
-            if fd > 2:
-                os.close(fd)
+        os.close(cwd)
 
     def relay(signum: int, frame: object) -> None:
         try:
@@ -94,6 +109,11 @@ def forward(path: str, argv: list[str]) -> int | None:
     return int(value)
 
 
+def _without(path: str, why: str) -> None:
+    sys.stderr.write(f"execbox: no server of yours at {SERVER_VAR}={path} ({why}); running without it. "
+                     f"Start one with `execbox serve`, or unset {SERVER_VAR}\n")
+
+
 def encode_request(umask: int, argv: list[str], env: dict[str, str]) -> bytes:
     """``umask``, the number of arguments, the arguments, then NAME=VALUE of each variable; each ends in NUL."""
     items = [f"{umask:o}", str(len(argv)), *argv, *(f"{name}={value}" for name, value in env.items())]
@@ -117,12 +137,3 @@ def decode_request(body: bytes) -> tuple[int, list[str], dict[str, str]]:
             raise ValueError(f"variable without a name or '=': {item[:50]!r}")
         env[name] = value
     return umask, items[2:2 + count], env
-
-
-def _fd_or_null(fd: int) -> int:
-    """``fd`` when it is open, else a new descriptor of /dev/null (a closed stdin stays empty for the child)."""
-    try:
-        os.fstat(fd)
-        return fd
-    except OSError:
-        return os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)

@@ -3,14 +3,19 @@
 The server imports execbox once and forks a child for each command line; the child becomes the client's
 process (its streams, working directory, umask and environment) and runs the CLI. Lifetimes: a client that
 goes away gets its child hung up (SIGHUP, handled by the CLI like Ctrl-C: its sandbox is removed), and killed
-``KILL_GRACE_S`` later if still there; a child gets SIGHUP when the server dies (its parent-death signal); the
-server, on SIGTERM, SIGINT or SIGHUP, stops listening and hangs up every child before it ends.
+``KILL_GRACE_S`` later if still there; what the child left in its process group is killed when it ends; a child
+gets SIGHUP when the server dies (its parent-death signal); the server, on SIGTERM, SIGINT or SIGHUP, stops
+listening and hangs up every child before it ends.
+
+One thread, one selector, nothing that blocks: a client that connects and sends nothing (or a byte at a time)
+costs the others nothing, and is dropped ``REQUEST_TIMEOUT_S`` after it connected.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import selectors
 import signal
@@ -23,19 +28,30 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from execbox.resident import FORWARDED, HEADER, decode_request
+from execbox.resident import FORWARDED, HEADER, decode_request, starts_a_server
 
 #: Seconds between hanging up a child whose client went away and killing its process group.
 KILL_GRACE_S = 30.0
+#: Seconds a client has, from connecting, to send its whole request.
+REQUEST_TIMEOUT_S = 10.0
 _PR_SET_PDEATHSIG = 1
 _MAX_REQUEST = 8 << 20  # argv and environment: far above what execve takes (ARG_MAX)
-_REQUEST_TIMEOUT_S = 10.0  # a client sends its request at once; one that does not is dropped
 
 
 class ServeError(Exception):
     """The server cannot start (the CLI says it as a ConfigError)."""
+
+
+@dataclass
+class _Request:
+    """A connection whose request is still arriving."""
+
+    conn: socket.socket
+    deadline: float
+    fds: list[int] = field(default_factory=list)
+    data: bytearray = field(default_factory=bytearray)
 
 
 @dataclass
@@ -55,7 +71,8 @@ class _Server:
     prctl: Callable[..., int]  # libc's, loaded once: a child arms its parent-death signal with it
     pid: int = field(default_factory=os.getpid)
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
-    children: dict[int, _Child] = field(default_factory=dict)
+    requests: dict[int, _Request] = field(default_factory=dict)  # by the connection's descriptor
+    children: dict[int, _Child] = field(default_factory=dict)  # by pid
     stopping: bool = False
 
 
@@ -66,6 +83,11 @@ def serve(path: str, run: Callable[[list[str]], object], ready: Callable[[], obj
     called once the socket listens."""
     import ctypes
 
+    for fd in (0, 1, 2):  # started with one closed: the listener must not take its place (children inherit 0-2)
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     listener, inode = _listen(path)
     wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -81,10 +103,13 @@ def serve(path: str, run: Callable[[list[str]], object], ready: Callable[[], obj
     server.selector.register(wake[0], selectors.EVENT_READ, "wake")
     ready()
     try:
-        _loop(server)
+        while not server.stopping:
+            _step(server, timeout=1.0)
     finally:
         signal.set_wakeup_fd(-1)
         _close_listener(server)
+        for fd in list(server.requests):
+            _drop(server, fd)
         for pid in list(server.children):
             _hang_up(server, pid)
         deadline = time.monotonic() + KILL_GRACE_S
@@ -105,6 +130,8 @@ def _listen(path: str) -> tuple[socket.socket, int]:
         st = os.lstat(path)
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        raise ServeError(f"cannot check {path}: {exc.strerror or exc}") from exc
     else:
         if not stat.S_ISSOCK(st.st_mode):
             raise ServeError(f"{path} exists and is not a socket; give `execbox serve` another path")
@@ -112,7 +139,12 @@ def _listen(path: str) -> tuple[socket.socket, int]:
         try:
             probe.connect(path)
         except ConnectionRefusedError:
-            os.unlink(path)  # a dead server's socket
+            try:
+                os.unlink(path)  # a dead server's socket
+            except FileNotFoundError:
+                pass  # another server starting at the same path took it away first
+            except OSError as exc:
+                raise ServeError(f"cannot replace the dead server's socket {path}: {exc.strerror}") from exc
         except OSError as exc:
             raise ServeError(f"cannot check the socket {path}: {exc.strerror or exc}") from exc
         else:
@@ -125,6 +157,9 @@ def _listen(path: str) -> tuple[socket.socket, int]:
         listener.bind(path)
     except OSError as exc:
         listener.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ServeError(f"another server started at {path} at the same time; stop it first, or give "
+                             "another path") from exc
         raise ServeError(f"cannot listen at {path}: {exc.strerror or exc}") from exc
     finally:
         os.umask(old)
@@ -142,14 +177,10 @@ def _close_listener(server: _Server) -> None:
             os.unlink(server.path)
 
 
-def _loop(server: _Server) -> None:
-    while not server.stopping:
-        _step(server, timeout=1.0)
-
-
 def _step(server: _Server, timeout: float) -> None:
     now = time.monotonic()
-    waits = [child.kill_at - now for child in server.children.values() if child.kill_at is not None]
+    waits = [request.deadline - now for request in server.requests.values()]
+    waits += [child.kill_at - now for child in server.children.values() if child.kill_at is not None]
     for key, _ in server.selector.select(max(0.0, min([timeout, *waits]))):
         what = key.data
         if what == "accept":
@@ -157,11 +188,18 @@ def _step(server: _Server, timeout: float) -> None:
         elif what == "wake":
             with contextlib.suppress(OSError):
                 os.read(server.wake[0], 512)
-        elif what[0] == "client":
-            _from_client(server, what[1])
-        elif what[0] == "exit":
-            _reap(server, what[1])
+        elif what[0] == "request":
+            if what[1] in server.requests:
+                _read_request(server, what[1])
+        elif what[1] in server.children:  # an event of this batch may concern a child reaped earlier in it
+            if what[0] == "client":
+                _from_client(server, what[1])
+            else:
+                _reap(server, what[1])
     now = time.monotonic()
+    for fd, request in list(server.requests.items()):
+        if now >= request.deadline:
+            _drop(server, fd, "request not sent in time")
     for pid, child in list(server.children.items()):
         if child.kill_at is not None and now >= child.kill_at:
             with contextlib.suppress(OSError):
@@ -172,67 +210,84 @@ def _step(server: _Server, timeout: float) -> None:
 def _accept(server: _Server) -> None:
     try:
         conn, _ = server.listener.accept()
+    except OSError:  # none waiting, or out of descriptors: the client sees its connection closed
+        return
+    uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+    if uid != os.getuid():
+        _answer(conn, f"error this server serves uid {os.getuid()} only, not uid {uid}; start your own with "
+                      "`execbox serve`")
+        return
+    conn.setblocking(False)
+    server.requests[conn.fileno()] = _Request(conn, time.monotonic() + REQUEST_TIMEOUT_S)
+    server.selector.register(conn, selectors.EVENT_READ, ("request", conn.fileno()))
+
+
+def _read_request(server: _Server, fd: int) -> None:
+    request = server.requests[fd]
+    try:
+        # The descriptors come with the header; close-on-exec until the child puts them in place.
+        data, fds, _, _ = socket.recv_fds(request.conn, 1 << 16, 4, socket.MSG_CMSG_CLOEXEC)
     except (BlockingIOError, InterruptedError):
         return
-    fds: list[int] = []
-    try:
-        conn.setblocking(True)
-        conn.settimeout(_REQUEST_TIMEOUT_S)
-        uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
-        if uid != os.getuid():
-            _answer(conn, f"error this server serves uid {os.getuid()} only, not uid {uid}; start your own "
-                          "with `execbox serve`")
-            return
-        header, fds, _, _ = socket.recv_fds(conn, HEADER.size, 4)
-        request = _request(conn, header, fds)
-        if isinstance(request, str):
-            _answer(conn, f"error {request}")
-            return
     except OSError:
-        _close_fds(fds)
-        conn.close()
+        data, fds = b"", []
+    request.fds += fds
+    if not data:  # the client went away (or stopped writing) before its request was whole
+        _drop(server, fd, "request cut short" if request.data else None)
         return
+    request.data += data
+    if len(request.data) < HEADER.size:
+        return
+    (size,) = HEADER.unpack_from(request.data)
+    if len(request.fds) != 4:
+        _drop(server, fd, "malformed request: expected a length with four descriptors")
+    elif size > _MAX_REQUEST:
+        _drop(server, fd, f"request of {size} bytes: more than {_MAX_REQUEST}")
+    elif len(request.data) >= HEADER.size + size:
+        _start(server, fd, bytes(request.data[HEADER.size:HEADER.size + size]))
+
+
+def _drop(server: _Server, fd: int, error: str | None = None) -> None:
+    """Forget a connection whose request is incomplete or refused: its descriptors closed, ``error`` answered."""
+    request = server.requests.pop(fd)
+    with contextlib.suppress(KeyError, ValueError):
+        server.selector.unregister(request.conn)
+    _close_fds(request.fds)
+    if error is None:
+        request.conn.close()
+    else:
+        _answer(request.conn, f"error {error}")
+
+
+def _start(server: _Server, fd: int, body: bytes) -> None:
+    try:
+        umask, argv, env = decode_request(body)
+    except ValueError as exc:
+        _drop(server, fd, f"malformed request: {exc}")
+        return
+    if starts_a_server(argv):
+        _drop(server, fd, "a server does not start another server")
+        return
+    request = server.requests.pop(fd)
+    server.selector.unregister(request.conn)
     for stream in (sys.stdout, sys.stderr):  # nothing buffered may be written twice, by the child too
         with contextlib.suppress(Exception):
-            stream.flush()
+            if stream is not None:
+                stream.flush()
     pid = os.fork()
     if pid == 0:
-        _child(server, conn, fds, request)
-    _close_fds(fds)
-    conn.setblocking(False)
+        _child(server, request.conn, request.fds, umask, argv, env)
+    _close_fds(request.fds)
     pidfd = os.pidfd_open(pid)
-    server.children[pid] = _Child(conn, pidfd)
-    server.selector.register(conn, selectors.EVENT_READ, ("client", pid))
+    server.children[pid] = _Child(request.conn, pidfd)
+    server.selector.register(request.conn, selectors.EVENT_READ, ("client", pid))
     server.selector.register(pidfd, selectors.EVENT_READ, ("exit", pid))
-
-
-def _request(conn: socket.socket, header: bytes, fds: list[int]) -> dict[str, Any] | str:
-    """The client's request, or what is wrong with it."""
-    if len(header) != HEADER.size or len(fds) != 4:
-        return "malformed request: expected a length and four descriptors"
-    (size,) = HEADER.unpack(header)
-    if size > _MAX_REQUEST:
-        return f"request of {size} bytes: more than {_MAX_REQUEST}"
-    body = bytearray()
-    while len(body) < size:
-        chunk = conn.recv(min(size - len(body), 1 << 16))
-        if not chunk:
-            return "request cut short"
-        body += chunk
-    try:
-        umask, argv, env = decode_request(bytes(body))
-    except ValueError as exc:
-        return f"malformed request: {exc}"
-    if argv[:1] == ["serve"]:
-        return "a server does not start another server"
-    return {"umask": umask, "argv": argv, "env": env}
 
 
 def _answer(conn: socket.socket, reply: str) -> None:
     with contextlib.suppress(OSError):
-        conn.setblocking(True)
-        conn.settimeout(1.0)
-        conn.sendall(reply.replace("\n", " ").encode() + b"\n")
+        conn.setblocking(False)  # one short line into an empty socket buffer; never wait on a client
+        conn.send(reply.replace("\n", " ").encode() + b"\n")
     conn.close()
 
 
@@ -265,12 +320,15 @@ def _hang_up(server: _Server, pid: int) -> None:
 
 def _reap(server: _Server, pid: int) -> None:
     child = server.children.pop(pid)
-    with contextlib.suppress(KeyError, ValueError):
-        server.selector.unregister(child.pidfd)
-    with contextlib.suppress(KeyError, ValueError):
-        server.selector.unregister(child.conn)
+    for what in (child.pidfd, child.conn):
+        with contextlib.suppress(KeyError, ValueError):
+            server.selector.unregister(what)
     _, status = os.waitpid(pid, 0)
     os.close(child.pidfd)
+    # What the child left in its process group (its session: nothing else is in it) goes with it. Its pid stays
+    # that group's id while a member lives, so it cannot name another process yet.
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
     code = os.waitstatus_to_exitcode(status)
     _answer(child.conn, f"exit {code if code >= 0 else 128 - code}")
 
@@ -281,7 +339,8 @@ def _close_fds(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _child(server: _Server, conn: socket.socket, fds: list[int], request: dict[str, Any]) -> NoReturn:
+def _child(server: _Server, conn: socket.socket, fds: list[int], umask: int, argv: list[str],
+           env: dict[str, str]) -> NoReturn:
     """The forked child: become the client's process (streams, directory, umask, environment) and run its
     command line. Never returns to the server's loop."""
     code: object = 1
@@ -297,33 +356,36 @@ def _child(server: _Server, conn: socket.socket, fds: list[int], request: dict[s
         server.listener.close()
         for fd in server.wake:
             os.close(fd)
+        for request in server.requests.values():
+            request.conn.close()
+            _close_fds(request.fds)
         for child in server.children.values():
             child.conn.close()
             os.close(child.pidfd)
         conn.close()
         for target, fd in enumerate(fds[:3]):
-            os.dup2(fd, target)
+            os.dup2(fd, target)  # the copy at 0-2 is inheritable; the received ones are close-on-exec
         os.fchdir(fds[3])
         _close_fds(fds)
-        os.umask(request["umask"])
+        os.umask(umask)
         os.environ.clear()
-        os.environ.update(request["env"])
+        os.environ.update(env)
         tempfile.tempdir = None  # from the client's TMPDIR, not the server's
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.reconfigure(line_buffering=stream.isatty() or stream is sys.stderr)  # type: ignore[union-attr]
-        code = server.run(list(request["argv"]))
+        _standard_streams()
+        code = server.run(argv)
     except SystemExit as exc:
         code = exc.code
     except BaseException:  # noqa: BLE001 - say it, as the interpreter would, and end the child
-        traceback.print_exc()
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
         code = 1
     finally:
         with contextlib.suppress(BaseException):
             atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(BaseException):
-                stream.flush()
+                if stream is not None:
+                    stream.flush()
     if code is None:
         code = 0
     elif not isinstance(code, int):
@@ -332,3 +394,17 @@ def _child(server: _Server, conn: socket.socket, fds: list[int], request: dict[s
         code = 1
     os._exit(code & 0xFF)
 
+
+def _standard_streams() -> None:
+    """sys.stdin/stdout/stderr over the client's descriptors: buffered as an interpreter started on them would
+    (line by line on a terminal, and stderr always), and made anew if the server started without them."""
+    for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
+        stream = getattr(sys, name)
+        if stream is None:
+            stream = open(fd, mode, closefd=False, encoding="utf-8",  # noqa: SIM115 - the process's own stream
+                          errors="backslashreplace" if name == "stderr" else "strict")
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
+        if mode == "w":
+            with contextlib.suppress(Exception):
+                stream.reconfigure(line_buffering=name == "stderr" or os.isatty(fd))

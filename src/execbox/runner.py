@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 from pydantic import ValidationError
 
 from execbox.core import audit as audit_log
@@ -1015,9 +1015,18 @@ class Runner:
 
 def run_blocking(fn: Callable[[], Awaitable[T]]) -> T:
     """Run a coroutine function to completion from sync code, in a private event loop thread (so it also
-    works inside a program that already runs a loop). Ctrl-C cancels it, and its clean-up still runs."""
-    with start_blocking_portal() as portal:
-        return portal.call(fn)
+    works inside a program that already runs a loop). Ctrl-C cancels it, and its clean-up still runs.
+
+    A _LoopThread, not anyio's start_blocking_portal: with that, a Ctrl-C (or the CLI's SIGTERM) landing
+    while the portal started left the main thread joining a loop thread that nobody would stop, for ever."""
+    loop = _LoopThread()
+    try:
+        result: T = loop.portal.call(fn)
+    except BaseException:
+        loop.stop(cancel=True)
+        raise
+    loop.stop()
+    return result
 
 
 class Sandbox:

@@ -52,7 +52,7 @@ def test_env_vars_lists_every_knob_with_its_default() -> None:
         "CODE_EXEC_AUDIT_MAX_BYTES": 64 << 20, "CODE_EXEC_AUDIT_OUTPUT": 0,
         "AGENT_COMPUTE_POSTURE": 0, "CODE_EXEC_REVIEW_RULES": None, "CODE_EXEC_REVIEW_OFF": [],
         "CODE_EXEC_MAX_CONCURRENT": None, "CODE_EXEC_QUEUE_TIMEOUT_SEC": 60.0, "CODE_EXEC_POOL_SIZE": 0,
-        "CODE_EXEC_POOL_TTL_SEC": 300.0, "CODE_EXEC_MAX_DISPLAY_BYTES": 16 << 20,
+        "CODE_EXEC_POOL_TTL_SEC": 300.0, "CODE_EXEC_MAX_DISPLAY_BYTES": 16 << 20, "CODE_EXEC_SERVER": None,
     }
     assert all(description for _, _, description in Settings.env_vars())
 

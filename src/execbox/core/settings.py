@@ -236,6 +236,11 @@ class Settings(EnvSettings):
             raise ValueError(f"{path} is not a file: name a PEM file of CA certificates")
         return path
 
+    @field_validator("server", mode="before")
+    @classmethod
+    def _empty_means_no_server(cls, value: Any) -> Any:
+        return None if value == "" else value  # as the `execbox` program reads it: CODE_EXEC_SERVER= is unset
+
     @field_validator("load_plugins", mode="before")
     @classmethod
     def _empty_means_none_loaded(cls, value: Any) -> Any:
