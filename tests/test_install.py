@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import venv
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -85,6 +86,25 @@ def test_each_command_works_with_only_this_extra(environments: dict[str, Path], 
         assert result["backend"] == ("docker" if extra == "docker" else "bubblewrap")
     else:  # a clear refusal or a run, never a crash
         assert ran.returncode in (0, 125, 126), ran.stdout + ran.stderr
+
+    # A resident server starts with only this extra (it preloads every installed SDK, and skips the others),
+    # and runs a command line handed to it as the program would.
+    sock = str(bin_dir.parent / "serve.sock")
+    server = subprocess.Popen([str(bin_dir / "execbox"), "serve", "--socket", sock], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=bin_dir.parent,
+                              env={k: v for k, v in os.environ.items() if not k.startswith(("CODE_EXEC_", "EXECBOX_"))})
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(sock) and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert os.path.exists(sock), server.communicate(timeout=30)
+        version = _execbox(bin_dir, "--version", env_extra={"CODE_EXEC_SERVER": sock})
+        assert version.returncode == 0 and "version" in version.stdout and "no server" not in version.stderr, \
+            version.stdout + version.stderr
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=60)
+    assert "Traceback" not in err, err
 
     # The MCP server needs its extra, and says so without it.
     if extra == "mcp":

@@ -638,8 +638,10 @@ def _preload(settings: Settings) -> None:
     importlib.import_module("anyio._backends._asyncio")
     for entry in get_registry(settings.load_plugins, settings.disable_plugins).backends.values():
         sdk = entry.cls.sdk
-        if sdk and importlib.util.find_spec(sdk) is not None:
-            with contextlib.suppress(Exception):  # a broken SDK is the backend's own error, at its first use
+        # A missing SDK (or its missing parent package: find_spec raises then) is the backend's own error, said
+        # at its first use; so is a broken one.
+        with contextlib.suppress(Exception):
+            if sdk and importlib.util.find_spec(sdk) is not None:
                 importlib.import_module(sdk)
 
 
