@@ -165,6 +165,7 @@ def test_what_is_at_the_path_decides(tmp_path: Path) -> None:
 
 def test_malformed_requests_are_answered_and_the_server_goes_on(server: Server) -> None:
     for payload, fds in [(b"\x00\x00\x00\x05abc", [0, 1, 2, 0]), (resident.HEADER.pack(3) + b"abc", [0, 1]),
+                         (resident.HEADER.pack(3) + b"abc", [0, 1, 2, 0, 1]),
                          (resident.HEADER.pack(1 << 30), [0, 1, 2, 0])]:
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(server.path)

@@ -232,6 +232,9 @@ def _read_request(server: _Server, fd: int) -> None:
     except OSError:
         data, fds = b"", []
     request.fds += fds
+    if len(request.fds) > 4:
+        _drop(server, fd, "malformed request: more than four descriptors")
+        return
     if not data:  # the client went away (or stopped writing) before its request was whole
         _drop(server, fd, "request cut short" if request.data else None)
         return
