@@ -7,6 +7,7 @@ working directory, environment; and nothing may outlive a client, a child or the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -425,3 +426,56 @@ def test_an_empty_variable_is_no_server(tmp_path: Path) -> None:
     done = subprocess.run([EXECBOX, "serve"], capture_output=True, text=True, timeout=60,
                           env=_env(**{resident.SERVER_VAR: ""}), cwd=tmp_path)
     assert done.returncode == 2 and "give --socket PATH, or set CODE_EXEC_SERVER" in done.stderr, done
+
+
+def test_a_signal_the_client_ignores_is_not_relayed(server: Server) -> None:
+    # Under nohup, or as a background job of a shell without job control, SIGINT/SIGHUP are ignored: the run
+    # goes on, as it would without the server.
+    client = subprocess.Popen([EXECBOX, "run", "--backend", "local_subprocess", "--network", "host", "--",
+                               "sh", "-c", "sleep 2; echo finished"], env={**server.env, "CODE_EXEC_LOCAL": "true"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert wait_until(lambda: bool(_child_pids(server)), 30)
+    client.send_signal(signal.SIGINT)
+    out, err = client.communicate(timeout=60)
+    assert (client.returncode, out) == (0, "finished\n"), err
+
+
+def test_a_child_that_outlives_its_hang_up_is_killed_at_the_grace() -> None:
+    # A child that ignores the SIGHUP sent when its client went away is killed once KILL_GRACE_S has passed.
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        time.sleep(300)
+        os._exit(0)
+    ours, theirs = socket.socketpair()
+    listener = socket.socket(socket.AF_UNIX)
+    server = resident_server._Server("unused", lambda argv: 0, listener, 0, os.pipe(), lambda *a: 0)
+    server.children[pid] = resident_server._Child(ours, os.pidfd_open(pid))
+
+    class Quiet:
+        def select(self, timeout: float) -> list[tuple[Any, int]]:
+            return []
+
+        def unregister(self, what: object) -> None:
+            pass
+
+    server.selector = Quiet()  # type: ignore[assignment]
+    try:
+        assert wait_until(lambda: os.getsid(pid) == pid, 10)
+        resident_server._hang_up(server, pid)
+        resident_server._step(server, timeout=0)
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the hang-up alone ended it: the test proves nothing"
+        server.children[pid].kill_at = time.monotonic()  # the grace is over
+        resident_server._step(server, timeout=0)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        listener.close()
+        theirs.close()
+        for fd in server.wake:
+            os.close(fd)

@@ -633,15 +633,12 @@ def _preload(settings: Settings) -> None:
     """Import what a command line's first run imports: every backend's module and installed SDK, and anyio's
     event loop. Nothing is started or connected: the children forked afterwards share no thread or socket."""
     import importlib
-    import importlib.util
 
     importlib.import_module("anyio._backends._asyncio")
     for entry in get_registry(settings.load_plugins, settings.disable_plugins).backends.values():
         sdk = entry.cls.sdk
-        # A missing SDK (or its missing parent package: find_spec raises then) is the backend's own error, said
-        # at its first use; so is a broken one.
-        with contextlib.suppress(Exception):
-            if sdk and importlib.util.find_spec(sdk) is not None:
+        with contextlib.suppress(Exception):  # a missing or broken SDK is the backend's own error, at first use
+            if sdk:
                 importlib.import_module(sdk)
 
 

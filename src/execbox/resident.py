@@ -33,7 +33,6 @@ import os
 import signal
 import socket
 import struct
-import sys
 
 #: The variable that names the server's socket (declared with the other settings as ``Settings.server``; read here
 #: directly, because the client runs before pydantic is imported).
@@ -50,19 +49,30 @@ def starts_a_server(argv: list[str]) -> bool:
     return command == ["serve"]
 
 
-def forward(path: str, argv: list[str]) -> int | None:
-    """Run the command line ``argv`` on the server at ``path``, with this process's standard streams, working
-    directory, umask and environment; its exit status. None when no server of this user answers there: then
-    nothing was sent, and the caller runs the command itself."""
-    for fd in (0, 1, 2):  # a closed one would be taken by the socket, and handed over as the stream
+def open_standard_fds() -> None:
+    """Make 0, 1 and 2 open (/dev/null for a closed one), so that no socket of ours takes a standard stream's
+    number, to be handed over or inherited as that stream."""
+    for fd in (0, 1, 2):
         try:
             os.fstat(fd)
         except OSError:
             os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a connected Unix socket (SO_PEERCRED: pid, uid, gid)."""
+    return int(struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1])
+
+
+def forward(path: str, argv: list[str]) -> int | None:
+    """Run the command line ``argv`` on the server at ``path``, with this process's standard streams, working
+    directory, umask and environment; its exit status. None when no server of this user answers there: then
+    nothing was sent, and the caller runs the command itself."""
+    open_standard_fds()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
-        uid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+        uid = peer_uid(sock)
     except OSError as exc:
         sock.close()
         _without(path, exc.strerror or str(exc))
@@ -99,19 +109,24 @@ def forward(path: str, argv: list[str]) -> int | None:
         except OSError:
             chunk = b""
         if not chunk:
-            sys.stderr.write(f"execbox: the server at {path} ended before the command did\n")
+            _say(f"the server at {path} ended before the command did")
             return 1
         answer += chunk
     kind, _, value = answer.decode(errors="replace").strip().partition(" ")
     if kind != "exit" or not value.isdigit():
-        sys.stderr.write(f"execbox: the server at {path} refused: {value if kind == 'error' else answer!r}\n")
+        _say(f"the server at {path} refused: {value if kind == 'error' else answer!r}")
         return 1
     return int(value)
 
 
 def _without(path: str, why: str) -> None:
-    sys.stderr.write(f"execbox: no server of yours at {SERVER_VAR}={path} ({why}); running without it. "
-                     f"Start one with `execbox serve`, or unset {SERVER_VAR}\n")
+    _say(f"no server of yours at {SERVER_VAR}={path} ({why}); running without it. Start one with `execbox serve`, "
+         f"or unset {SERVER_VAR}")
+
+
+def _say(message: str) -> None:
+    # On descriptor 2 itself: sys.stderr is None when the program started with it closed.
+    os.write(2, f"execbox: {message}\n".encode(errors="replace"))
 
 
 def encode_request(umask: int, argv: list[str], env: dict[str, str]) -> bytes:

@@ -21,7 +21,6 @@ import selectors
 import signal
 import socket
 import stat
-import struct
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from execbox.resident import FORWARDED, HEADER, decode_request, starts_a_server
+from execbox.resident import FORWARDED, HEADER, decode_request, open_standard_fds, peer_uid, starts_a_server
 
 #: Seconds between hanging up a child whose client went away and killing its process group.
 KILL_GRACE_S = 30.0
@@ -83,11 +82,7 @@ def serve(path: str, run: Callable[[list[str]], object], ready: Callable[[], obj
     called once the socket listens."""
     import ctypes
 
-    for fd in (0, 1, 2):  # started with one closed: the listener must not take its place (children inherit 0-2)
-        try:
-            os.fstat(fd)
-        except OSError:
-            os.open(os.devnull, os.O_RDWR)
+    open_standard_fds()  # started with one closed: the listener must not take its place (children inherit 0-2)
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     listener, inode = _listen(path)
     wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -212,7 +207,7 @@ def _accept(server: _Server) -> None:
         conn, _ = server.listener.accept()
     except OSError:  # none waiting, or out of descriptors: the client sees its connection closed
         return
-    uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+    uid = peer_uid(conn)
     if uid != os.getuid():
         _answer(conn, f"error this server serves uid {os.getuid()} only, not uid {uid}; start your own with "
                       "`execbox serve`")
@@ -273,10 +268,7 @@ def _start(server: _Server, fd: int, body: bytes) -> None:
         return
     request = server.requests.pop(fd)
     server.selector.unregister(request.conn)
-    for stream in (sys.stdout, sys.stderr):  # nothing buffered may be written twice, by the child too
-        with contextlib.suppress(Exception):
-            if stream is not None:
-                stream.flush()
+    _flush_standard_streams()  # nothing buffered may be written twice, by the child too
     pid = os.fork()
     if pid == 0:
         _child(server, request.conn, request.fds, umask, argv, env)
@@ -385,10 +377,7 @@ def _child(server: _Server, conn: socket.socket, fds: list[int], umask: int, arg
     finally:
         with contextlib.suppress(BaseException):
             atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(BaseException):
-                if stream is not None:
-                    stream.flush()
+        _flush_standard_streams()
     if code is None:
         code = 0
     elif not isinstance(code, int):
@@ -396,6 +385,13 @@ def _child(server: _Server, conn: socket.socket, fds: list[int], umask: int, arg
             print(code, file=sys.stderr, flush=True)
         code = 1
     os._exit(code & 0xFF)
+
+
+def _flush_standard_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            if stream is not None:
+                stream.flush()
 
 
 def _standard_streams() -> None:
