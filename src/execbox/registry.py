@@ -76,7 +76,7 @@ class Registry:
     def get(self, name: str) -> BackendEntry:
         """The backend ``name``, imported (only it: the others stay as they are)."""
         if name in self.failed:
-            raise self.failed[name]
+            raise self.failed[name].with_traceback(None)  # the stored error, its traceback not grown
         if name not in self.entries:
             known = ", ".join(sorted(self.entries)) or "(none)"
             raise ConfigError(
@@ -86,7 +86,7 @@ class Registry:
             )
         entry = self._load(name)
         if entry is None:
-            raise self.failed[name]
+            raise self.failed[name].with_traceback(None)  # the stored error, its traceback not grown
         return entry
 
     def names(self) -> list[str]:

@@ -512,3 +512,23 @@ def test_a_malformed_docker_host_is_an_error_naming_it(host: str) -> None:
     with pytest.raises(BackendUnavailableError) as info:
         engine.connect({"DOCKER_HOST": host})
     assert info.value.env_var == "DOCKER_HOST"
+
+
+def test_orphaned_workspaces_take_neither_another_users_nor_trust_an_owner_file_the_code_wrote() -> None:
+    # The workspace is the sandbox's to write: an owner file planted there (another host, a live process) must not
+    # keep a dead owner's workspace from gc. And gc running as root takes only its own user's directories.
+    tmp = tempfile.gettempdir()
+    planted = os.path.join(tmp, f"{ds.WORKSPACE_PREFIX}{dead_pid()}-1-{uuid_hex()}")
+    foreign = os.path.join(tmp, f"{ds.WORKSPACE_PREFIX}{dead_pid()}-1-{uuid_hex()}")
+    try:
+        os.mkdir(planted)
+        Path(planted, "owner").write_text("another-host:1:1\n")
+        os.mkdir(foreign)
+        if os.geteuid() == 0:
+            os.chown(foreign, 65534, 65534)
+        found = ds.orphaned_workspaces()
+        assert planted in found
+        assert (foreign in found) == (os.geteuid() != 0)
+    finally:
+        for path in (planted, foreign):
+            shutil.rmtree(path, ignore_errors=True)

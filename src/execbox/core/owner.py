@@ -42,8 +42,8 @@ def owner_id(pid: int | None = None) -> str:
 def owner_tag() -> str:
     """``pid-starttime`` of this process, for the names of what it creates on this host: gc tells a dead owner
     from a new process that reuses its pid (``name_owner`` reads it back)."""
-    _, pid, started = owner_id().rsplit(":", 2)
-    return f"{pid}-{started}"
+    pid = os.getpid()
+    return f"{pid}-{_start_time(pid)}"
 
 
 def name_owner(name: str, prefix: str) -> tuple[int, str] | None:
@@ -92,8 +92,9 @@ def orphaned_dirs(prefix: str, parent: str | None = None, owner_file: bool = Tru
     """The directories PREFIX + owner_tag() + "-" + RANDOM in PARENT (the temp dir by default) whose execbox
     process is gone: only real directories (never a symlink) of this process's user, as anyone can plant such a
     name in a shared /tmp and gc may run as root. Judged by ``orphaned`` (OWNER_FILE, else the name); with
-    ``owner_file=False`` by the pid and start time in the name alone (a directory that holds no file of ours,
-    such as a cgroup). The caller removes them (``workspace.remove_tree``)."""
+    ``owner_file=False`` by the pid and start time in the name alone: for a directory that holds no file of ours
+    (a cgroup) or whose files the sandbox writes (docker's workspace: an owner file there is the code's). The
+    caller removes them (``workspace.remove_tree``)."""
     where = tempfile.gettempdir() if parent is None else parent
     found = []
     try:

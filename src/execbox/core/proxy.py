@@ -55,7 +55,7 @@ from execbox.core import egress_secrets
 from execbox.core.egress import EgressPolicy, IPAddress, ProviderAllowlist, literal_address, provider_allowlist
 from execbox.core.errors import ConfigError, SandboxError, UnsupportedPolicyError
 from execbox.core.models import EgressAttempt, ExecResult
-from execbox.core.owner import OWNER_FILE, orphaned, owner_id
+from execbox.core.owner import OWNER_FILE, orphaned_dirs, owner_id, owner_tag
 from execbox.core.settings import Settings
 from execbox.core.workspace import remove_tree
 
@@ -245,34 +245,12 @@ class ProxyRun:
         return f"{MOUNT_POINT}/{self.name}"
 
 
-def _dir_owner(name: str) -> tuple[int, str] | None:
-    """(pid, start time) of the process a proxy directory was made for, from its name; None if not ours."""
-    if not name.startswith(DIR_PREFIX):
-        return None
-    parts = name[len(DIR_PREFIX):].split("-")
-    if len(parts) == 3 and parts[0].isascii() and parts[0].isdigit() and parts[1].isascii() and parts[1].isdigit():
-        return int(parts[0]), parts[1]
-    return None
-
-
 def sweep_orphans() -> list[str]:
     """Remove the proxy directories of execbox processes that are gone (a crash, a SIGKILL): only real
     directories of this user, with our name; returns what was removed."""
-    removed = []
-    tmp = tempfile.gettempdir()
-    with contextlib.suppress(OSError):
-        for name in os.listdir(tmp):
-            owner = _dir_owner(name)
-            path = os.path.join(tmp, name)
-            if owner is None or not orphaned(path, *owner):
-                continue
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
-                remove_tree(path)
-                removed.append(path)
+    removed = orphaned_dirs(DIR_PREFIX)
+    for path in removed:
+        remove_tree(path)
     return removed
 
 
@@ -309,8 +287,7 @@ class EgressProxy:
         self._lock = threading.Lock()
         self._open: set[asyncio.StreamWriter] = set()
         self._servers: set[asyncio.AbstractServer] = set()
-        tag = owner_id().rsplit(":", 2)
-        self.directory = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{tag[1]}-{tag[2]}-")
+        self.directory = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{owner_tag()}-")
         self.ca_file: str | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="execbox-egress-proxy", daemon=True)

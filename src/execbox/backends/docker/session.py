@@ -27,6 +27,7 @@ import math
 import os
 import re
 import shlex
+import stat
 import tempfile
 import threading
 import time
@@ -60,7 +61,10 @@ from execbox.plugin import (
     SessionSpec,
     build_result,
     disk,
+    name_owner,
+    orphaned_dirs,
     owner_id,
+    owner_tag,
     pid_alive,
     proxy,
     remove_tree,
@@ -110,13 +114,6 @@ def armed_script(command: list[str], env: dict[str, str], workdir: str) -> bytes
     return b"%d\n" % len(data) + data
 
 
-def workspace_owner(path: str) -> tuple[int, str] | None:
-    """(pid, start time) of the process a workspace was made for, from its name; None if not one of ours."""
-    name = os.path.basename(path)
-    match = re.fullmatch(re.escape(WORKSPACE_PREFIX) + r"(\d+)-(\d+)-[^-]+", name)
-    return (int(match.group(1)), match.group(2)) if match else None
-
-
 def remove_workspace(path: str) -> bool:
     """Unmount (a sized workspace) and remove a workspace directory, and its disk image. Only a directory we
     would have made: directly in the temp dir, with our prefix, not a link. True if there was one."""
@@ -124,7 +121,7 @@ def remove_workspace(path: str) -> bool:
         return False
     p = os.path.abspath(path)
     if os.path.realpath(os.path.dirname(p)) != os.path.realpath(tempfile.gettempdir()) \
-            or workspace_owner(p) is None or os.path.islink(p):
+            or name_owner(os.path.basename(p), WORKSPACE_PREFIX) is None or os.path.islink(p):
         return False
     existed = os.path.exists(p) or os.path.exists(p + disk.IMAGE_SUFFIX)
     disk.release_sized(p)
@@ -133,15 +130,19 @@ def remove_workspace(path: str) -> bool:
 
 
 def orphaned_workspaces() -> list[str]:
-    """Workspaces (and bare disk images) in the temp dir whose owner process is gone."""
+    """Workspaces (and bare disk images) in the temp dir whose owner process is gone: real directories and files
+    of this user only. Judged by the name alone: the workspace is the sandbox's to write, an owner file in it too."""
     tmp = os.path.realpath(tempfile.gettempdir())
-    found = []
+    found = orphaned_dirs(WORKSPACE_PREFIX, tmp, owner_file=False)
     with contextlib.suppress(OSError):
         for name in os.listdir(tmp):
-            base = name.removesuffix(disk.IMAGE_SUFFIX)
-            owner = workspace_owner(base)
-            if owner is not None and not pid_alive(*owner) and os.path.join(tmp, base) not in found:
-                found.append(os.path.join(tmp, base))
+            base = os.path.join(tmp, name.removesuffix(disk.IMAGE_SUFFIX))
+            owner = name_owner(os.path.basename(base), WORKSPACE_PREFIX) if name.endswith(disk.IMAGE_SUFFIX) else None
+            if owner is None or base in found or os.path.lexists(base):
+                continue
+            st = os.lstat(os.path.join(tmp, name))
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not pid_alive(*owner):
+                found.append(base)
     return found
 
 
@@ -206,8 +207,7 @@ class DockerSession(Session):
         self.spec = spec
         self.plan = plan
         self.id = uuid.uuid4().hex[:12]
-        pid = os.getpid()
-        self.host_workspace = tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{pid}-{owner_id(pid).rsplit(':', 1)[1]}-")
+        self.host_workspace = tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{owner_tag()}-")
         self._owner = parse_user(plan.user)
         # As root: hand the workspace to the sandbox user. Otherwise the sandbox user is the caller
         # (DockerBackend.workspace_access refuses any other), and mkdtemp's 0700 is already right.
