@@ -30,6 +30,7 @@ from pydantic import AliasChoices
 from execbox import resident, resident_server
 from execbox.core.settings import Settings
 from tests.backends.test_docker import engine  # noqa: F401 - fixture
+from tests.support.containers import containers_of
 from tests.support.waiting import wait_until
 
 EXECBOX = str(Path(sys.executable).parent / "execbox")
@@ -207,11 +208,6 @@ def test_another_user_is_refused() -> None:
                                 "`execbox serve`\n", connection
 
 
-def _containers_of(engine: Any, pid: int) -> list[str]:  # noqa: F811
-    return [c.name for c in engine.containers.list(all=True, filters={"label": "io.execbox.owner"})
-            if c.labels.get("io.execbox.owner", "").split(":")[1:2] == [str(pid)]]
-
-
 def _child_pids(server: Server) -> list[int]:
     kids = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
     return [int(k) for k in kids]
@@ -223,7 +219,7 @@ def test_nothing_outlives_a_killed_client_or_server(engine: Any, server: Server,
                               env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert wait_until(lambda: bool(_child_pids(server)), 30)
     child = _child_pids(server)[0]
-    assert wait_until(lambda: bool(_containers_of(engine, child)), 60), "the run never started"
+    assert wait_until(lambda: bool(containers_of(engine, child)), 60), "the run never started"
     if how == "client SIGKILL":
         client.kill()
     elif how == "server SIGKILL":
@@ -236,7 +232,7 @@ def test_nothing_outlives_a_killed_client_or_server(engine: Any, server: Server,
     if how == "client SIGINT":
         assert client.returncode != 0
     # The child hangs up like a closed terminal: its container is removed well before the run's 300 s.
-    assert wait_until(lambda: not _containers_of(engine, child), 60), _containers_of(engine, child)
+    assert wait_until(lambda: not containers_of(engine, child), 60), containers_of(engine, child)
     assert wait_until(lambda: not Path(f"/proc/{child}").exists() or
                       Path(f"/proc/{child}/stat").read_text().split(") ")[1].startswith("Z"), 30)
     if how != "server SIGKILL":
@@ -248,13 +244,13 @@ def test_stopping_the_server_hangs_up_its_children(engine: Any, server: Server) 
                               env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert wait_until(lambda: bool(_child_pids(server)), 30)
     child = _child_pids(server)[0]
-    assert wait_until(lambda: bool(_containers_of(engine, child)), 60)
+    assert wait_until(lambda: bool(containers_of(engine, child)), 60)
     started = time.monotonic()
     code, err = server.stop()
     assert code == 0, err
     client.communicate(timeout=60)
     assert client.returncode != 0
-    assert not _containers_of(engine, child)
+    assert not containers_of(engine, child)
     assert time.monotonic() - started < 300  # hung up, not waited out
     assert not os.path.exists(server.path)
 
@@ -445,8 +441,8 @@ def test_a_child_that_outlives_its_hang_up_is_killed_at_the_grace() -> None:
     # A child that ignores the SIGHUP sent when its client went away is killed once KILL_GRACE_S has passed.
     pid = os.fork()
     if pid == 0:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # first: the parent waits for setsid, then hangs up
         os.setsid()
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         time.sleep(300)
         os._exit(0)
     ours, theirs = socket.socketpair()

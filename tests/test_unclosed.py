@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.backends.test_docker import engine  # noqa: F401 - fixture
+from tests.support.containers import containers_of
 
 SCRIPT = textwrap.dedent("""
     import os, sys
@@ -51,8 +52,7 @@ def test_a_forgotten_local_sandbox_is_closed_at_exit(pool: int) -> None:
 def test_a_forgotten_docker_sandbox_and_pool_leave_no_container(engine: Any) -> None:  # noqa: F811
     done, pid = leave_open("docker", 2)
     assert done.returncode == 3, done.stderr
-    left = [c.name for c in engine.containers.list(all=True, filters={"label": "io.execbox.owner"})
-            if c.labels.get("io.execbox.owner", "").split(":")[1:2] == [str(pid)]]
+    left = containers_of(engine, pid)
     assert not left, f"containers of the exited program: {left}"
 
 
