@@ -166,9 +166,9 @@ def test_what_is_at_the_path_decides(tmp_path: Path) -> None:
 
 
 def test_malformed_requests_are_answered_and_the_server_goes_on(server: Server) -> None:
-    for payload, fds in [(b"\x00\x00\x00\x05abc", [0, 1, 2, 0]), (resident.HEADER.pack(3) + b"abc", [0, 1]),
-                         (resident.HEADER.pack(3) + b"abc", [0, 1, 2, 0, 1]),
-                         (resident.HEADER.pack(1 << 30), [0, 1, 2, 0])]:
+    for payload, fds in [(b"\x00\x00\x00\x05abc", [0, 1, 2, 0]), (resident.header(3) + b"abc", [0, 1]),
+                         (resident.header(3) + b"abc", [0, 1, 2, 0, 1]),
+                         (resident.header(1 << 30), [0, 1, 2, 0])]:
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(server.path)
             socket.send_fds(sock, [payload], fds)
@@ -178,7 +178,7 @@ def test_malformed_requests_are_answered_and_the_server_goes_on(server: Server) 
     body = resident.encode_request(0o22, ["serve", "--socket", server.path + "2"], {})
     with socket.socket(socket.AF_UNIX) as sock:
         sock.connect(server.path)
-        socket.send_fds(sock, [resident.HEADER.pack(len(body))], [0, 1, 2, os.open(".", os.O_RDONLY)])
+        socket.send_fds(sock, [resident.header(len(body))], [0, 1, 2, os.open(".", os.O_RDONLY)])
         sock.sendall(body)
         assert sock.makefile("rb").readline() == b"error a server does not start another server\n"
     assert server.run("backends", "--json").returncode == 0
@@ -385,7 +385,7 @@ def test_refused_requests_leave_no_descriptor_and_a_silent_client_stalls_nobody(
     for _ in range(5):
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(server.path)
-            socket.send_fds(sock, [resident.HEADER.pack(3) + b"abc"], [0, 1, 2, 0])
+            socket.send_fds(sock, [resident.header(3) + b"abc"], [0, 1, 2, 0])
             assert sock.makefile("rb").readline().startswith(b"error malformed request"), "not refused"
     assert wait_until(lambda: open_fds() == before, 10), (open_fds(), before)
     with socket.socket(socket.AF_UNIX) as silent:  # connects, sends nothing, keeps the connection
@@ -413,7 +413,7 @@ def test_serve_behind_a_double_dash_is_neither_handed_over_nor_run(server: Serve
     body = resident.encode_request(0o22, ["--", "serve", "--socket", server.path + "2"], {})
     with socket.socket(socket.AF_UNIX) as sock:
         sock.connect(server.path)
-        socket.send_fds(sock, [resident.HEADER.pack(len(body))], [0, 1, 2, os.open(".", os.O_RDONLY)])
+        socket.send_fds(sock, [resident.header(len(body))], [0, 1, 2, os.open(".", os.O_RDONLY)])
         sock.sendall(body)
         assert sock.makefile("rb").readline() == b"error a server does not start another server\n"
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from execbox.resident import FORWARDED, HEADER, decode_request, open_standard_fds, peer_uid, starts_a_server
+from execbox.resident import FORWARDED, HEADER_SIZE, decode_request, open_standard_fds, peer_uid, starts_a_server
 
 #: Seconds between hanging up a child whose client went away and killing its process group.
 KILL_GRACE_S = 30.0
@@ -234,15 +234,15 @@ def _read_request(server: _Server, fd: int) -> None:
         _drop(server, fd, "request cut short" if request.data else None)
         return
     request.data += data
-    if len(request.data) < HEADER.size:
+    if len(request.data) < HEADER_SIZE:
         return
-    (size,) = HEADER.unpack_from(request.data)
+    size = int.from_bytes(request.data[:HEADER_SIZE], "big")
     if len(request.fds) != 4:
         _drop(server, fd, "malformed request: expected a length with four descriptors")
     elif size > _MAX_REQUEST:
         _drop(server, fd, f"request of {size} bytes: more than {_MAX_REQUEST}")
-    elif len(request.data) >= HEADER.size + size:
-        _start(server, fd, bytes(request.data[HEADER.size:HEADER.size + size]))
+    elif len(request.data) >= HEADER_SIZE + size:
+        _start(server, fd, bytes(request.data[HEADER_SIZE:HEADER_SIZE + size]))
 
 
 def _drop(server: _Server, fd: int, error: str | None = None) -> None:
