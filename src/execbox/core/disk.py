@@ -77,6 +77,7 @@ def _template(size_mb: int, owner: tuple[int, int]) -> list[tuple[int, bytes]] |
                 with open(image, "wb") as fh:
                     fh.truncate(size_mb << 20)
                 _mkfs(image, owner)
+                _settle_root(image, os.path.join(scratch, "root"))
                 fd = os.open(image, os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     end, offset, total = size_mb << 20, 0, 0
@@ -100,7 +101,21 @@ def _template(size_mb: int, owner: tuple[int, int]) -> list[tuple[int, bytes]] |
     return _templates[key] or None
 
 
-def _write_image(image: str, size_mb: int, owner: tuple[int, int]) -> None:
+def _settle_root(image: str, mount_point: str) -> None:
+    """Give a new filesystem the root a workspace starts with: empty (no lost+found for the sandbox to trip over)
+    and 0700. Done once in the template, each time only without one."""
+    os.mkdir(mount_point, 0o700)
+    _loop_mount(image, mount_point)
+    try:
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(mount_point, "lost+found"))
+        os.chmod(mount_point, 0o700)
+    finally:
+        release_sized(mount_point)
+
+
+def _write_image(image: str, size_mb: int, owner: tuple[int, int]) -> bool:
+    """Write a formatted image; True when it came from the template (its root already settled)."""
     template = _template(size_mb, owner)
     fd = os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -111,6 +126,7 @@ def _write_image(image: str, size_mb: int, owner: tuple[int, int]) -> None:
         os.close(fd)
     if template is None:
         _mkfs(image, owner)
+    return template is not None
 
 
 def _sys() -> ctypes.CDLL:
@@ -177,16 +193,17 @@ def mount_sized(path: str, size_mb: int, owner: tuple[int, int]) -> None:
 
     Raises OSError when it cannot; leaves nothing behind then."""
     image = path + IMAGE_SUFFIX
-    _write_image(image, size_mb, owner)
+    settled = _write_image(image, size_mb, owner)
     try:
         _loop_mount(image, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(image)
         raise
-    with contextlib.suppress(OSError):
-        os.rmdir(os.path.join(path, "lost+found"))
-    os.chmod(path, 0o700)
+    if not settled:
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(path, "lost+found"))
+        os.chmod(path, 0o700)
 
 
 def is_mounted(path: str) -> bool:
@@ -204,9 +221,10 @@ def release_sized(path: str) -> None:
     """Unmount ``path`` if a sized workspace is mounted there and delete its image. Safe on a plain directory,
     and safe to call twice. A busy mount is detached lazily: it goes when its last user (a dying sandbox)
     does, and the image's space with it (the loop device detaches itself then)."""
-    if is_mounted(path):
-        target = os.fsencode(path)
-        if _sys().umount2(target, _UMOUNT_NOFOLLOW) != 0 and is_mounted(path):
-            _sys().umount2(target, _MNT_DETACH | _UMOUNT_NOFOLLOW)
+    target = os.fsencode(path)
+    # No mount there: EINVAL (or ENOENT), nothing to do; /proc/self/mountinfo is not read (a host with many
+    # containers has a long one, and every one-shot comes here).
+    if _sys().umount2(target, _UMOUNT_NOFOLLOW) != 0 and ctypes.get_errno() == errno.EBUSY:
+        _sys().umount2(target, _MNT_DETACH | _UMOUNT_NOFOLLOW)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path + IMAGE_SUFFIX)
