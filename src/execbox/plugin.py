@@ -32,6 +32,8 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
                      sandbox, a Unix socket to bind in, the in-sandbox forwarder, sweep_orphans for gc)
     remote helpers   remote (labels and orphan_reason for gc, the in-sandbox argv wrapper and reaper, path checks)
     lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
+    probe cache      probecache.load / store: an engine's facts (never a verdict) kept across processes for
+                     CODE_EXEC_PROBE_CACHE_SEC, keyed by what names the engine instance
     gc ownership     owner_id, owner_alive, pid_alive (host:pid:start-time; a reused pid is not the owner);
                      OWNER_FILE, orphaned (a host directory that names its owner); owner_tag, name_owner
                      (PREFIX + pid-start + random names, and reading them back), orphaned_dirs (those of dead owners)
@@ -40,7 +42,7 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
 
 from __future__ import annotations
 
-from execbox.core import disk, egress, packages, proxy, remote, seccomp_policy, transfer
+from execbox.core import disk, egress, packages, probecache, proxy, remote, seccomp_policy, transfer
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
 from execbox.core.envpolicy import filter_env, host_env, sandbox_env
 from execbox.core.errors import (
@@ -94,7 +96,8 @@ from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
 # upload / download with defaults, host_workspace, transfer, TransferLimits, FileInfo, Transfer), Mount and
 # Capabilities.mounts, packages. 1.3: the hook's register(ref, name=...) registers a backend by "module:Class", imported
 # only when that backend is used or all are listed. 1.4: owner_tag, name_owner, orphaned_dirs (parent, owner_file).
-KIT_VERSION = "1.4"
+# 1.5: probecache (an engine's facts kept across processes; Settings.probe_cache_sec).
+KIT_VERSION = "1.5"
 
 __all__ = [
     "KIT_VERSION",
@@ -154,6 +157,7 @@ __all__ = [
     "owner_tag",
     "packages",
     "pid_alive",
+    "probecache",
     "proxy",
     "reaped",
     "remote",

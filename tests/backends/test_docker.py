@@ -540,3 +540,70 @@ def test_engine_stopped_says_not_to_retry(monkeypatch: pytest.MonkeyPatch) -> No
     err = info.value
     assert err.retryable is False and err.backend == "docker"
     assert endpoint in str(err) and "DOCKER_HOST" in str(err) and "retry" in str(err)
+
+
+def _engine_answers_nothing_but(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make `docker info` and `docker version` fail (and record that they were asked)."""
+    import docker.api.daemon
+
+    asked: list[str] = []
+
+    def refuse(name: str) -> Any:
+        def call(self: Any, *a: Any, **k: Any) -> Any:
+            asked.append(name)
+            raise AssertionError(f"the engine was asked for {name}")
+        return call
+
+    monkeypatch.setattr(docker.api.daemon.DaemonApiMixin, "info", refuse("info"))
+    monkeypatch.setattr(docker.api.daemon.DaemonApiMixin, "version", refuse("version"))
+    return asked
+
+
+def _unregistered_known_runtime(engine: Any) -> str:
+    registered = engine.info()["Runtimes"]
+    return next(name for name in ("crun", "runsc", "kata-runtime") if name not in registered)
+
+
+def test_a_new_process_uses_the_engine_facts_another_probed_and_judges_them_anew(
+        engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A new backend (as in a new process) does not ask the engine for its info or API version while the probe
+    cache holds them; the facts are judged again under its own settings; CODE_EXEC_PROBE_CACHE_SEC=0 asks."""
+    from execbox.core import probecache
+
+    missing = _unregistered_known_runtime(engine)
+    monkeypatch.setattr(probecache, "cache_dir", lambda: str(tmp_path / "probes"))
+    run_blocking(Runner(Settings.from_env(backend="docker")).aio.backend("docker").check)  # probed, and kept
+    asked = _engine_answers_nothing_but(monkeypatch)
+    assert run(Runner(Settings.from_env(backend="docker")), ["echo", "ok"]).stdout == "ok\n"
+    assert asked == []
+    monkeypatch.setenv("CODE_EXEC_DOCKER_RUNTIME", missing)  # known to execbox, not registered in the engine
+    with pytest.raises(BackendUnavailableError, match=f"CODE_EXEC_DOCKER_RUNTIME={missing} is not a runtime of"):
+        Runner(Settings.from_env(backend="docker")).run(["true"])
+    monkeypatch.delenv("CODE_EXEC_DOCKER_RUNTIME")
+    with pytest.raises(BackendUnavailableError, match="the engine was asked for"):
+        Runner(Settings.from_env(backend="docker", probe_cache_sec=0)).run(["true"])
+    assert asked
+
+
+def test_a_default_runtime_changed_since_the_probe_is_never_used_unjudged(
+        engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Facts kept from before the engine's default runtime changed (a reload keeps the socket) cannot make a run
+    use another runtime than the one judged: that one is asked for by name, and the container checked as built.
+    Here the kept facts name a default the engine does not have: the run fails, no container is left."""
+    import json
+
+    from execbox import ExecboxError
+    from execbox.core import probecache
+
+    missing = _unregistered_known_runtime(engine)
+    monkeypatch.setattr(probecache, "cache_dir", lambda: str(tmp_path / "probes"))
+    backend = Runner(Settings.from_env(backend="docker")).aio.backend("docker")
+    run_blocking(backend.check)
+    assert backend.plan(db.SessionSpec("none", Limits(), True, 60)).runtime == engine.info()["DefaultRuntime"]
+    (record,) = (tmp_path / "probes").glob("docker-*.json")
+    data = json.loads(record.read_text())
+    data["facts"]["info"]["DefaultRuntime"] = missing
+    data["facts"]["info"]["Runtimes"][missing] = {"path": missing}
+    record.write_text(json.dumps(data))
+    with pytest.raises(ExecboxError, match=missing):
+        Runner(Settings.from_env(backend="docker")).run(["true"])

@@ -160,6 +160,10 @@ class Settings(EnvSettings):
     pool_ttl_sec: float = setting(
         "CODE_EXEC_POOL_TTL_SEC", 300.0, "a warm sandbox unused for this long is removed, never handed out, seconds",
         gt=0, le=86400, allow_inf_nan=False)
+    probe_cache_sec: float = setting(
+        "CODE_EXEC_PROBE_CACHE_SEC", 60.0, "how long a new process may use what another found probing the same "
+        "Docker engine (its API version and runtimes; a restarted engine is probed anew), seconds; 0 = always probe",
+        ge=0, le=3600, allow_inf_nan=False)
     secret_files: Annotated[list[Path], NoDecode] = setting(
         "CODE_EXEC_SECRET_FILES", [], "comma list of extra files for the wallet-seed scan")
     memory_mb: int = setting(

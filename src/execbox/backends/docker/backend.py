@@ -14,7 +14,7 @@ from typing import Any, cast
 import anyio
 from pydantic import field_validator
 
-from execbox.backends.docker.engine import connect, is_local, unreachable
+from execbox.backends.docker.engine import instance, is_local, locate, open_client, unreachable
 from execbox.backends.docker.hardening import (
     KNOWN_RUNTIMES,
     default_user,
@@ -44,6 +44,7 @@ from execbox.plugin import (
     Verdict,
     disk,
     owner_alive,
+    probecache,
     proxy,
     setting,
 )
@@ -107,6 +108,8 @@ def egress_network_problem(name: str, attrs: dict[str, Any] | None) -> str | Non
             "exist yet and execbox creates it")
 
 
+# What check() reads of `docker info`; only these are kept in the probe cache.
+_INFO_FACTS = ("Runtimes", "DefaultRuntime", "MemoryLimit", "PidsLimit", "CpuCfsQuota")
 _swept: set[str] = set()
 _swept_lock = threading.Lock()
 
@@ -135,6 +138,12 @@ def _import_docker() -> Any:
         if transport in sys.modules and sys.modules[transport] is None:
             del sys.modules[transport]
     return docker
+
+
+def _docker_version() -> str:
+    import docker
+
+    return str(docker.__version__)
 
 
 def _engine_may_use_ssh() -> bool:
@@ -178,6 +187,9 @@ class DockerBackend(ExecutionBackend):
         self.origin = ""
         self.socket_path: str | None = None
         self._lock = threading.Lock()
+        self._engine_key: list[object] | None = None  # the engine instance, for the probe cache
+        self._engine_facts: dict[str, Any] | None = None
+        self._runtime: str | None = None  # the runtime check() judged (named or the default), asked for by name
 
     @property
     def docker(self) -> DockerSettings:
@@ -192,21 +204,40 @@ class DockerBackend(ExecutionBackend):
     def client(self) -> Any:
         with self._lock:
             if self._client is None:
-                client, self.endpoint, self.origin = connect()
-                if not is_local(self.endpoint):
-                    client.close()
+                _import_docker()  # before anything else imports docker (locate does)
+                endpoint, params, origin = locate()
+                if not is_local(endpoint):
                     raise BackendUnavailableError(
-                        f"the Docker engine at {self.endpoint} (from {self.origin}) is not on this machine, and the "
+                        f"the Docker engine at {endpoint} (from {origin}) is not on this machine, and the "
                         "docker backend bind-mounts a local workspace directory", backend="docker",
                         fix="use a local engine (unix socket), or a remote backend", env_var="DOCKER_HOST")
-                if self.endpoint.startswith("unix://"):
-                    self.socket_path = self.endpoint[len("unix://"):]
-                self._client = client
+                self._engine_key = instance(endpoint)
+                if self._engine_key is not None:
+                    self._engine_facts = probecache.load("docker", [*self._engine_key, _docker_version()],
+                                                         self.settings.probe_cache_sec)
+                known = self._engine_facts or {}
+                self._client = open_client(endpoint, params, origin, known.get("api_version"))
+                self.endpoint, self.origin = endpoint, origin
+                if endpoint.startswith("unix://"):
+                    self.socket_path = endpoint[len("unix://"):]
             return self._client
+
+    def engine_facts(self) -> dict[str, Any]:
+        """What ``check`` reads of ``docker info`` (runtimes, which limits the engine enforces) and the API
+        version: from the probe cache when another process asked this engine lately, else asked now and kept."""
+        self.client()
+        if self._engine_facts is None:
+            info = self.call(lambda c: c.info())
+            self._engine_facts = {"api_version": self.call(lambda c: c.api.api_version),
+                                  "info": {k: info.get(k) for k in _INFO_FACTS}}
+            if self._engine_key is not None:
+                probecache.store("docker", [*self._engine_key, _docker_version()], self._engine_facts)
+        facts: dict[str, Any] = self._engine_facts["info"]
+        return facts
 
     def call(self, fn: Any) -> Any:
         """Run ``fn(client)``; a dropped engine becomes one non-retryable error naming the endpoint."""
-        docker = _import_docker()  # the first import of docker-py on a run (check() comes here first)
+        docker = _import_docker()
         import requests
 
         client = self.client()
@@ -244,7 +275,7 @@ class DockerBackend(ExecutionBackend):
 
     def _check_blocking(self) -> Capabilities:
         self.workspace_access()
-        info = self.call(lambda c: c.info())
+        info = self.engine_facts()
         runtimes = info.get("Runtimes") or {}
         runtime = self.docker.runtime
         if runtime and runtime not in runtimes:
@@ -261,6 +292,7 @@ class DockerBackend(ExecutionBackend):
                 f"{which} is not a sandbox execbox admits: {problem}", backend="docker", env_var=_RUNTIME_VAR,
                 fix=f"set {_RUNTIME_VAR} to one of: {', '.join(sorted(KNOWN_RUNTIMES))} (registered under that name "
                     "in the engine)")
+        self._runtime = used
         self.call(lambda c: c.images.get(self.docker.image))
         limits = set(self.capabilities.limits)
         for limit, flag in (("memory", "MemoryLimit"), ("pids", "PidsLimit"), ("cpu", "CpuCfsQuota")):
@@ -328,7 +360,9 @@ class DockerBackend(ExecutionBackend):
         keeper = "65533:65533" if uid != 65533 else "65532:65532"
         caps = self._checked[1] if self._checked else None
         return Plan(image=self.docker.image, user=self.user, keeper=keeper, limits=spec.limits, network=spec.network,
-                    runtime=self.docker.runtime, tmpfs_mb=self.docker.tmpfs_mb,
+                    # The judged runtime by name, also when it is the engine's default: a default changed since
+                    # (a reload, facts from the probe cache) is then a refused contract, never another runtime.
+                    runtime=self.docker.runtime or self._runtime, tmpfs_mb=self.docker.tmpfs_mb,
                     egress_network=self.docker.egress_network,
                     disk=caps is not None and "disk" in caps.limits, mounts=spec.mounts)
 

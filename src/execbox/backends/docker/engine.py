@@ -58,21 +58,46 @@ def unreachable(endpoint: str, origin: str, exc: BaseException) -> BackendUnavai
 def connect(environ: dict[str, str] | None = None) -> tuple[Any, str, str]:
     """(docker.DockerClient, endpoint, origin) for the engine the environment selects; raises one
     BackendUnavailableError naming the endpoint when docker-py is missing or the engine does not answer."""
+    endpoint, params, origin = locate(environ)
+    return open_client(endpoint, params, origin), endpoint, origin
+
+
+def locate(environ: dict[str, str] | None = None) -> tuple[str, dict[str, Any], str]:
+    """resolve_endpoint, with docker-py missing or a malformed DOCKER_HOST as one BackendUnavailableError."""
     try:
         import docker
-        import requests
     except ImportError:
         raise BackendUnavailableError("docker-py is not installed", backend="docker",
                                       fix="pip install 'execbox[docker]'") from None
     try:
-        endpoint, params, origin = resolve_endpoint(environ)
+        return resolve_endpoint(environ)
     except (docker.errors.DockerException, ValueError) as exc:  # e.g. DOCKER_HOST=tcp://[::1
         raise BackendUnavailableError(
             f"DOCKER_HOST (or the docker context) is malformed: {exc}", backend="docker", env_var="DOCKER_HOST",
             fix="give DOCKER_HOST as unix:///path/docker.sock or tcp://host:port, or unset it") from None
+
+
+def open_client(endpoint: str, params: dict[str, Any], origin: str, api_version: str | None = None) -> Any:
+    """A docker.DockerClient for ``endpoint`` that answered a ping. ``api_version``: the engine's, when known
+    (else docker-py asks the engine for it)."""
+    import docker
+    import requests
+
     try:
-        client = docker.DockerClient(timeout=60, **params)  # version=None: negotiated, contacts the engine
+        client = docker.DockerClient(timeout=60, version=api_version, **params)
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError, ValueError) as exc:
         raise unreachable(endpoint, origin, exc) from None
-    return client, endpoint, origin
+    return client
+
+
+def instance(endpoint: str) -> list[object] | None:
+    """What names the engine behind a unix-socket ``endpoint`` itself: the socket's device, inode and change
+    time (a restarted or replaced daemon makes a new socket). None for any other endpoint, or no socket."""
+    if not endpoint.startswith("unix://"):
+        return None
+    try:
+        st = os.stat(endpoint[len("unix://"):])
+    except OSError:
+        return None
+    return [endpoint, st.st_dev, st.st_ino, st.st_ctime_ns]
