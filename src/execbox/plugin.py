@@ -10,7 +10,9 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
     settings         BackendSettings (pydantic-settings, one variable per field), setting, comma_list
     sessions         HostWorkspaceSession (a local launcher in front of the command: override ``launcher``),
                      RemoteSession (a provider's sandbox: supply its exec, small command, file calls)
-    processes        run_process + reaped (output cap, deadline, whole-tree kill), ProcessOutcome, CommandEnv
+    processes        run_process + reaped (output cap, deadline, whole-tree kill), ProcessOutcome, CommandEnv;
+                     start_process / finish_process / stop_process (run_process in halves, for a process started
+                     ahead); ARMED + armed_script (a process that waits for its command on stdin)
                      (the request env reaches only the final command, never a host-side launcher)
     results          build_result, failed_to_start, TIMEOUT_EXIT_CODE, BoundedCapture; CellResult, CellError,
                      DisplayData (run_cell's result and its MIME bundles)
@@ -84,7 +86,17 @@ from execbox.core.owner import (
     owner_tag,
     pid_alive,
 )
-from execbox.core.procs import CommandEnv, ProcessOutcome, reaped, run_process
+from execbox.core.procs import (
+    ARMED,
+    CommandEnv,
+    ProcessOutcome,
+    armed_script,
+    finish_process,
+    reaped,
+    run_process,
+    start_process,
+    stop_process,
+)
 from execbox.core.remote import RemoteSession
 from execbox.core.results import TIMEOUT_EXIT_CODE, build_result, failed_to_start
 from execbox.core.settings import EnvSettings as BackendSettings
@@ -96,10 +108,12 @@ from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
 # upload / download with defaults, host_workspace, transfer, TransferLimits, FileInfo, Transfer), Mount and
 # Capabilities.mounts, packages. 1.3: the hook's register(ref, name=...) registers a backend by "module:Class", imported
 # only when that backend is used or all are listed. 1.4: owner_tag, name_owner, orphaned_dirs (parent, owner_file).
-# 1.5: probecache (an engine's facts kept across processes; Settings.probe_cache_sec).
+# 1.5: probecache (an engine's facts kept across processes; Settings.probe_cache_sec); ARMED, armed_script (moved
+# from the docker backend), start_process, finish_process, stop_process; Session.arm (the warm pool's call).
 KIT_VERSION = "1.5"
 
 __all__ = [
+    "ARMED",
     "KIT_VERSION",
     "BackendSettings",
     "BackendUnavailableError",
@@ -138,12 +152,14 @@ __all__ = [
     "UnsupportedPolicyError",
     "Verdict",
     "WorkspacePathError",
+    "armed_script",
     "build_result",
     "comma_list",
     "create_cleanly",
     "disk",
     "egress",
     "failed_to_start",
+    "finish_process",
     "filter_env",
     "hookimpl",
     "host_env",
@@ -163,6 +179,8 @@ __all__ = [
     "remote",
     "remove_tree",
     "run_process",
+    "start_process",
+    "stop_process",
     "safe_read",
     "safe_write",
     "sandbox_env",

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from execbox import Runner, SandboxError, Settings
-from execbox.backends.docker import session as ds
+from execbox.plugin import ARMED, armed_script
 from tests.backends.test_docker import engine, no_leaks, ours  # noqa: F401 - fixtures
 
 SH = shutil.which("sh") or "/bin/sh"
@@ -28,7 +28,7 @@ names = st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True)
 
 def armed(data: bytes, workdir: str | None = None) -> subprocess.CompletedProcess[bytes]:
     """ARMED as the container runs it, here on the host's /bin/sh, fed ``data`` on stdin."""
-    return subprocess.run([SH, "-c", ds.ARMED], input=data, capture_output=True, timeout=30, cwd=workdir,
+    return subprocess.run([SH, "-c", ARMED], input=data, capture_output=True, timeout=30, cwd=workdir,
                           env={"PATH": os.environ["PATH"]})
 
 
@@ -39,19 +39,21 @@ def test_the_stub_runs_exactly_the_words_environment_and_stdin_it_was_sent(
     # printf prints each word NUL-terminated, env -0 the environment: both must round-trip exactly.
     with tempfile.TemporaryDirectory() as workdir:
         environment = {"PATH": os.environ["PATH"], **env}
-        done = armed(ds.armed_script(["printf", "%s\\0", "first", *argv], environment, workdir) + stdin)
+        done = armed(armed_script(["printf", "%s\\0", "first", *argv], environment, workdir,
+                                  backend="docker") + stdin)
         assert done.returncode == 0 and done.stdout.split(b"\0")[:-1] == [b"first", *(w.encode() for w in argv)]
-        done = armed(ds.armed_script(["env", "-0"], environment, workdir) + stdin)
+        done = armed(armed_script(["env", "-0"], environment, workdir, backend="docker") + stdin)
         got = dict(item.split(b"=", 1) for item in done.stdout.split(b"\0") if item)
         assert got == {k.encode(): v.encode() for k, v in environment.items()}
         # and the command's stdin is what follows the script, in the directory asked for
-        done = armed(ds.armed_script(["sh", "-c", "pwd; cat"], {"PATH": os.environ["PATH"]}, workdir) + stdin)
+        done = armed(armed_script(["sh", "-c", "pwd; cat"], {"PATH": os.environ["PATH"]}, workdir,
+                                  backend="docker") + stdin)
         assert done.stdout == os.path.realpath(workdir).encode() + b"\n" + stdin
 
 
 def test_a_script_cut_short_is_refused_and_nothing_of_it_runs(tmp_path: Any) -> None:
     marker = tmp_path / "ran"
-    full = ds.armed_script(["touch", str(marker)], {"PATH": os.environ["PATH"]}, str(tmp_path))
+    full = armed_script(["touch", str(marker)], {"PATH": os.environ["PATH"]}, str(tmp_path), backend="docker")
     length, script = full.split(b"\n", 1)
     for cut in (len(script) - 1, len(script) // 2, 1):
         done = armed(length + b"\n" + script[:cut])
@@ -62,7 +64,7 @@ def test_a_script_cut_short_is_refused_and_nothing_of_it_runs(tmp_path: Any) -> 
 
 def test_a_word_with_a_nul_byte_is_refused() -> None:
     with pytest.raises(SandboxError, match="NUL"):
-        ds.armed_script(["echo", "a\0b"], {}, "/workspace")
+        armed_script(["echo", "a\0b"], {}, "/workspace", backend="docker")
 
 
 def test_the_commands_environment_is_not_in_the_containers_config(engine: Any) -> None:  # noqa: F811

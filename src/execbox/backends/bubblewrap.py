@@ -61,6 +61,7 @@ from pydantic_settings import NoDecode
 
 from execbox.backends import _bwrap_launch, bubblewrap_seccomp
 from execbox.plugin import (
+    ARMED,
     OWNER_FILE,
     BackendSettings,
     BackendUnavailableError,
@@ -74,20 +75,23 @@ from execbox.plugin import (
     Session,
     SessionSpec,
     Settings,
+    armed_script,
     comma_list,
     create_cleanly,
     disk,
+    finish_process,
     orphaned_dirs,
     owner_id,
     owner_tag,
     proxy,
     remove_tree,
-    run_process,
     safe_read,
     safe_write,
     sandbox_env,
     seccomp_policy,
     setting,
+    start_process,
+    stop_process,
 )
 
 # The launcher's tools (_bwrap_launch.py), looked up here only: what a root process runs must not come from PATH.
@@ -694,6 +698,27 @@ def _masks(bound: list[str]) -> list[str]:
     return []
 
 
+@dataclass
+class _Launched:
+    """One exec's sandbox as started: the files bwrap reads, its cgroup and its process (all gone on discard)."""
+
+    args_file: str
+    status_file: str
+    cgroup: RunCgroup | None = None
+    proc: asyncio.subprocess.Process | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+
+    async def discard(self) -> None:
+        """Stop the process if it still runs (an armed sandbox never used), then remove its files and cgroup."""
+        if self.proc is not None and self.proc.returncode is None:
+            await stop_process(self.proc)
+        for path in (self.args_file, self.status_file):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if self.cgroup:
+            await anyio.to_thread.run_sync(self.cgroup.remove)
+
+
 class BubblewrapSession(Session):
     workspace = WORKSPACE
     #: Network mode proxy: the session's egress proxy (its directory is bound in, one socket per exec).
@@ -710,6 +735,7 @@ class BubblewrapSession(Session):
         self.root = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-")
         self.host_workspace = os.path.join(self.root, "workspace")
         self._closed = False
+        self._armed: _Launched | None = None
         try:
             if spec.network == "proxy":
                 self.egress = proxy.EgressProxy.for_settings(core or Settings.from_env(), owner=self.owner)
@@ -826,37 +852,65 @@ class BubblewrapSession(Session):
                 attempts, dropped = await anyio.to_thread.run_sync(self.egress.finish_run, run)
         return proxy.with_egress(result, attempts, dropped)
 
+    async def arm(self) -> None:
+        """Start the first exec's sandbox now, waiting in ARMED for its command (as docker arms a session's first
+        exec): a warm-pool member's run then costs no bwrap start. Not with network mode proxy, whose command is
+        wrapped per run. The armed sandbox has the session's limits; its CPU-time limit, set for the session's
+        lifetime, is lowered to the run's by the script."""
+        if self.egress is not None or self._armed is not None:
+            return
+        spec = ExecSpec(argv=["/bin/sh", "-c", ARMED], env={}, workdir=WORKSPACE, timeout=self.spec.lifetime_s,
+                        max_output_bytes=1, network=self.spec.network, limits=self.spec.limits)
+        self._armed = await self._launch(spec, None)
+
     async def _exec(self, request: ExecSpec, run: proxy.ProxyRun | None) -> ExecResult:
         if self._closed:
             raise SandboxError("this bubblewrap session is closed", backend=BubblewrapBackend.name)
-        limits = request.limits
+        armed, self._armed = self._armed, None
+        if armed is not None and (run is not None or request.limits != self.spec.limits
+                                  or armed.loop is not asyncio.get_running_loop()):
+            await armed.discard()  # started for another shape of run, or in another event loop
+            armed = None
+        if armed is not None:
+            script = armed_script(request.argv, sandbox_env(request.env, home=WORKSPACE), request.workdir,
+                                  backend=BubblewrapBackend.name, cpu_s=self._rlimits(request, armed.cgroup)["cpu"])
+            return await self._finish(armed, request, script + (request.stdin or b""))
+        return await self._finish(await self._launch(request, run), request, request.stdin)
+
+    async def _launch(self, request: ExecSpec, run: proxy.ProxyRun | None) -> _Launched:
+        """``request``'s sandbox started (its cgroup, argument and status files, the watched bwrap); not fed yet."""
         tag = uuid.uuid4().hex[:12]
-        args_file = self._write_private(f"args-{tag}", "\0".join(self._bwrap_args(request)) + "\0", 0o600)
-        status_file = os.path.join(self.root, f"status-{tag}")
-        cgroup = None
+        launched = _Launched(self._write_private(f"args-{tag}", "\0".join(self._bwrap_args(request)) + "\0", 0o600),
+                             os.path.join(self.root, f"status-{tag}"))
         try:
             if self.report.cgroup:
                 try:
-                    cgroup = await anyio.to_thread.run_sync(RunCgroup.create, self.report.cgroup, limits)
+                    launched.cgroup = await anyio.to_thread.run_sync(RunCgroup.create, self.report.cgroup,
+                                                                     request.limits)
                 except OSError as exc:
                     raise SandboxError(f"cannot create the run's cgroup: {exc}",
                                        backend=BubblewrapBackend.name) from exc
-            launch = _bwrap_launch.launch_argv(
-                tools=self.report.tools, caller=os.getpid(), bwrap=self.report.bwrap, args_file=args_file,
-                seccomp_file=os.path.join(self.root, "filter.bpf"), status_file=status_file,
+            cgroup = launched.cgroup
+            argv = _bwrap_launch.launch_argv(
+                tools=self.report.tools, caller=os.getpid(), bwrap=self.report.bwrap, args_file=launched.args_file,
+                seccomp_file=os.path.join(self.root, "filter.bpf"), status_file=launched.status_file,
                 rlimits=self._rlimits(request, cgroup), cgroup_procs=cgroup.procs_files() if cgroup else [],
                 user=self.owner, command=proxy.EgressProxy.command(run, request.argv) if run else request.argv)
-            outcome = await run_process(
-                launch,
-                env={"PATH": _TOOLS_PATH},
-                cwd=self.root,
-                stdin=request.stdin,
-                timeout=request.timeout,
-                max_output_bytes=request.max_output_bytes,
-                on_output=request.on_output,
-            )
-            oom = cgroup.oom_killed() if cgroup else False
-            started = await anyio.to_thread.run_sync(_sandbox_started, status_file)
+            launched.proc = await start_process(argv, env={"PATH": _TOOLS_PATH}, cwd=self.root)
+            launched.loop = asyncio.get_running_loop()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await launched.discard()
+            raise
+        return launched
+
+    async def _finish(self, launched: _Launched, request: ExecSpec, stdin: bytes | None) -> ExecResult:
+        try:
+            assert launched.proc is not None
+            outcome = await finish_process(launched.proc, stdin=stdin, timeout=request.timeout,
+                                           max_output_bytes=request.max_output_bytes, on_output=request.on_output)
+            oom = launched.cgroup.oom_killed() if launched.cgroup else False
+            started = await anyio.to_thread.run_sync(_sandbox_started, launched.status_file)
             if not started and not outcome.timed_out:
                 raise SandboxError(
                     f"bubblewrap did not start the sandbox (exit {outcome.exit_code}): "
@@ -864,12 +918,8 @@ class BubblewrapSession(Session):
                     backend=BubblewrapBackend.name)
             return outcome.to_result(oom_killed=oom)
         finally:
-            for path in (args_file, status_file):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-            if cgroup:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(cgroup.remove)
+            with anyio.CancelScope(shield=True):
+                await launched.discard()
 
     async def write_file(self, path: str, data: bytes) -> None:
         await anyio.to_thread.run_sync(lambda: safe_write(self.host_workspace, path, data, owner=self.owner))
@@ -879,6 +929,9 @@ class BubblewrapSession(Session):
 
     async def close(self) -> None:
         self._closed = True
+        armed, self._armed = self._armed, None
+        if armed is not None:
+            await armed.discard()
         await anyio.to_thread.run_sync(self.destroy)
 
 

@@ -99,6 +99,11 @@ class Session(ABC):
     async def close(self) -> None:
         """Remove everything the session created. Must be safe to call twice."""
 
+    async def arm(self) -> None:
+        """Start ahead what the first exec needs, while nothing waits for it: the warm pool calls this on each
+        member it opens (whose only exec comes later). Default: nothing. An error leaves the member unused."""
+        return None
+
     # -- whole files and directories: defaults every backend with file_transfer gets (core/transfer.py) --
 
     async def list_files(self, path: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:

@@ -91,6 +91,12 @@ class WarmPool:
         member = self.member_spec(spec)
         try:
             session = await backend.open_session(member)
+            try:
+                await session.arm()
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await session.close()
+                raise
         except Exception as exc:  # a background refill must not kill the runner; the next run opens its own
             self.errors[backend.name] = f"{type(exc).__name__}: {exc}"
             return

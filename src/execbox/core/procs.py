@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -25,6 +26,7 @@ from types import TracebackType
 import anyio
 
 from execbox.core.envpolicy import host_env, is_injection_name
+from execbox.core.errors import SandboxError
 from execbox.core.models import ExecResult
 from execbox.core.output import BoundedCapture, OnOutput
 from execbox.core.results import build_result, exit_status
@@ -130,10 +132,17 @@ async def run_process(
     Cancellation kills the same way before re-raising. ``on_output`` (the spec's) receives the output as it
     is read, chunk by chunk, for a streaming caller.
     """
-    out = BoundedCapture(max_output_bytes, on_output, "stdout")
-    err = BoundedCapture(max_output_bytes, on_output, "stderr")
-    started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
+    proc = await start_process(argv, env=env, cwd=cwd, command_env=command_env)
+    return await finish_process(proc, stdin=stdin, timeout=timeout, max_output_bytes=max_output_bytes,
+                                terminate_signal=terminate_signal, on_output=on_output)
+
+
+async def start_process(argv: list[str], *, env: dict[str, str] | None = None, cwd: str,
+                        command_env: CommandEnv | None = None) -> asyncio.subprocess.Process:
+    """The first half of ``run_process``: ``argv`` started in a new session, its three streams pipes; for a
+    process started ahead of its run (an armed one, see ``ARMED``). Hand it to ``finish_process`` or
+    ``stop_process``, in the same event loop."""
+    return await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
@@ -143,6 +152,15 @@ async def run_process(
         start_new_session=True,
         pass_fds=(command_env.fd,) if command_env else (),
     )
+
+
+async def finish_process(proc: asyncio.subprocess.Process, *, stdin: bytes | None, timeout: float,
+                         max_output_bytes: int, terminate_signal: int = signal.SIGTERM,
+                         on_output: OnOutput | None = None) -> ProcessOutcome:
+    """The second half of ``run_process``: ``stdin`` in, the output captured, the deadline ``timeout`` from now."""
+    out = BoundedCapture(max_output_bytes, on_output, "stdout")
+    err = BoundedCapture(max_output_bytes, on_output, "stderr")
+    started = time.monotonic()
     assert proc.stdin and proc.stdout and proc.stderr
     io = asyncio.gather(_feed(proc.stdin, stdin), _pump(proc.stdout, out), _pump(proc.stderr, err))
     timed_out = False
@@ -170,6 +188,33 @@ async def run_process(
         timed_out=timed_out,
         duration_s=time.monotonic() - started,
     )
+
+
+async def stop_process(proc: asyncio.subprocess.Process, terminate_signal: int = signal.SIGTERM) -> None:
+    """End a started process that will not be finished (an armed one never used): as at a deadline."""
+    with anyio.CancelScope(shield=True):
+        await _kill(proc, terminate_signal)
+
+
+# A process started before its command is known (a warm sandbox's first run) waits in ARMED for one script on its
+# stdin: the script's length on a line, then the script (head -c reads exactly that many bytes, so the command's
+# own stdin follows untouched). A script cut short lacks its last line and is refused. Closed stdin: exit 0.
+_ARMED_END = "\n#armed"
+ARMED = f'IFS= read -r n || exit 0; s=$(head -c "$n"); case $s in *"{_ARMED_END}") eval "$s";; *) exit 125;; esac'
+
+
+def armed_script(command: list[str], env: dict[str, str], workdir: str, *, backend: str,
+                 cpu_s: int | None = None) -> bytes:
+    """What an ARMED process runs: ``command`` in ``workdir`` with exactly ``env``, length first. ``cpu_s``: the
+    run's CPU-time limit, lowered to that first (the process was armed before the run's timeout was known)."""
+    words = [*(f"{k}={v}" for k, v in env.items()), *command]
+    if any("\0" in w for w in [*words, workdir]):
+        raise SandboxError("a command, variable or directory with a NUL byte cannot be passed to a process",
+                           backend=backend)
+    limit = f"ulimit -t {int(cpu_s)} && " if cpu_s is not None else ""
+    script = f"{limit}cd -- {shlex.quote(workdir)} && exec env -i -- {shlex.join(words)}{_ARMED_END}"
+    data = script.encode("utf-8", "surrogateescape")
+    return b"%d\n" % len(data) + data
 
 
 async def _kill(proc: asyncio.subprocess.Process, first: int) -> None:

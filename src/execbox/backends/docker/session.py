@@ -26,7 +26,6 @@ import contextlib
 import math
 import os
 import re
-import shlex
 import stat
 import tempfile
 import threading
@@ -49,6 +48,7 @@ from execbox.backends.docker.hardening import (
 )
 from execbox.backends.docker.stream import close, drain, hijacked, pump
 from execbox.plugin import (
+    ARMED,
     BackendUnavailableError,
     BoundedCapture,
     ExecResult,
@@ -59,6 +59,7 @@ from execbox.plugin import (
     SandboxError,
     Session,
     SessionSpec,
+    armed_script,
     build_result,
     disk,
     name_owner,
@@ -95,23 +96,6 @@ BACKSTOP_GRACE_S = 5
 def backstop(argv: list[str], seconds: float) -> list[str]:
     """``argv`` under a deadline the container enforces without the caller: coreutils timeout, SIGKILL."""
     return ["timeout", "-s", "KILL", str(math.ceil(seconds)), *argv]
-
-
-# The armed one-shot's process: the script's length on a line, then the script (head -c reads exactly that many
-# bytes, so the command's own stdin follows untouched). A script cut short lacks its last line and is refused.
-_ARMED_END = "\n#armed"
-ARMED = f'IFS= read -r n || exit 0; s=$(head -c "$n"); case $s in *"{_ARMED_END}") eval "$s";; *) exit 125;; esac'
-
-
-def armed_script(command: list[str], env: dict[str, str], workdir: str) -> bytes:
-    """What an armed container runs: ``command`` in ``workdir`` with exactly ``env``, length first."""
-    words = [*(f"{k}={v}" for k, v in env.items()), *command]
-    if any("\0" in w for w in [*words, workdir]):
-        raise SandboxError("a command, variable or directory with a NUL byte cannot be passed to a process",
-                           backend="docker")
-    script = f"cd -- {shlex.quote(workdir)} && exec env -i -- {shlex.join(words)}{_ARMED_END}"
-    data = script.encode("utf-8", "surrogateescape")
-    return b"%d\n" % len(data) + data
 
 
 def remove_workspace(path: str) -> bool:
@@ -395,7 +379,7 @@ class DockerSession(Session):
 
     def _exec_oneshot(self, request: ExecSpec, door: proxy.ProxyRun | None = None) -> ExecResult:
         command, env = self._command(request, door)
-        script = armed_script(command, env, request.workdir)
+        script = armed_script(command, env, request.workdir, backend="docker")
         with self._lock:
             container_id, sock_io, self._armed = self._keeper_id, self._armed, None
         if container_id is None or sock_io is None:
@@ -447,7 +431,7 @@ class DockerSession(Session):
     def _exec_in_session(self, request: ExecSpec, door: proxy.ProxyRun | None = None) -> ExecResult:
         command, env = self._command(request, door)
         out, err = request.captures()
-        script = armed_script(command, env, request.workdir)
+        script = armed_script(command, env, request.workdir, backend="docker")
         with self._lock:
             armed, self._armed_exec = self._armed_exec, None
         if armed is not None:  # the first exec: its process is already running, waiting for the script
