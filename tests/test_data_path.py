@@ -452,3 +452,58 @@ def test_an_archive_over_the_bound_is_refused_before_it_reaches_the_sandbox() ->
     big = io.BytesIO(b"\0" * (1000 + 2048 * 9 + 1))
     with pytest.raises(TransferTooLargeError, match="CODE_EXEC_MAX_TRANSFER_BYTES"):
         anyio.run(lambda: sandbox_unpack(Untouched(), "dest", big, limits=limits))  # type: ignore[arg-type]
+
+
+def test_host_pip_dies_with_a_sigkilled_caller(outside: Path) -> None:
+    """pip runs on the host with the caller's privileges: a caller killed while pip waits on the index must not
+    leave it running (its reaper takes it down). The index here is a loopback listener that never answers."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    marker = f"execbox-never-answered-{uuid.uuid4().hex[:8]}"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    code = ("import pathlib, sys; from execbox.core import packages; "
+            "packages.pip_download([sys.argv[1]], pathlib.Path(sys.argv[2]), packages.PythonTarget.here())")
+    env = {**os.environ, "PIP_INDEX_URL": f"http://127.0.0.1:{port}/simple", "PIP_RETRIES": "0",
+           "PIP_TIMEOUT": "120"}
+    caller = subprocess.Popen([sys.executable, "-c", code, marker, str(outside / "dest")], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not _processes_with(marker, but=caller.pid):
+            assert caller.poll() is None, "the caller ended before pip started"
+            assert time.monotonic() < deadline, "pip never started"
+            time.sleep(0.05)
+        listener.settimeout(60)
+        held, _ = listener.accept()  # pip is waiting on the index now
+        caller.send_signal(signal.SIGKILL)
+        caller.wait()
+        deadline = time.monotonic() + 15
+        while left := _processes_with(marker, but=caller.pid):
+            assert time.monotonic() < deadline, f"pip outlived its caller: {left}"
+            time.sleep(0.05)
+        held.close()
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
+        listener.close()
+
+
+def _processes_with(text: str, *, but: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != but:
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if text.encode() in fh.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found

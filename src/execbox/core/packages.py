@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from execbox.core.errors import ConfigError, SandboxError
+from execbox.core.procs import reaped
 
 #: Where the cache appears inside a sandbox (read-only).
 SANDBOX_DIR = "/opt/execbox/pip"
@@ -125,13 +127,26 @@ def check_requirements(requirements: Sequence[str]) -> list[str]:
 def _pip(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)  # the host's own pip configuration: index, certificates, proxies
     env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+    # Reaped: pip and whatever it starts (a build backend) die with this process, also when it is SIGKILLed; at
+    # the timeout the reaper's SIGTERM ends the whole tree (SIGKILL would leave pip to init).
     try:
-        return subprocess.run([sys.executable, "-m", "pip", *args], env=env, capture_output=True, text=True,
-                              timeout=PIP_TIMEOUT_S, check=False)
+        proc = subprocess.Popen(reaped([sys.executable, "-m", "pip", *args]), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     except FileNotFoundError as exc:
         raise SandboxError(f"cannot run pip on the host: {exc}") from None
-    except subprocess.TimeoutExpired:
-        raise SandboxError(f"pip on the host did not finish within {PIP_TIMEOUT_S:g}s") from None
+    try:
+        out, err = proc.communicate(timeout=PIP_TIMEOUT_S)
+    except BaseException as exc:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise SandboxError(f"pip on the host did not finish within {PIP_TIMEOUT_S:g}s") from None
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def pip_download(requirements: Sequence[str], dest: Path, target: PythonTarget, *,
