@@ -243,10 +243,10 @@ def bubblewrap_figures(runs: int, rows: Rows) -> None:
     show("execbox, warm pool", got["pooled"], got["bare"])
     rows.append(("bubblewrap one-shot `true`: bare bwrap with the backend's arguments / execbox",
                  f"{med(got['bare']):.1f} / {med(got['execbox']):.1f} ms "
-                 f"(+{med(got['execbox']) - med(got['bare']):.1f} ms)"))
+                 f"({med(got['execbox']) - med(got['bare']):+.1f} ms)"))
     rows.append(("the same from a warm pool (CODE_EXEC_POOL_SIZE=2)",
                  f"{med(got['bare']):.1f} / {med(got['pooled']):.1f} ms "
-                 f"(+{med(got['pooled']) - med(got['bare']):.1f} ms)"))
+                 f"({med(got['pooled']) - med(got['bare']):+.1f} ms)"))
 
 
 def peer(runs: int, rows: Rows) -> None:
