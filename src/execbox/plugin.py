@@ -39,6 +39,8 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
     gc ownership     owner_id, owner_alive, pid_alive (host:pid:start-time; a reused pid is not the owner);
                      OWNER_FILE, orphaned (a host directory that names its owner); owner_tag, name_owner
                      (PREFIX + pid-start + random names, and reading them back), orphaned_dirs (those of dead owners)
+                     ExecutionBackend.sweeps_on_first_use (gc after the first check of each process; the scope
+                     of one sweep: sweep_scope)
     errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError, ...)
 """
 
@@ -109,7 +111,8 @@ from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
 # Capabilities.mounts, packages. 1.3: the hook's register(ref, name=...) registers a backend by "module:Class", imported
 # only when that backend is used or all are listed. 1.4: owner_tag, name_owner, orphaned_dirs (parent, owner_file).
 # 1.5: probecache (an engine's facts kept across processes; Settings.probe_cache_sec); ARMED, armed_script (moved
-# from the docker backend), start_process, finish_process, stop_process; Session.arm (the warm pool's call).
+# from the docker backend), start_process, finish_process, stop_process; Session.arm (the warm pool's call);
+# ExecutionBackend.sweeps_on_first_use and sweep_scope.
 KIT_VERSION = "1.5"
 
 __all__ = [

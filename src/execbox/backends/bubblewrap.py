@@ -512,7 +512,6 @@ class HostReport:
 
 
 _REPORTS: dict[tuple[Any, ...], HostReport] = {}
-_SWEPT_IN: int | None = None  # the pid of the process that swept (a forked child sweeps again)
 
 _USERNS_FIX = (
     "let unprivileged users create user namespaces: `sysctl -w user.max_user_namespaces=15000`; on Debian <= 10 "
@@ -988,6 +987,7 @@ class BubblewrapBackend(ExecutionBackend):
     )
 
     settings_model = BubblewrapSettings
+    sweeps_on_first_use = True
 
     def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(settings, options)
@@ -1001,10 +1001,6 @@ class BubblewrapBackend(ExecutionBackend):
         core = self.settings
         self.report = await host_report(self.bwrap_settings, Limits(memory_mb=core.memory_mb, cpus=core.cpus,
                                                                     pids=core.pids_limit))
-        global _SWEPT_IN
-        if _SWEPT_IN != os.getpid():  # once per process: what dead callers left (the CLI's gc does the same)
-            _SWEPT_IN = os.getpid()
-            await self.gc()
         return self.report.capabilities
 
     def details(self) -> dict[str, Any]:

@@ -12,7 +12,6 @@ the first use of this backend in every process), never a live owner's and never 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 
@@ -32,7 +31,6 @@ from execbox.plugin import (
 )
 
 SESSION_PREFIX = "execbox-local-"
-_SWEPT_IN = 0  # the pid that swept once already (a forked child sweeps again)
 
 
 class LocalSession(HostWorkspaceSession):
@@ -68,14 +66,7 @@ class LocalSubprocessBackend(ExecutionBackend):
         limits=frozenset({"memory", "wall_time"}),
         streaming=True,
     )
-
-    async def probe(self) -> Capabilities:
-        global _SWEPT_IN
-        if _SWEPT_IN != os.getpid():  # once per process: what dead callers left (the CLI's gc does the same)
-            _SWEPT_IN = os.getpid()
-            with contextlib.suppress(OSError):  # a start-up sweep must never stop a run
-                await self.gc()
-        return self.capabilities
+    sweeps_on_first_use = True
 
     async def open_session(self, spec: SessionSpec) -> LocalSession:
         return LocalSession()

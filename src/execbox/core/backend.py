@@ -8,8 +8,11 @@ The runner places files, applies the policy and the guard; backends only run wha
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import posixpath
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -136,6 +139,19 @@ class Session(ABC):
         return Transfer()
 
 
+_swept: set[tuple[int, str]] = set()
+_swept_lock = threading.Lock()
+
+
+def _first_sweep(pid: int, scope: str) -> bool:
+    """True once per (process, scope): the caller sweeps."""
+    with _swept_lock:
+        if (pid, scope) in _swept:
+            return False
+        _swept.add((pid, scope))
+        return True
+
+
 class ExecutionBackend(ABC):
     """Base class of every backend."""
 
@@ -151,6 +167,9 @@ class ExecutionBackend(ABC):
     #: The backend's own knobs: a BackendSettings subclass, one environment variable per field. Read with
     #: ``self.options``; `execbox doctor` and the README's tables list them from here.
     settings_model: ClassVar[type[EnvSettings] | None] = None
+    #: Run ``gc`` after the first successful ``check`` in each process (a forked child sweeps again): what
+    #: callers that died (SIGKILL, a crash) left on this host or engine goes without an `execbox gc`.
+    sweeps_on_first_use: ClassVar[bool] = False
 
     def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
         """``options`` are values of ``settings_model`` given in code (by field name); they take precedence over
@@ -190,7 +209,15 @@ class ExecutionBackend(ABC):
         self.require_sdk()
         caps = await self.probe()
         self._checked = (time.monotonic(), caps)
+        if self.sweeps_on_first_use and _first_sweep(os.getpid(), self.sweep_scope()):
+            with contextlib.suppress(Exception):  # a start-up sweep must never stop a run
+                await self.gc()
         return caps
+
+    def sweep_scope(self) -> str:
+        """What one start-up sweep covers, once per process: by default the backend (its host); docker: its
+        engine. Called after ``probe``."""
+        return self.name
 
     def require_sdk(self) -> None:
         """BackendUnavailableError with the pip command when the backend's SDK is not importable."""

@@ -110,8 +110,6 @@ def egress_network_problem(name: str, attrs: dict[str, Any] | None) -> str | Non
 
 # What check() reads of `docker info`; only these are kept in the probe cache.
 _INFO_FACTS = ("Runtimes", "DefaultRuntime", "MemoryLimit", "PidsLimit", "CpuCfsQuota")
-_swept: set[str] = set()
-_swept_lock = threading.Lock()
 
 
 def _import_docker() -> Any:
@@ -168,6 +166,7 @@ class DockerBackend(ExecutionBackend):
     extra = "docker"
     sdk = "docker"
     settings_model = DockerSettings
+    sweeps_on_first_use = True
     summary = "hardened containers on a Docker engine (DOCKER_HOST / context); gVisor via CODE_EXEC_DOCKER_RUNTIME"
     capabilities = Capabilities(
         sandbox=True,
@@ -300,7 +299,6 @@ class DockerBackend(ExecutionBackend):
                 limits.discard(limit)
         if disk.unavailable_reason() is not None:
             limits.discard("disk")
-        self._sweep_once()
         isolation = KNOWN_RUNTIMES[used][0] if used in KNOWN_RUNTIMES else self.capabilities.isolation
         return self.capabilities.model_copy(update={"isolation": isolation, "limits": frozenset(limits)})
 
@@ -312,13 +310,8 @@ class DockerBackend(ExecutionBackend):
         except docker.errors.NotFound:
             return None
 
-    def _sweep_once(self) -> None:
-        with _swept_lock:
-            if self.endpoint in _swept:
-                return
-            _swept.add(self.endpoint)
-        with contextlib.suppress(Exception):  # a start-up sweep must never stop a run
-            self._gc_blocking()
+    def sweep_scope(self) -> str:
+        return f"docker {self.endpoint}"
 
     def workspace_access(self) -> None:
         """Refuse a sandbox user this process cannot give a private workspace to. A non-root caller can only
