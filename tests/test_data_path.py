@@ -23,6 +23,7 @@ from execbox.cli import main as cli
 from execbox.core import packages
 from execbox.core.transfer import TransferLimits, glob_regex, host_list, host_pack, host_unpack
 from execbox.guard.mounts import admit_mounts, admit_upload, mount_problem
+from execbox.testing.checks import host_processes
 from tests.support.wheels import build_wheel, host_pip_uses, serve_index
 
 LIMITS = TransferLimits(max_bytes=64 << 20, max_entries=10_000)
@@ -497,13 +498,4 @@ def test_host_pip_dies_with_a_sigkilled_caller(outside: Path) -> None:
 
 
 def _processes_with(text: str, *, but: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != but:
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    if text.encode() in fh.read():
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
+    return [pid for pid, argv in host_processes() if pid != but and any(text in arg for arg in argv)]

@@ -4,7 +4,6 @@ run, a closed runner and a SIGKILLed owner leave no process behind."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import textwrap
 import time
 from typing import Any
 
+import psutil
 import pytest
 
 from execbox import Runner, Settings
@@ -102,13 +102,13 @@ def test_a_sigkilled_owner_leaves_no_armed_sandbox_running(caps: Any) -> None:
     owner = subprocess.Popen([sys.executable, "-c", POOL_OWNER], stdout=subprocess.PIPE, text=True)
     try:
         assert owner.stdout is not None and owner.stdout.readline() == "ready\n"
-        held = _processes_of(owner.pid)
-        assert len([pid for pid in held if _name(pid) == "bwrap"]) >= 2, "no armed sandbox was running"
+        held = psutil.Process(owner.pid).children(recursive=True)  # watchers, bwraps and the waiting shells
+        assert len([p for p in held if p.name() == "bwrap"]) >= 2, "no armed sandbox was running"
         owner.send_signal(signal.SIGKILL)
         owner.wait()
         deadline = time.monotonic() + 15
-        while [pid for pid in held if _alive(pid)]:
-            assert time.monotonic() < deadline, f"still running: {[p for p in held if _alive(p)]}"
+        while left := [p.pid for p in held if _running(p)]:
+            assert time.monotonic() < deadline, f"still running: {left}"
             time.sleep(0.05)
     finally:
         if owner.poll() is None:
@@ -116,37 +116,8 @@ def test_a_sigkilled_owner_leaves_no_armed_sandbox_running(caps: Any) -> None:
             owner.wait()
 
 
-def _name(pid: int) -> str:
+def _running(process: psutil.Process) -> bool:
     try:
-        with open(f"/proc/{pid}/comm") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
-def _processes_of(owner: int) -> list[int]:
-    """Every descendant of ``owner`` (the armed sandboxes' watchers, bwraps and waiting shells)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    data = fh.read()
-            except OSError:
-                continue
-            children.setdefault(int(data[data.rindex(b")") + 2:].split()[1]), []).append(int(entry))
-    found, stack = [], [owner]
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return data[data.rindex(b")") + 2:].split()[0] != b"Z"
