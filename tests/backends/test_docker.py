@@ -607,3 +607,19 @@ def test_a_default_runtime_changed_since_the_probe_is_never_used_unjudged(
     record.write_text(json.dumps(data))
     with pytest.raises(ExecboxError, match=missing):
         Runner(Settings.from_env(backend="docker")).run(["true"])
+
+
+def test_a_kept_record_of_another_shape_is_probed_anew(engine: Any, monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    import json
+
+    from execbox.core import probecache
+
+    monkeypatch.setattr(probecache, "cache_dir", lambda: str(tmp_path / "probes"))
+    run_blocking(Runner(Settings.from_env(backend="docker")).aio.backend("docker").check)
+    (record,) = (tmp_path / "probes").glob("docker-*.json")
+    data = json.loads(record.read_text())
+    for facts in ({"api_version": "../../x", "info": data["facts"]["info"]}, {"api_version": "1.41"}):
+        record.write_text(json.dumps({**data, "facts": facts}))
+        assert run(Runner(Settings.from_env(backend="docker")), ["echo", "ok"]).stdout == "ok\n"
+        assert json.loads(record.read_text())["facts"] == data["facts"]  # probed again, and kept again

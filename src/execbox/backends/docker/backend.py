@@ -186,8 +186,7 @@ class DockerBackend(ExecutionBackend):
         self.origin = ""
         self.socket_path: str | None = None
         self._lock = threading.Lock()
-        self._engine_key: list[object] | None = None  # the engine instance, for the probe cache
-        self._engine_facts: dict[str, Any] | None = None
+        self._engine_key: list[object] | None = None  # the engine instance and docker-py, for the probe cache
         self._runtime: str | None = None  # the runtime check() judged (named or the default), asked for by name
 
     @property
@@ -210,29 +209,35 @@ class DockerBackend(ExecutionBackend):
                         f"the Docker engine at {endpoint} (from {origin}) is not on this machine, and the "
                         "docker backend bind-mounts a local workspace directory", backend="docker",
                         fix="use a local engine (unix socket), or a remote backend", env_var="DOCKER_HOST")
-                self._engine_key = instance(endpoint)
-                if self._engine_key is not None:
-                    self._engine_facts = probecache.load("docker", [*self._engine_key, _docker_version()],
-                                                         self.settings.probe_cache_sec)
-                known = self._engine_facts or {}
+                engine = instance(endpoint)
+                self._engine_key = [*engine, _docker_version()] if engine is not None else None
+                known = self._kept_facts() or {}
                 self._client = open_client(endpoint, params, origin, known.get("api_version"))
                 self.endpoint, self.origin = endpoint, origin
                 if endpoint.startswith("unix://"):
                     self.socket_path = endpoint[len("unix://"):]
             return self._client
 
+    def _kept_facts(self) -> dict[str, Any] | None:
+        """The probe cache's record for this engine, when it has one of the shape engine_facts stores."""
+        facts = probecache.load("docker", self._engine_key, self.settings.probe_cache_sec) if self._engine_key else None
+        if facts and isinstance(facts.get("info"), dict) and re.fullmatch(r"\d+\.\d+", str(facts.get("api_version"))):
+            return facts
+        return None
+
     def engine_facts(self) -> dict[str, Any]:
         """What ``check`` reads of ``docker info`` (runtimes, which limits the engine enforces) and the API
-        version: from the probe cache when another process asked this engine lately, else asked now and kept."""
+        version: from the probe cache when a process asked this engine lately, else asked now and kept."""
         self.client()
-        if self._engine_facts is None:
+        facts = self._kept_facts()
+        if facts is None:
             info = self.call(lambda c: c.info())
-            self._engine_facts = {"api_version": self.call(lambda c: c.api.api_version),
-                                  "info": {k: info.get(k) for k in _INFO_FACTS}}
+            facts = {"api_version": self.call(lambda c: c.api.api_version),
+                     "info": {k: info.get(k) for k in _INFO_FACTS}}
             if self._engine_key is not None:
-                probecache.store("docker", [*self._engine_key, _docker_version()], self._engine_facts)
-        facts: dict[str, Any] = self._engine_facts["info"]
-        return facts
+                probecache.store("docker", self._engine_key, facts)
+        info_facts: dict[str, Any] = facts["info"]
+        return info_facts
 
     def call(self, fn: Any) -> Any:
         """Run ``fn(client)``; a dropped engine becomes one non-retryable error naming the endpoint."""
