@@ -53,6 +53,7 @@ def test_env_vars_lists_every_knob_with_its_default() -> None:
         "AGENT_COMPUTE_POSTURE": 0, "CODE_EXEC_REVIEW_RULES": None, "CODE_EXEC_REVIEW_OFF": [],
         "CODE_EXEC_MAX_CONCURRENT": None, "CODE_EXEC_QUEUE_TIMEOUT_SEC": 60.0, "CODE_EXEC_POOL_SIZE": 0,
         "CODE_EXEC_POOL_TTL_SEC": 300.0, "CODE_EXEC_MAX_DISPLAY_BYTES": 16 << 20, "CODE_EXEC_SERVER": None,
+        "CODE_EXEC_PROBE_CACHE_SEC": 60.0,
     }
     assert all(description for _, _, description in Settings.env_vars())
 
@@ -77,6 +78,7 @@ def test_env_vars_lists_every_knob_with_its_default() -> None:
         ("EXECBOX_LOAD_PLUGINS", "one, two", "load_plugins", ["one", "two"]),
         ("EXECBOX_LOAD_PLUGINS", "", "load_plugins", []),
         ("EXECBOX_DISABLE_PLUGINS", "one,two", "disable_plugins", ["one", "two"]),
+        ("CODE_EXEC_PROBE_CACHE_SEC", "0", "probe_cache_sec", 0.0),
     ],
 )
 def test_each_variable_is_read(monkeypatch: pytest.MonkeyPatch, var: str, value: str, field: str,
@@ -124,6 +126,8 @@ def test_an_unknown_override_names_the_known_settings() -> None:
         ("CODE_EXEC_MEMORY_MB", "0", ["greater than 0"]),
         ("CODE_EXEC_CPUS", "-2", ["greater than 0"]),
         ("CODE_EXEC_PIDS_LIMIT", "0", ["greater than 0"]),
+        ("CODE_EXEC_PROBE_CACHE_SEC", "-1", ["greater than or equal to 0"]),
+        ("CODE_EXEC_PROBE_CACHE_SEC", "inf", ["finite"]),
         pytest.param(
             "CODE_EXEC_LOCAL", "maybe", ["true", "false"],
         ),
