@@ -70,3 +70,42 @@ class TestExamplePluginConformance(BackendConformance):
     @pytest.fixture
     def runner(self) -> Runner:
         return Runner(Settings.from_env(local=True, network="none"))
+
+
+HOLDER = """
+import sys, time
+from execbox import Runner, Settings
+runner = Runner(Settings.from_env(backend="unshare_net", local=True, network="none"))
+with runner.sandbox() as sb:
+    print(sb.exec(["sh", "-c", "echo kept > kept.txt && pwd"]).stdout.strip(), flush=True)
+    time.sleep(3600)
+"""
+
+
+def test_a_sigkilled_callers_workspace_goes_on_the_next_first_use(tmp_path: Path) -> None:
+    """The kit's HostWorkspaceSession names its directory for gc; the plugin sweeps on first use."""
+    import signal
+
+    from execbox.plugin import OWNER_FILE, name_owner
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CODE_EXEC_", "EXECBOX_"))}
+    env.update(TMPDIR=str(tmp_path), CODE_EXEC_LOCAL="true")  # a private temp dir: no other process sweeps it
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        workspace = Path(holder.stdout.readline().strip())
+        assert (workspace / "kept.txt").read_text() == "kept\n"
+        root = workspace.parent
+        assert root.parent == tmp_path and name_owner(root.name, "execbox-unshare-") is not None
+        assert (root / OWNER_FILE).is_file()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        assert root.exists()  # nothing cleaned it: only the sweep can
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    ran = subprocess.run([EXECBOX, "run", "--backend", "unshare_net", "--", "true"], env=env, capture_output=True,
+                         text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert ran.returncode == 0, ran.stderr
+    assert not root.exists()

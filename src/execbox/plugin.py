@@ -8,7 +8,8 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
                      Capabilities, ExecRequest, ExecResult,
                      Limits, hookimpl (the one hook: ``execbox_register_backends(register)``)
     settings         BackendSettings (pydantic-settings, one variable per field), setting, comma_list
-    sessions         HostWorkspaceSession (a local launcher in front of the command: override ``launcher``),
+    sessions         HostWorkspaceSession (a local launcher in front of the command: override ``launcher``; its
+                     directory names its owner: sweep_orphaned_workspaces(prefix) in gc),
                      RemoteSession (a provider's sandbox: supply its exec, small command, file calls)
     processes        run_process + reaped (output cap, deadline, whole-tree kill), ProcessOutcome, CommandEnv;
                      start_process / finish_process / stop_process (run_process in halves, for a process started
@@ -60,7 +61,7 @@ from execbox.core.errors import (
     WorkspacePathError,
 )
 from execbox.core.hookspecs import PluginWarning, hookimpl
-from execbox.core.hostsession import HostWorkspaceSession
+from execbox.core.hostsession import HostWorkspaceSession, sweep_orphaned_workspaces
 from execbox.core.lifecycle import create_cleanly
 from execbox.core.models import (
     Capabilities,
@@ -112,7 +113,8 @@ from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
 # only when that backend is used or all are listed. 1.4: owner_tag, name_owner, orphaned_dirs (parent, owner_file).
 # 1.5: probecache (an engine's facts kept across processes; Settings.probe_cache_sec); ARMED, armed_script (moved
 # from the docker backend), start_process, finish_process, stop_process; Session.arm (the warm pool's call);
-# ExecutionBackend.sweeps_on_first_use and sweep_scope.
+# ExecutionBackend.sweeps_on_first_use and sweep_scope; HostWorkspaceSession names its directory for gc, and
+# sweep_orphaned_workspaces removes those of dead owners.
 KIT_VERSION = "1.5"
 
 __all__ = [
@@ -184,6 +186,7 @@ __all__ = [
     "run_process",
     "start_process",
     "stop_process",
+    "sweep_orphaned_workspaces",
     "safe_read",
     "safe_write",
     "sandbox_env",

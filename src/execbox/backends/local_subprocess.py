@@ -12,46 +12,22 @@ the first use of this backend in every process), never a live owner's and never 
 
 from __future__ import annotations
 
-import os
-import tempfile
-
-import anyio
-
 from execbox.plugin import (
-    OWNER_FILE,
     Capabilities,
     ExecutionBackend,
     HostWorkspaceSession,
     SessionSpec,
-    orphaned_dirs,
-    owner_id,
-    owner_tag,
-    remove_tree,
-    safe_write,
+    sweep_orphaned_workspaces,
 )
 
 SESSION_PREFIX = "execbox-local-"
 
 
 class LocalSession(HostWorkspaceSession):
-    """The host-workspace session, its workspace inside a directory that names its owner (for gc)."""
+    """The host-workspace session (its workspace in a directory that names its owner, for gc)."""
 
     def __init__(self) -> None:
-        self.root = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-")
-        try:
-            safe_write(self.root, OWNER_FILE, (owner_id() + "\n").encode(), mode=0o600)
-            workspace = os.path.join(self.root, "workspace")
-            os.mkdir(workspace, 0o700)
-        except BaseException:
-            remove_tree(self.root)
-            raise
-        super().__init__(workspace=workspace)
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        await super().close()
-        await anyio.to_thread.run_sync(remove_tree, self.root)
+        super().__init__(prefix=SESSION_PREFIX)
 
 
 class LocalSubprocessBackend(ExecutionBackend):
@@ -73,14 +49,7 @@ class LocalSubprocessBackend(ExecutionBackend):
 
     async def gc(self) -> list[str]:
         """Session directories of execbox processes that are gone (a crash, a SIGKILL)."""
-
-        def sweep() -> list[str]:
-            found = orphaned_dirs(SESSION_PREFIX)
-            for path in found:
-                remove_tree(path)
-            return [path for path in found if not os.path.lexists(path)]  # what could not go is not reported
-
-        return await anyio.to_thread.run_sync(sweep)
+        return await sweep_orphaned_workspaces(SESSION_PREFIX)
 
 
 __all__ = ["LocalSession", "LocalSubprocessBackend"]

@@ -15,6 +15,7 @@ the launcher makes. A launcher only has to keep inherited descriptors open and r
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from typing import IO
 
@@ -24,6 +25,7 @@ from execbox.core.backend import Session
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import SandboxError
 from execbox.core.models import ExecResult, ExecSpec, FileInfo, Transfer
+from execbox.core.owner import OWNER_FILE, orphaned_dirs, owner_id, owner_tag
 from execbox.core.procs import CommandEnv, reaped, run_process
 from execbox.core.transfer import TransferLimits
 from execbox.core.workspace import remove_tree, safe_read, safe_write
@@ -32,11 +34,25 @@ FILE_SIZE_LIMIT = 1 << 30  # no single file over 1 GiB: a runaway writer cannot 
 
 
 class HostWorkspaceSession(Session):
-    """A temporary host directory as the workspace, and each command a reaped child process."""
+    """A temporary host directory as the workspace, and each command a reaped child process.
+
+    The workspace is ``workspace/`` in a directory named ``PREFIX + owner_tag() + "-" + random`` that holds an
+    OWNER_FILE: when the owner dies without closing (a SIGKILL), ``sweep_orphaned_workspaces(PREFIX)`` in the
+    backend's ``gc`` removes it (set ``sweeps_on_first_use`` and the next process does it by itself)."""
 
     def __init__(self, prefix: str = "execbox-local-", workspace: str | None = None) -> None:
-        # ``workspace``: a directory the subclass made (e.g. inside one that names its owner, for gc); else a new one.
-        self.workspace = workspace or tempfile.mkdtemp(prefix=prefix)
+        # ``workspace``: a directory the subclass made and removes itself; else a new one, named for gc.
+        self.root: str | None = None
+        if workspace is None:
+            self.root = tempfile.mkdtemp(prefix=f"{prefix}{owner_tag()}-")
+            try:
+                safe_write(self.root, OWNER_FILE, (owner_id() + "\n").encode(), mode=0o600)
+                workspace = os.path.join(self.root, "workspace")
+                os.mkdir(workspace, 0o700)
+            except BaseException:
+                remove_tree(self.root)
+                raise
+        self.workspace = workspace
         self.host_workspace = self.workspace  # the sandbox sees the host directory itself
         self._closed = False
 
@@ -102,4 +118,17 @@ class HostWorkspaceSession(Session):
         if self._closed:
             return
         self._closed = True
-        await anyio.to_thread.run_sync(remove_tree, self.workspace)
+        await anyio.to_thread.run_sync(remove_tree, self.root or self.workspace)
+
+
+async def sweep_orphaned_workspaces(prefix: str) -> list[str]:
+    """For a backend's ``gc``: remove the HostWorkspaceSession directories of ``prefix`` whose owner is gone
+    (only real directories of this uid with an owner file; never a link); what was removed."""
+
+    def sweep() -> list[str]:
+        found = orphaned_dirs(prefix)
+        for path in found:
+            remove_tree(path)
+        return [path for path in found if not os.path.lexists(path)]  # what could not go is not reported
+
+    return await anyio.to_thread.run_sync(sweep)

@@ -23,6 +23,8 @@ import anyio
 
 from execbox import plugin
 
+PREFIX = "execbox-unshare-"
+
 
 class UnshareSession(plugin.HostWorkspaceSession):
     """execbox's local session (temporary workspace, rlimits, output cap, process-tree kill) with the
@@ -46,8 +48,10 @@ class UnshareBackend(plugin.ExecutionBackend):
         file_transfer=True,
         limits=frozenset({"wall_time"}),
     )
+    # What a SIGKILLed caller left (its workspace directory names it) goes on the next process's first check.
+    sweeps_on_first_use = True
 
-    async def check(self) -> plugin.Capabilities:
+    async def probe(self) -> plugin.Capabilities:
         if shutil.which("unshare") is None:
             raise plugin.BackendUnavailableError(
                 "the `unshare` command is missing", backend=self.name, fix="apt-get install util-linux")
@@ -59,7 +63,10 @@ class UnshareBackend(plugin.ExecutionBackend):
         return self.capabilities
 
     async def open_session(self, spec: plugin.SessionSpec) -> UnshareSession:
-        return UnshareSession(prefix="execbox-unshare-")
+        return UnshareSession(prefix=PREFIX)
+
+    async def gc(self) -> list[str]:
+        return await plugin.sweep_orphaned_workspaces(PREFIX)
 
 
 @plugin.hookimpl
