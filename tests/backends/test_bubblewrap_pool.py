@@ -114,6 +114,8 @@ def test_a_sigkilled_owner_leaves_no_armed_sandbox_running(caps: Any) -> None:
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+        if owner.stdout is not None:
+            owner.stdout.close()
 
 
 def _running(process: psutil.Process) -> bool:

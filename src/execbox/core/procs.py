@@ -191,9 +191,12 @@ async def finish_process(proc: asyncio.subprocess.Process, *, stdin: bytes | Non
 
 
 async def stop_process(proc: asyncio.subprocess.Process, terminate_signal: int = signal.SIGTERM) -> None:
-    """End a started process that will not be finished (an armed one never used): as at a deadline."""
+    """End a started process that will not be finished (an armed one never used): as at a deadline; its stdin
+    closed too, so that its transport can finish."""
     with anyio.CancelScope(shield=True):
         await _kill(proc, terminate_signal)
+        if proc.stdin is not None:
+            proc.stdin.close()
 
 
 # A process started before its command is known (a warm sandbox's first run) waits in ARMED for one script on its
