@@ -41,7 +41,7 @@ class HostWorkspaceSession(Session):
     backend's ``gc`` removes it (set ``sweeps_on_first_use`` and the next process does it by itself)."""
 
     def __init__(self, prefix: str = "execbox-local-", workspace: str | None = None) -> None:
-        # ``workspace``: a directory the subclass made and removes itself; else a new one, named for gc.
+        # ``workspace``: a directory the subclass made (close removes it as is); else a new one, named for gc.
         self.root: str | None = None
         if workspace is None:
             self.root = tempfile.mkdtemp(prefix=f"{prefix}{owner_tag()}-")
