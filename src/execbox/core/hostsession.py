@@ -46,6 +46,7 @@ class HostWorkspaceSession(Session):
         if workspace is None:
             self.root = tempfile.mkdtemp(prefix=f"{prefix}{owner_tag()}-")
             try:
+                os.chmod(self.root, 0o711)  # a launcher that drops to another uid reaches the workspace, lists nothing
                 safe_write(self.root, OWNER_FILE, (owner_id() + "\n").encode(), mode=0o600)
                 workspace = os.path.join(self.root, "workspace")
                 os.mkdir(workspace, 0o700)
