@@ -475,3 +475,51 @@ def test_a_child_that_outlives_its_hang_up_is_killed_at_the_grace() -> None:
         theirs.close()
         for fd in server.wake:
             os.close(fd)
+
+
+def test_two_servers_starting_at_once_over_a_stale_socket_leave_exactly_one_reachable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both find the dead server's socket; unlinks slowed so that, without the lock, the second removes the
+    first one's new socket and binds its own (the first then listens where nobody can reach it)."""
+    import threading
+
+    path = str(tmp_path / "s.sock")
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(path)
+    stale.close()  # a dead server's socket: nobody listens
+    real_unlink, unlinks = os.unlink, []
+
+    def slow_unlink(target: Any, *args: Any, **kw: Any) -> None:
+        if target == path:
+            unlinks.append(target)
+            time.sleep(0.2 if len(unlinks) == 1 else 0.6)
+        real_unlink(target, *args, **kw)
+
+    monkeypatch.setattr(resident_server.os, "unlink", slow_unlink)
+    got: list[object] = []
+    barrier = threading.Barrier(2)
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            got.append(resident_server._listen(path))
+        except resident_server.ServeError as exc:
+            got.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    listening = [item for item in got if isinstance(item, tuple)]
+    refused = [item for item in got if isinstance(item, resident_server.ServeError)]
+    try:
+        assert len(listening) == 1 and len(refused) == 1, got
+        assert "already listens" in str(refused[0])
+        probe = socket.socket(socket.AF_UNIX)
+        probe.connect(path)  # the one that listens is the one at the path
+        probe.close()
+        assert os.lstat(path).st_ino == listening[0][1]
+    finally:
+        for listener, _ in listening:
+            listener.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import fcntl
 import os
 import selectors
 import signal
@@ -120,7 +121,21 @@ def serve(path: str, run: Callable[[list[str]], object], ready: Callable[[], obj
 
 def _listen(path: str) -> tuple[socket.socket, int]:
     """A listening socket at ``path``, 0600. A stale socket there (no server answers) is replaced; anything else
-    there is left alone and refused."""
+    there is left alone and refused. Under a lock beside it (``PATH.lock``): two servers starting at once would
+    otherwise both find the stale socket, and the second would unlink the first one's new socket, leaving that
+    server listening where nobody can reach it."""
+    try:
+        lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ServeError(f"cannot lock {path}.lock: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _listen_locked(path)
+    finally:
+        os.close(lock)
+
+
+def _listen_locked(path: str) -> tuple[socket.socket, int]:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
