@@ -17,6 +17,7 @@ import pytest
 from execbox import Runner, Settings
 from execbox.backends import bubblewrap as bw
 from tests.backends.test_bubblewrap import caps, runner, sandbox_processes  # noqa: F401 - fixtures
+from tests.support.pool import wait_ready
 
 pytestmark = pytest.mark.engine
 
@@ -28,13 +29,6 @@ PROBE = ("echo out; cat; echo err >&2; pwd; env | sort; ulimit -a | sort; id; "
 
 def pooled(**kw: Any) -> Runner:
     return Runner(Settings.from_env(backend="bubblewrap", pool_size=2, **kw))
-
-
-def wait_ready(runner: Runner, want: int = 2) -> None:
-    deadline = time.monotonic() + 60
-    while runner.warm() < want:
-        assert time.monotonic() < deadline, "the pool never filled"
-        time.sleep(0.05)
 
 
 def session_processes() -> list[int]:

@@ -14,6 +14,7 @@ import pytest
 from execbox import Runner, Settings
 from tests.backends import test_docker as base
 from tests.backends import test_docker_boundary as boundary
+from tests.support.pool import wait_ready
 
 pytestmark = pytest.mark.engine
 
@@ -30,13 +31,6 @@ LIMITS = ("touch /etc/x; grep processes /proc/self/limits; cat /proc/self/uid_ma
 
 def pooled_runner(**kw: Any) -> Runner:
     return Runner(Settings.from_env(backend="docker", pool_size=2, **kw))
-
-
-def wait_ready(runner: Runner, want: int = 2) -> None:
-    deadline = time.monotonic() + 60
-    while runner.warm() < want:
-        assert time.monotonic() < deadline, "the pool never filled"
-        time.sleep(0.1)
 
 
 def test_a_pooled_run_is_hardened_fresh_and_used_once(engine: Any) -> None:

@@ -866,8 +866,7 @@ class BubblewrapSession(Session):
         if self._closed:
             raise SandboxError("this bubblewrap session is closed", backend=BubblewrapBackend.name)
         armed, self._armed = self._armed, None
-        if armed is not None and (run is not None or request.limits != self.spec.limits
-                                  or armed.loop is not asyncio.get_running_loop()
+        if armed is not None and (request.limits != self.spec.limits or armed.loop is not asyncio.get_running_loop()
                                   or armed.proc is None or armed.proc.returncode is not None):
             await armed.discard()  # for another shape of run, in another event loop, or ended while it waited
             armed = None

@@ -25,7 +25,7 @@ from execbox.core.backend import Session
 from execbox.core.envpolicy import sandbox_env
 from execbox.core.errors import SandboxError
 from execbox.core.models import ExecResult, ExecSpec, FileInfo, Transfer
-from execbox.core.owner import OWNER_FILE, orphaned_dirs, owner_id, owner_tag
+from execbox.core.owner import OWNER_FILE, owner_id, owner_tag, remove_orphaned_dirs
 from execbox.core.procs import CommandEnv, reaped, run_process
 from execbox.core.transfer import TransferLimits
 from execbox.core.workspace import remove_tree, safe_read, safe_write
@@ -126,10 +126,4 @@ async def sweep_orphaned_workspaces(prefix: str) -> list[str]:
     """For a backend's ``gc``: remove the HostWorkspaceSession directories of ``prefix`` whose owner is gone
     (only real directories of this uid with an owner file; never a link); what was removed."""
 
-    def sweep() -> list[str]:
-        found = orphaned_dirs(prefix)
-        for path in found:
-            remove_tree(path)
-        return [path for path in found if not os.path.lexists(path)]  # what could not go is not reported
-
-    return await anyio.to_thread.run_sync(sweep)
+    return await anyio.to_thread.run_sync(remove_orphaned_dirs, prefix)

@@ -12,6 +12,8 @@ import socket
 import stat
 import tempfile
 
+from execbox.core.workspace import remove_tree
+
 _DIGITS = re.compile(r"[0-9]{1,10}")
 
 
@@ -123,3 +125,11 @@ def owner_alive(owner: str) -> bool | None:
     if host != socket.gethostname() or not pid_s.isdigit():
         return None
     return pid_alive(int(pid_s), started)
+
+
+def remove_orphaned_dirs(prefix: str) -> list[str]:
+    """``orphaned_dirs(prefix)`` removed (``remove_tree``); what went (what could not go is not reported)."""
+    found = orphaned_dirs(prefix)
+    for path in found:
+        remove_tree(path)
+    return [path for path in found if not os.path.lexists(path)]

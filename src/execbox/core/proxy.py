@@ -55,7 +55,7 @@ from execbox.core import egress_secrets
 from execbox.core.egress import EgressPolicy, IPAddress, ProviderAllowlist, literal_address, provider_allowlist
 from execbox.core.errors import ConfigError, SandboxError, UnsupportedPolicyError
 from execbox.core.models import EgressAttempt, ExecResult
-from execbox.core.owner import OWNER_FILE, orphaned_dirs, owner_id, owner_tag
+from execbox.core.owner import OWNER_FILE, owner_id, owner_tag, remove_orphaned_dirs
 from execbox.core.settings import Settings
 from execbox.core.workspace import remove_tree
 
@@ -248,10 +248,7 @@ class ProxyRun:
 def sweep_orphans() -> list[str]:
     """Remove the proxy directories of execbox processes that are gone (a crash, a SIGKILL): only real
     directories of this user, with our name; returns what was removed."""
-    removed = orphaned_dirs(DIR_PREFIX)
-    for path in removed:
-        remove_tree(path)
-    return removed
+    return remove_orphaned_dirs(DIR_PREFIX)
 
 
 def _read_bundle(path: Path) -> bytes:
