@@ -7,8 +7,10 @@ import asyncio
 import gc
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 import uuid
@@ -160,6 +162,57 @@ def test_a_cancelled_arun_returns_only_after_its_processes_are_dead(local_mode: 
     gc.collect()
     assert len(seen) == 2, "the run never started"
     assert alive_at_return == []
+
+
+def _portal_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "execbox-portal" and t.is_alive()]
+
+
+def test_a_runner_keeps_one_event_loop_thread_and_ends_it_when_dropped(local_mode: None) -> None:
+    before = set(_portal_threads())
+    runner = execbox.Runner()
+    for _ in range(3):
+        assert runner.run("true").ok
+    assert len(set(_portal_threads()) - before) == 1, "each call started a loop thread of its own"
+    del runner
+    gc.collect()
+    assert set(_portal_threads()) <= before, "a dropped runner's loop thread still runs"
+
+
+def _interrupt_once_running(marker: str) -> threading.Thread:
+    """Ctrl-C for the main thread (a real SIGINT: it wakes a blocked wait) once a process with ``marker`` runs."""
+    def watch() -> None:
+        deadline = time.monotonic() + 20
+        while not _processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
+def test_ctrl_c_cancels_that_sync_run_alone_and_returns_once_it_is_cleaned_up(local_mode: None,
+                                                                           workspaces: Path) -> None:
+    marker = f"100.{uuid.uuid4().int % 10**6:06d}"
+    with execbox.Runner() as runner:
+        _interrupt_once_running(marker)
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(["sleep", marker])
+        assert time.monotonic() - started < 20, "the run was not interrupted"
+        assert _alive(_processes_with(marker)) == [] and list(workspaces.iterdir()) == []
+        assert runner.run("echo still usable").stdout == "still usable\n"
+
+
+def test_ctrl_c_cancels_a_sandbox_exec_and_the_sandbox_goes_on(local_mode: None) -> None:
+    marker = f"100.{uuid.uuid4().int % 10**6:06d}"
+    with execbox.sandbox() as sb:
+        _interrupt_once_running(marker)
+        with pytest.raises(KeyboardInterrupt):
+            sb.exec(["sleep", marker])
+        assert _alive(_processes_with(marker)) == []
+        assert sb.exec("echo still open").stdout == "still open\n"
 
 
 class TestModels:

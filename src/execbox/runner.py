@@ -6,13 +6,13 @@ also works inside programs that already run an event loop). Sessions: ``AsyncSan
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import contextlib
 import functools
 import os
 import posixpath
 import threading
+import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -895,25 +895,18 @@ class AsyncSandbox:
         return result.model_copy(update={"notes": [*result.notes, note]})
 
 
-# Sync facades whose event-loop thread is open (a sandbox, a runner with a warm pool). One left open by its owner
-# (an exception outside its `with`, a forgotten close) is closed when the interpreter exits, by atexit, while
-# that thread still runs: later, daemon threads are frozen, and the portal's own clean-up would wait on its
-# frozen thread for ever — the program would hang at exit, its sandbox running.
-_OPEN_FACADES: set[Runner | Sandbox] = set()
-
-
-@atexit.register
-def _close_forgotten() -> None:
-    for facade in list(_OPEN_FACADES):
-        with contextlib.suppress(Exception):
-            facade.close()
+# Sync facades whose event-loop thread is open. Each closes itself through a weakref.finalize: when it is closed,
+# garbage-collected or left open at exit (finalize runs at exit, while that thread still runs: later, daemon
+# threads are frozen, and the portal's own clean-up would wait on its frozen thread for ever, the program hanging
+# with its sandbox running). Listed weakly so that a forked child can drop its parent's.
+_OPEN_FACADES: weakref.WeakSet[Runner | Sandbox] = weakref.WeakSet()
 
 
 def _forget_in_child() -> None:
     # A forked child (multiprocessing's workers, say) does not own its parent's sandboxes: closing them would end
     # the parent's; and it has no event-loop thread to reach them through (waiting on one hung it at exit).
     for facade in list(_OPEN_FACADES):
-        facade._loop = None
+        facade._forget()
     _OPEN_FACADES.clear()
 
 
@@ -944,50 +937,99 @@ class _LoopThread:
         self._thread.start()
         self.portal = ready.result()
 
+    def call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """Run ``fn`` in the loop and wait for it. Anything raised here while it runs (Ctrl-C, the CLI's SIGTERM)
+        cancels that call alone, waits for its clean-up (its sandbox removed), and is raised again."""
+        finished = threading.Event()
+
+        async def tracked() -> T:
+            try:
+                return await fn()
+            finally:
+                finished.set()
+
+        future = self.portal.start_task_soon(tracked)
+        try:
+            return future.result()
+        except BaseException:
+            if not future.done():
+                future.cancel()  # the portal cancels the call's scope in the loop
+                while not finished.wait(0.1) and self._thread.is_alive():
+                    pass
+            raise
+
     def stop(self, cancel: bool = False) -> None:
         """Stop the loop (cancelling what still runs in it when ``cancel``) and wait for its thread."""
         with contextlib.suppress(RuntimeError):  # stopped already
             self.portal.call(self.portal.stop, cancel)
         self._thread.join()
 
+    def shut(self, *closers: Callable[[], Awaitable[object]], cancel: bool = False) -> None:
+        """Run ``closers`` in the loop, then stop it: a facade's clean-up, also from its finalizer. From the loop's
+        own thread (a garbage collection there) it is handed to a thread of its own, which can wait for the loop."""
+        if threading.current_thread() is self._thread:
+            threading.Thread(target=self.shut, args=closers, kwargs={"cancel": cancel}, daemon=True).start()
+            return
+        try:
+            for closer in closers:
+                self.portal.call(closer)
+        finally:
+            self.stop(cancel)
+
 
 class Runner:
-    """The sync facade of AsyncRunner: same methods, blocking; ``with Runner() as runner:`` closes its backends."""
+    """The sync facade of AsyncRunner: same methods, blocking; ``with Runner() as runner:`` closes its backends.
+
+    Its first call starts an event-loop thread that its later calls reuse (a thread per call cost ~1-2 ms);
+    ``close``, or the runner's garbage collection, or the interpreter's exit ends it."""
 
     def __init__(self, settings: Settings | None = None, *,
                  options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.aio = AsyncRunner(settings, options=options)
         self._loop: _LoopThread | None = None
+        self._closing: weakref.finalize[..., Runner] | None = None
+        self._pool_task: concurrent.futures.Future[None] | None = None
+        self._lock = threading.Lock()
 
     def __enter__(self) -> Runner:
-        # With a warm pool the runner needs one event loop for its life (the pool refills in the background);
-        # otherwise each call runs in its own short-lived loop.
-        if self.aio.settings.pool_size and self._loop is None:
-            self._loop = _LoopThread()
-            self._pool_task, _ = self._loop.portal.start_task(self.aio.serve_pool)
-            _OPEN_FACADES.add(self)
+        # With a warm pool, the pool refills in the background in the runner's event loop for its life.
+        loop = self._loop_thread()
+        with self._lock:
+            if self.aio.settings.pool_size and self._pool_task is None:
+                self._pool_task, _ = loop.portal.start_task(self.aio.serve_pool)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _loop_thread(self) -> _LoopThread:
+        with self._lock:
+            if self._loop is None:
+                self._loop = _LoopThread()
+                self._closing = weakref.finalize(self, self._loop.shut, self.aio.aclose)
+                _OPEN_FACADES.add(self)
+            return self._loop
+
+    def _forget(self) -> None:
+        if self._closing is not None:
+            self._closing.detach()
+        self._loop = self._closing = self._pool_task = None
+        self._lock = threading.Lock()  # held by the parent's thread at the fork, maybe
+
     def close(self) -> None:
-        loop, self._loop = self._loop, None
+        with self._lock:
+            closing, pool_task = self._closing, self._pool_task
+            self._loop = self._closing = self._pool_task = None
         _OPEN_FACADES.discard(self)
-        if loop is None:
+        if closing is None:
             run_blocking(self.aio.aclose)
             return
-        try:
-            loop.portal.call(self.aio.aclose)
-            self._pool_task.result()
-        finally:
-            loop.stop()
+        closing()
+        if pool_task is not None:
+            pool_task.result()  # what went wrong in the pool's background work, if anything
 
     def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        if self._loop is not None:
-            result: T = self._loop.portal.call(fn)
-            return result
-        return run_blocking(fn)
+        return self._loop_thread().call(fn)
 
     def warm(self, backend: str | None = None, **kw: Any) -> int:
         return self._call(functools.partial(self.aio.warm, backend, **kw))
@@ -1035,6 +1077,7 @@ class Sandbox:
     def __init__(self, inner: AsyncSandbox) -> None:
         self.aio = inner
         self._loop: _LoopThread | None = None
+        self._closing: weakref.finalize[..., Sandbox] | None = None
 
     def __enter__(self) -> Sandbox:
         loop = _LoopThread()
@@ -1044,24 +1087,27 @@ class Sandbox:
             loop.stop(cancel=True)
             raise
         self._loop = loop
+        closers = [self.aio.close, *([self.aio.runner.aclose] if self.aio.owns_runner else [])]
+        self._closing = weakref.finalize(self, loop.shut, *closers)
         _OPEN_FACADES.add(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close(*exc)
 
+    def _forget(self) -> None:
+        if self._closing is not None:
+            self._closing.detach()
+        self._loop = self._closing = None
+
     def close(self, *exc: Any) -> None:
         """Close the sandbox (what ``with`` does on leaving the block); a second call does nothing."""
-        loop, self._loop = self._loop, None
+        closing, self._loop, self._closing = self._closing, None, None
         _OPEN_FACADES.discard(self)
-        if loop is None:
-            return
-        try:
-            loop.portal.call(self.aio.close)
-            if self.aio.owns_runner:
-                loop.portal.call(self.aio.runner.aclose)
-        finally:
-            loop.stop(cancel=bool(exc) and exc[0] is not None)
+        detached = closing.detach() if closing is not None else None
+        if detached is not None:
+            _, shut, closers, _ = detached
+            shut(*closers, cancel=bool(exc) and exc[0] is not None)
 
     @property
     def backend(self) -> ExecutionBackend | None:
@@ -1072,8 +1118,7 @@ class Sandbox:
             raise SandboxError("this sandbox is not open (closed already, never entered, or opened by the process "
                                "this one was forked from): use it as `with execbox.sandbox() as sb:` and call it "
                                "inside that block")
-        result: T = self._loop.portal.call(functools.partial(fn, *args, **kw))
-        return result
+        return self._loop.call(functools.partial(fn, *args, **kw))
 
     def exec(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
         return self._call(self.aio.exec, command, **kw)
