@@ -1,4 +1,4 @@
-"""The bubblewrap launcher (_bwrap_launch.py: a shell watcher, setpriv and prlimit in front of bwrap): what it
+"""The bubblewrap launcher (_bwrap_launch.py: a shell watcher and setpriv in front of bwrap): what it
 guarantees on its own paths. The killed-caller tests (test_bubblewrap_orphans.py) and the conformance kit
 (test_bubblewrap.py) run every exec through it too; these pin the parts they cannot see."""
 
@@ -51,7 +51,7 @@ def test_a_watcher_whose_caller_is_gone_starts_nothing(report: bw.HostReport, tm
     witness = tmp_path / "ran"
     argv = launch.launch_argv(tools=report.tools, caller=1, bwrap="/bin/sh", args_file=str(tmp_path / "args"),
                               seccomp_file=str(tmp_path / "bpf"), status_file=str(tmp_path / "status"),
-                              rlimits={"core": 0}, cgroup_procs=[], user=None,
+                              rlimits={"c": 0}, cgroup_procs=[], user=None,
                               command=["-c", f"touch {witness}"])
     done = subprocess.run(argv, capture_output=True, start_new_session=True, timeout=30)
     assert done.returncode == launch.EXIT_LAUNCH_FAILED
@@ -219,7 +219,7 @@ def test_the_watcher_kills_what_is_left_in_the_runs_cgroup(report: bw.HostReport
     cgroup = bw.RunCgroup.create(report.cgroup, Limits(pids=64))
     argv = launch.launch_argv(tools=report.tools, caller=os.getpid(), bwrap=str(fake_bwrap),
                               args_file=str(tmp_path / "args"), seccomp_file=str(tmp_path / "bpf"),
-                              status_file=str(tmp_path / "status"), rlimits={"core": 0},
+                              status_file=str(tmp_path / "status"), rlimits={"c": 0},
                               cgroup_procs=cgroup.procs_files(), user=None,
                               command=["sh", "-c", f"(setsid sh -c 'sleep 1000; :' {marker} &); sleep 1000"])
     watcher = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL)
@@ -238,3 +238,20 @@ def test_the_watcher_kills_what_is_left_in_the_runs_cgroup(report: bw.HostReport
         if watcher.poll() is None:
             watcher.kill()
         cgroup.remove()
+
+
+def test_the_run_gets_its_rlimits_soft_and_hard_in_bytes(report: bw.HostReport) -> None:
+    """The launcher sets them with its shell's ulimit, in the shell's units: the kernel must see the bytes meant."""
+    with Runner(Settings.from_env(backend="bubblewrap")) as runner:
+        result = runner.run(["cat", "/proc/self/limits"], timeout=10)
+    rows = {line[:26].strip(): line[26:].split()[:2] for line in result.stdout.splitlines()}
+    assert rows["Max file size"] == [str(bw.FILE_SIZE_LIMIT)] * 2, result.stdout
+    assert rows["Max core file size"] == ["0", "0"] and rows["Max cpu time"] == ["11", "11"], result.stdout
+
+
+def test_a_shell_whose_ulimit_counts_other_units_is_refused(report: bw.HostReport) -> None:
+    assert run_blocking(lambda: bw._ulimit_units_wrong(report.tools["sh"])) == ""
+    bash = shutil.which("bash")
+    assert bash is not None, "bash is part of every Debian system"
+    # bash outside POSIX mode (not started as sh) counts -c and -f in KiB, not 512-byte blocks
+    assert "ulimit -c 3 gave ['3072', '3072']" in run_blocking(lambda: bw._ulimit_units_wrong(bash))

@@ -1,19 +1,19 @@
 """The command line that starts bwrap with the run's limits and keeps a watcher beside it, so that nothing it
-starts outlives the caller. No interpreter: a POSIX shell and util-linux's ``setpriv`` and ``prlimit``
-(a Python launcher cost every exec ~20 ms, most of it the interpreter and ctypes; this costs ~2 ms).
+starts outlives the caller. No interpreter: a POSIX shell and util-linux's ``setpriv`` (a Python launcher cost
+every exec ~20 ms, most of it the interpreter and ctypes; this costs ~2 ms).
 
     caller ─ setpriv --pdeathsig TERM ─ sh WATCHER           (resident: the watcher, a process group leader)
-                                          └ sh (subshell) ─ prlimit ─ setpriv [uid drop] --pdeathsig KILL
-                                                          ─ sh CHECK ─ bwrap (the monitor) ─ bwrap's pid 1 ...
+                                          └ sh (subshell, ulimit) ─ setpriv [uid drop] --pdeathsig KILL
+                                                                  ─ sh CHECK ─ bwrap (the monitor) ─ bwrap's pid 1 ...
 
 The watcher (``WATCHER``) learns of the caller's death through its parent-death signal (SIGTERM, set by
 setpriv before the shell starts; a caller already gone by then is seen in ``$PPID`` and nothing is started).
-Its child, a subshell, moves itself into the run's cgroups, opens the files bwrap reads (argument list,
-seccomp program, status) and becomes, through a chain of execs that keep its pid: prlimit (rlimits, soft =
-hard), setpriv (as root: drops to the unprivileged host uid with no groups, so that even the host kernel
-sees the sandbox as that uid; always: parent-death signal SIGKILL, asked for after the uid change, which
-would clear it), a check that the watcher is still its parent (else it exits before bwrap starts), and
-bwrap with an empty-but-PATH environment.
+Its child, a subshell, moves itself into the run's cgroups, sets the rlimits (the shell's ``ulimit``, soft =
+hard; a prlimit exec cost ~1 ms), opens the files bwrap reads (argument list, seccomp program, status) and
+becomes, through a chain of execs that keep its pid: setpriv (as root: drops to the unprivileged host uid
+with no groups, so that even the host kernel sees the sandbox as that uid; always: parent-death signal
+SIGKILL, asked for after the uid change, which would clear it), a check that the watcher is still its parent
+(else it exits before bwrap starts), and bwrap with an empty-but-PATH environment.
 
 Why the watcher stays instead of the shell becoming bwrap: ``bwrap --die-with-parent`` leaves a window.
 bwrap's pid 1 asks for its parent-death signal only once it has set the sandbox up; a monitor killed before
@@ -28,7 +28,8 @@ its sandbox existed (a pid 1 never released by a monitor that failed) is still i
 group, and gets SIGTERM there (the watcher ignores it). ``run_process`` starts the watcher as a new
 session, which the watcher checks: the group is its own.
 
-The watcher's arguments: ``CALLER_PID ARGS_FILE SECCOMP_FILE STATUS_FILE N CGROUP_PROCS*N -- CHAIN...``.
+The watcher's arguments: ``CALLER_PID ARGS_FILE SECCOMP_FILE STATUS_FILE N CGROUP_PROCS*N L LIMIT*L -- CHAIN...``,
+a LIMIT being ``ulimit``'s option letter, ``=``, and the value in its POSIX units (``ULIMIT_UNITS``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 EXIT_LAUNCH_FAILED = 125
+# ulimit's option letters the launcher sets -> the bytes (or seconds) of one unit, as POSIX shells count them
+# (dash, bash as sh, busybox); the backend's check confirms them against the shell it runs.
+ULIMIT_UNITS = {"c": 512, "f": 512, "t": 1, "v": 1024}
 # The variable that carries the watcher's pid to CHECK (bwrap clears the sandbox's environment itself).
 _WATCHER_VAR = "EXECBOX_BWRAP_WATCHER"
 
@@ -120,6 +124,13 @@ exec 9<&0
         n=$((n - 1))
         shift
     done
+    n=$1
+    shift
+    while [ "$n" -gt 0 ]; do  # soft and hard, as ulimit sets both when given neither -S nor -H
+        ulimit "-${1%%=*}" "${1#*=}" || fail "cannot set the limit $1"
+        n=$((n - 1))
+        shift
+    done
     [ "$1" = -- ] || fail "bad arguments"
     shift
     umask 077
@@ -146,13 +157,15 @@ def launch_argv(*, tools: dict[str, str], caller: int, bwrap: str, args_file: st
                 user: tuple[int, int] | None, command: Sequence[str]) -> list[str]:
     """The command line that runs ``command`` in bwrap (options in ``args_file``), watched as described above.
 
-    ``tools``: absolute paths of ``sh``, ``setpriv`` and ``prlimit``; ``rlimits``: prlimit's resource names
-    (``core``, ``fsize``, ``cpu``, ``as``) -> value; ``user``: the host uid:gid to drop to (as root)."""
-    sh, setpriv, prlimit = tools["sh"], tools["setpriv"], tools["prlimit"]
-    chain = [prlimit, *(f"--{name}={value}:{value}" for name, value in rlimits.items()), "--", setpriv]
+    ``tools``: absolute paths of ``sh`` and ``setpriv``; ``rlimits``: ulimit's option letters (``ULIMIT_UNITS``)
+    -> value in bytes (seconds for ``t``), rounded down to the shell's units; ``user``: the host uid:gid to drop to
+    (as root)."""
+    sh, setpriv = tools["sh"], tools["setpriv"]
+    limits = [f"{letter}={value // ULIMIT_UNITS[letter]}" for letter, value in rlimits.items()]
+    chain = [setpriv]
     if user is not None:
         chain += [f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups"]
     chain += ["--pdeathsig=KILL", "--", sh, "-c", CHECK, "execbox-bwrap-check",
               bwrap, "--seccomp", "4", "--json-status-fd", "5", "--args", "3", "--", *command]
     return [setpriv, "--pdeathsig=TERM", "--", sh, "-c", WATCHER, "execbox-bwrap", str(caller), args_file,
-            seccomp_file, status_file, str(len(cgroup_procs)), *cgroup_procs, "--", *chain]
+            seccomp_file, status_file, str(len(cgroup_procs)), *cgroup_procs, str(len(limits)), *limits, "--", *chain]

@@ -19,7 +19,7 @@ The boundary, on every exec:
                    or the execbox install directory (masked when it lies under /usr)
     seccomp        ptrace, mounts, setns, keyrings, bpf, perf, userfaultfd, io_uring, new user
                    namespaces and kernel-module/kexec calls fail (bubblewrap_seccomp.py)
-    limits         rlimits always (prlimit: no core dumps, 1 GiB files, CPU seconds); memory, pids and cpu
+    limits         rlimits always (ulimit: no core dumps, 1 GiB files, CPU seconds); memory, pids and cpu
                    through a cgroup per exec where the host lets execbox create one (v1 or v2),
                    decided by ``check``: the capabilities report only what is enforced here; as
                    root, the workspace is a size-limited filesystem of its own (core.disk: the disk
@@ -96,7 +96,7 @@ from execbox.plugin import (
 
 # The launcher's tools (_bwrap_launch.py), looked up here only: what a root process runs must not come from PATH.
 _TOOLS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
-_LAUNCH_TOOLS = ("sh", "setpriv", "prlimit")
+_LAUNCH_TOOLS = ("sh", "setpriv")
 WORKSPACE = "/workspace"
 SANDBOX_UID = SANDBOX_GID = 1000
 FILE_SIZE_LIMIT = 1 << 30
@@ -483,7 +483,7 @@ class HostReport:
     seccomp_syscalls: tuple[str, ...]
     # Why the workspace cannot be size-limited here; "" when it is (the disk limit).
     disk_reason: str
-    # The launcher's sh, setpriv and prlimit (absolute paths, checked like bwrap).
+    # The launcher's sh and setpriv (absolute paths, checked like bwrap).
     tools: dict[str, str]
 
     @property
@@ -592,12 +592,13 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits) -> Host
 
 
 async def _launch_tools() -> dict[str, str]:
-    """The launcher's tools: sh, and util-linux's setpriv (with --pdeathsig, util-linux >= 2.33) and prlimit."""
+    """The launcher's tools: sh (whose ulimit must count in POSIX units) and util-linux's setpriv (with
+    --pdeathsig, util-linux >= 2.33)."""
     tools = {}
     for name in _LAUNCH_TOOLS:
         found = shutil.which(name, path=_TOOLS_PATH)
         if not found:
-            raise _unavailable(f"{name} not found (the launcher needs sh, setpriv and prlimit)",
+            raise _unavailable(f"{name} not found (the launcher needs sh and setpriv)",
                                "apt-get install util-linux (Fedora: dnf install util-linux-core)")
         path = os.path.realpath(found)
         untrusted = _untrusted_binary(path)
@@ -609,7 +610,31 @@ async def _launch_tools() -> dict[str, str]:
     if "--pdeathsig" not in usage:
         raise _unavailable(f"{tools['setpriv']} has no --pdeathsig (util-linux older than 2.33)",
                            "install util-linux >= 2.33 (Debian 10, Ubuntu 20.04, Fedora 29 and newer have it)")
+    wrong = await _ulimit_units_wrong(tools["sh"])
+    if wrong:
+        raise _unavailable(f"{tools['sh']} does not count ulimit in POSIX units, which the launcher's limits "
+                           f"assume: {wrong}", "make /bin/sh a POSIX shell (dash, bash or busybox sh)")
     return tools
+
+
+# /proc/self/limits' names for ulimit's letters, and a test value for each (in units).
+_ULIMIT_NAMES = {"c": "Max core file size", "f": "Max file size", "t": "Max cpu time", "v": "Max address space"}
+_ULIMIT_PROBE = {"c": 3, "f": 5, "t": 7, "v": 1 << 20}
+
+
+async def _ulimit_units_wrong(sh: str) -> str:
+    """What the shell's ulimit does differently from ``_bwrap_launch.ULIMIT_UNITS`` (soft = hard), or ""."""
+    sets = " && ".join(f"ulimit -{letter} {value}" for letter, value in _ULIMIT_PROBE.items())
+    code, out = await _output(sh, "-c", f'{sets} && while IFS= read -r line; do echo "$line"; done < /proc/self/limits')
+    if code != 0:
+        return f"ulimit failed ({code}): {out.strip()[-200:]}"
+    rows = {line[:26].strip(): line[26:].split() for line in out.splitlines()}
+    for letter, value in _ULIMIT_PROBE.items():
+        want = str(value * _bwrap_launch.ULIMIT_UNITS[letter])
+        got = rows.get(_ULIMIT_NAMES[letter], [])[:2]
+        if got != [want, want]:
+            return f"ulimit -{letter} {value} gave {got} (soft, hard), not {want}"
+    return ""
 
 
 async def _probe(report: HostReport, settings: BubblewrapSettings, limits: Limits) -> ExecResult:
@@ -832,12 +857,12 @@ class BubblewrapSession(Session):
                                    "directory); open a new sandbox", backend=BubblewrapBackend.name)
 
     def _rlimits(self, request: ExecSpec, cgroup: RunCgroup | None) -> dict[str, int]:
-        """prlimit's resource names -> value (soft = hard)."""
-        rlimits = {"core": 0, "fsize": FILE_SIZE_LIMIT, "cpu": math.ceil(request.timeout) + 1}
+        """ulimit's letters (core dumps, file size, CPU seconds, address space) -> bytes or seconds (soft = hard)."""
+        rlimits = {"c": 0, "f": FILE_SIZE_LIMIT, "t": math.ceil(request.timeout) + 1}
         limits = request.limits
         if limits.memory_mb and not (cgroup and "memory" in cgroup.dirs):
             # No memory cgroup here: a per-process address-space cap is the best there is (not claimed).
-            rlimits["as"] = limits.memory_mb * 1024 * 1024
+            rlimits["v"] = limits.memory_mb * 1024 * 1024
         return rlimits
 
     async def exec(self, request: ExecSpec) -> ExecResult:
@@ -872,7 +897,7 @@ class BubblewrapSession(Session):
             armed = None
         if armed is not None:
             script = armed_script(request.argv, sandbox_env(request.env, home=WORKSPACE), request.workdir,
-                                  backend=BubblewrapBackend.name, cpu_s=self._rlimits(request, armed.cgroup)["cpu"])
+                                  backend=BubblewrapBackend.name, cpu_s=self._rlimits(request, armed.cgroup)["t"])
             return await self._finish(armed, request, script + (request.stdin or b""))
         return await self._finish(await self._launch(request, run), request, request.stdin)
 
