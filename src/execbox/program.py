@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -15,6 +16,12 @@ def main() -> None:
         code = resident.forward(path, sys.argv[1:])
         if code is not None:
             os._exit(code)  # no teardown: this process imported almost nothing and wrote nothing; its child ended
-    from execbox.cli import main as cli_main
-
+    # No collection while the CLI's modules load (a process that imports ~600 modules ran several full ones, ~25
+    # ms); then what they made is frozen out of later collections, which a long-lived command (mcp, serve) runs.
+    gc.disable()
+    try:
+        from execbox.cli import main as cli_main
+    finally:
+        gc.freeze()
+        gc.enable()
     cli_main()
