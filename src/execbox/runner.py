@@ -6,6 +6,7 @@ also works inside programs that already run an event loop). Sessions: ``AsyncSan
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import functools
@@ -287,35 +288,42 @@ class AsyncRunner:
         spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60,
                            mounts=mounts)
         _enough_threads(self.slots.total)
-        async with self.slots.slot(self.settings.queue_timeout_sec, "this run") as waited:
-            # A warm member was opened without this run's mounts (the pool keys on network and limits only).
-            session = None if mounts else self.pool.take(impl, spec)
-            pooled = session is not None
-            if session is None:
-                with backend_errors(impl.name):
-                    session = await impl.open_session(spec)
-            session.session_spec = spec
-            try:
-                for local, remote in uploads:
-                    await self.upload_to(impl, session, local, remote)
-                result = await _exec_audited(self.audit, impl, session, resolved, dropped,
-                                             asked_timeout=request.timeout, output=output)
-                result = await self.collected(impl, session, resolved, result)
-                for remote, local in downloads:
-                    moved = await self.download_from(impl, session, remote, local,
-                                                     secrets_inject.redactor_for(resolved.secrets))
-                    result.notes.extend(f"download: {s}" for s in moved.skipped)
-            finally:
-                if pooled:
-                    await self.pool.discard(session)  # used once; removed in the background
-                else:
-                    with anyio.CancelScope(shield=True):
-                        await session.close()
-        notes = result.notes
-        if self.pool.active and not pooled and impl.name in self.pool.errors:
-            notes = [*notes, f"warm pool: starting a {impl.name} sandbox ahead failed ({self.pool.errors[impl.name]}"
-                             "); this run started its own"]
-        return result.model_copy(update={"queued_s": waited, "pooled": pooled, "notes": notes})
+        records: list[asyncio.Task[str | None]] = []  # the run's audit record, written beside its clean-up
+        try:
+            async with self.slots.slot(self.settings.queue_timeout_sec, "this run") as waited:
+                # A warm member was opened without this run's mounts (the pool keys on network and limits only).
+                session = None if mounts else self.pool.take(impl, spec)
+                pooled = session is not None
+                if session is None:
+                    with backend_errors(impl.name):
+                        session = await impl.open_session(spec)
+                session.session_spec = spec
+                try:
+                    for local, remote in uploads:
+                        await self.upload_to(impl, session, local, remote)
+                    result = await _exec_audited(self.audit, impl, session, resolved, dropped,
+                                                 asked_timeout=request.timeout, output=output, records=records)
+                    result = await self.collected(impl, session, resolved, result)
+                    for remote, local in downloads:
+                        moved = await self.download_from(impl, session, remote, local,
+                                                         secrets_inject.redactor_for(resolved.secrets))
+                        result.notes.extend(f"download: {s}" for s in moved.skipped)
+                finally:
+                    if pooled:
+                        await self.pool.discard(session)  # used once; removed in the background
+                    else:
+                        with anyio.CancelScope(shield=True):
+                            await session.close()
+            notes = result.notes
+            if self.pool.active and not pooled and impl.name in self.pool.errors:
+                notes = [*notes, f"warm pool: starting a {impl.name} sandbox ahead failed "
+                                 f"({self.pool.errors[impl.name]}); this run started its own"]
+            written = [note for note in [await record for record in records] if note]
+            return result.model_copy(update={"queued_s": waited, "pooled": pooled, "notes": [*notes, *written]})
+        finally:
+            with anyio.CancelScope(shield=True):  # on disk before the run returns, whatever happened
+                for record in records:
+                    await record
 
     @property
     def transfer_limits(self) -> transfer.TransferLimits:
@@ -577,10 +585,11 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
 
 async def _exec_audited(audit: audit_log.AuditLog, backend: ExecutionBackend, session: Session,
                         request: ExecRequest, dropped: list[str], *, session_id: str | None = None,
-                        **kw: Any) -> ExecResult:
+                        records: list[asyncio.Task[str | None]] | None = None, **kw: Any) -> ExecResult:
     """``_exec_in``, recorded in the audit log: what ran (hashes and names, never values), where, and what came
     back; a run that raised is recorded as exec.error. A record that cannot be written is a note on the result,
-    never an error instead of it."""
+    never an error instead of it. With ``records``, the record of a run that returned is started there, for the
+    caller to await (and take its note from) after what it does next."""
     if not audit.enabled:
         return await _exec_in(backend, session, request, dropped, **kw)
     fields = audit_log.exec_fields(backend, request, dropped, session=session_id or audit_log.new_session_id(),
@@ -590,7 +599,11 @@ async def _exec_audited(audit: audit_log.AuditLog, backend: ExecutionBackend, se
     except BaseException as exc:
         await audit.arecord("exec.error", **fields, **audit_log.error_fields(exc))
         raise
-    note = await audit.arecord("exec", **fields, **audit_log.result_fields(result, audit.keep_output))
+    record = audit.arecord("exec", **fields, **audit_log.result_fields(result, audit.keep_output))
+    if records is not None:
+        records.append(asyncio.ensure_future(record))
+        return result
+    note = await record
     return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})
 
 

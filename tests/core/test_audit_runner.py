@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,26 @@ def test_a_run_that_raises_is_recorded_as_an_exec_error() -> None:
     (rec,) = events()
     assert rec["event"] == "exec.error" and rec["error"]["type"] == "WorkspacePathError"
     assert rec["error"]["message"] == info.value.message and rec["files"]["../outside.txt"]["bytes"] == 1
+
+
+def test_a_one_shot_whose_removal_fails_has_its_record_on_disk_before_the_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-shot's record is written while its sandbox is removed: a removal that fails must not lose it."""
+    async def failing_close(self: HostWorkspaceSession) -> None:
+        raise OSError("the removal failed")
+
+    append = audit.AuditLog._append
+
+    def slowly(self: audit.AuditLog, *args: Any) -> None:
+        time.sleep(0.3)  # a slow disk: the record is still being written when the removal fails
+        append(self, *args)
+
+    monkeypatch.setattr(HostWorkspaceSession, "close", failing_close)
+    monkeypatch.setattr(audit.AuditLog, "_append", slowly)
+    with Runner() as runner, pytest.raises(OSError, match="the removal failed"):
+        runner.run("echo hi")
+    (rec,) = events()
+    assert rec["event"] == "exec" and rec["stdout"]["sha256"] == sha("hi\n")
 
 
 def test_a_guard_refusal_is_recorded_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
