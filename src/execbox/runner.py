@@ -7,6 +7,7 @@ also works inside programs that already run an event loop). Sessions: ``AsyncSan
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import functools
@@ -908,11 +909,18 @@ class AsyncSandbox:
         return result.model_copy(update={"notes": [*result.notes, note]})
 
 
-# Sync facades whose event-loop thread is open. Each closes itself through a weakref.finalize: when it is closed,
-# garbage-collected or left open at exit (finalize runs at exit, while that thread still runs: later, daemon
-# threads are frozen, and the portal's own clean-up would wait on its frozen thread for ever, the program hanging
-# with its sandbox running). Listed weakly so that a forked child can drop its parent's.
+# Sync facades whose event-loop thread is open (listed weakly: a dropped one closes through its finalizer). One
+# left open by its owner (an exception outside its `with`, a forgotten close) is closed when the interpreter
+# exits, by atexit, while that thread still runs: later, daemon threads are frozen, and the portal's own clean-up
+# would wait on its frozen thread for ever — the program would hang at exit, its sandbox running.
 _OPEN_FACADES: weakref.WeakSet[Runner | Sandbox] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_forgotten() -> None:
+    for facade in list(_OPEN_FACADES):
+        with contextlib.suppress(Exception):
+            facade.close()
 
 
 def _forget_in_child() -> None:
@@ -978,16 +986,36 @@ class _LoopThread:
         self._thread.join()
 
     def shut(self, *closers: Callable[[], Awaitable[object]], cancel: bool = False) -> None:
-        """Run ``closers`` in the loop, then stop it: a facade's clean-up, also from its finalizer. From the loop's
-        own thread (a garbage collection there) it is handed to a thread of its own, which can wait for the loop."""
-        if threading.current_thread() is self._thread:
-            threading.Thread(target=self.shut, args=closers, kwargs={"cancel": cancel}, daemon=True).start()
-            return
+        """Run ``closers`` in the loop, then stop it: a facade's clean-up."""
         try:
             for closer in closers:
                 self.portal.call(closer)
         finally:
             self.stop(cancel)
+
+
+class _Closing:
+    """A facade's clean-up (``closers`` in its loop, then the loop stopped), run once: ``now`` waits for it (close,
+    exit); the facade's garbage collection starts it in a thread of its own, since a collection may run in any
+    thread, holding any lock, and must not wait there. That thread is not a daemon: exit waits for it."""
+
+    def __init__(self, facade: Runner | Sandbox, loop: _LoopThread, *closers: Callable[[], Awaitable[object]]) -> None:
+        self._finalizer = weakref.finalize(facade, _shut_soon, loop, closers)
+        self._finalizer.atexit = False  # _close_forgotten closes it then, waiting
+        _OPEN_FACADES.add(facade)
+
+    def now(self, *, cancel: bool = False) -> None:
+        detached = self._finalizer.detach()
+        if detached is not None:
+            _, _, (loop, closers), _ = detached
+            loop.shut(*closers, cancel=cancel)
+
+    def forget(self) -> None:
+        self._finalizer.detach()
+
+
+def _shut_soon(loop: _LoopThread, closers: tuple[Callable[[], Awaitable[object]], ...]) -> None:
+    threading.Thread(target=loop.shut, args=closers, name="execbox-close").start()
 
 
 class Runner:
@@ -1000,7 +1028,7 @@ class Runner:
                  options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.aio = AsyncRunner(settings, options=options)
         self._loop: _LoopThread | None = None
-        self._closing: weakref.finalize[..., Runner] | None = None
+        self._closing: _Closing | None = None
         self._pool_task: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
 
@@ -1019,13 +1047,12 @@ class Runner:
         with self._lock:
             if self._loop is None:
                 self._loop = _LoopThread()
-                self._closing = weakref.finalize(self, self._loop.shut, self.aio.aclose)
-                _OPEN_FACADES.add(self)
+                self._closing = _Closing(self, self._loop, self.aio.aclose)
             return self._loop
 
     def _forget(self) -> None:
         if self._closing is not None:
-            self._closing.detach()
+            self._closing.forget()
         self._loop = self._closing = self._pool_task = None
         self._lock = threading.Lock()  # held by the parent's thread at the fork, maybe
 
@@ -1037,7 +1064,7 @@ class Runner:
         if closing is None:
             run_blocking(self.aio.aclose)
             return
-        closing()
+        closing.now()
         if pool_task is not None:
             pool_task.result()  # what went wrong in the pool's background work, if anything
 
@@ -1090,7 +1117,7 @@ class Sandbox:
     def __init__(self, inner: AsyncSandbox) -> None:
         self.aio = inner
         self._loop: _LoopThread | None = None
-        self._closing: weakref.finalize[..., Sandbox] | None = None
+        self._closing: _Closing | None = None
 
     def __enter__(self) -> Sandbox:
         loop = _LoopThread()
@@ -1101,8 +1128,7 @@ class Sandbox:
             raise
         self._loop = loop
         closers = [self.aio.close, *([self.aio.runner.aclose] if self.aio.owns_runner else [])]
-        self._closing = weakref.finalize(self, loop.shut, *closers)
-        _OPEN_FACADES.add(self)
+        self._closing = _Closing(self, loop, *closers)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -1110,17 +1136,15 @@ class Sandbox:
 
     def _forget(self) -> None:
         if self._closing is not None:
-            self._closing.detach()
+            self._closing.forget()
         self._loop = self._closing = None
 
     def close(self, *exc: Any) -> None:
         """Close the sandbox (what ``with`` does on leaving the block); a second call does nothing."""
         closing, self._loop, self._closing = self._closing, None, None
         _OPEN_FACADES.discard(self)
-        detached = closing.detach() if closing is not None else None
-        if detached is not None:
-            _, shut, closers, _ = detached
-            shut(*closers, cancel=bool(exc) and exc[0] is not None)
+        if closing is not None:
+            closing.now(cancel=bool(exc) and exc[0] is not None)
 
     @property
     def backend(self) -> ExecutionBackend | None:
