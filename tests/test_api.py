@@ -180,6 +180,23 @@ def test_a_runner_keeps_one_event_loop_thread_and_ends_it_when_dropped(local_mod
     assert not thread.is_alive(), "a dropped runner's loop thread still runs"
 
 
+def test_threads_sharing_a_runner_run_at_once(local_mode: None) -> None:
+    """One loop thread serves them all: their runs proceed side by side, each gets its own result."""
+    results: dict[int, str] = {}
+    with execbox.Runner() as runner:
+        def one(i: int) -> None:
+            results[i] = runner.run(f"sleep 0.5; echo {i}").stdout
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    assert time.monotonic() - started < 1.8, "the runs went one after another"
+    assert results == {i: f"{i}\n" for i in range(4)}
+
+
 def _interrupt_once_running(marker: str) -> threading.Thread:
     """Ctrl-C for the main thread (a real SIGINT: it wakes a blocked wait) once a process with ``marker`` runs."""
     def watch() -> None:
