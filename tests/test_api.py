@@ -14,6 +14,7 @@ import threading
 import time
 import types
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -197,6 +198,15 @@ def test_threads_sharing_a_runner_run_at_once(local_mode: None) -> None:
     assert results == {i: f"{i}\n" for i in range(4)}
 
 
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """Python's own SIGINT handler (KeyboardInterrupt), also where the suite was started with SIGINT ignored (a
+    background job of a non-interactive shell, as CI may be)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def _interrupt_once_running(marker: str) -> threading.Thread:
     """Ctrl-C for the main thread (a real SIGINT: it wakes a blocked wait) once a process with ``marker`` runs."""
     def watch() -> None:
@@ -210,8 +220,8 @@ def _interrupt_once_running(marker: str) -> threading.Thread:
     return watcher
 
 
-def test_ctrl_c_cancels_that_sync_run_alone_and_returns_once_it_is_cleaned_up(local_mode: None,
-                                                                           workspaces: Path) -> None:
+def test_ctrl_c_cancels_that_sync_run_alone_and_returns_once_it_is_cleaned_up(local_mode: None, workspaces: Path,
+                                                                           ctrl_c: None) -> None:
     marker = f"100.{uuid.uuid4().int % 10**6:06d}"
     with execbox.Runner() as runner:
         _interrupt_once_running(marker)
@@ -223,7 +233,7 @@ def test_ctrl_c_cancels_that_sync_run_alone_and_returns_once_it_is_cleaned_up(lo
         assert runner.run("echo still usable").stdout == "still usable\n"
 
 
-def test_ctrl_c_cancels_a_sandbox_exec_and_the_sandbox_goes_on(local_mode: None) -> None:
+def test_ctrl_c_cancels_a_sandbox_exec_and_the_sandbox_goes_on(local_mode: None, ctrl_c: None) -> None:
     marker = f"100.{uuid.uuid4().int % 10**6:06d}"
     with execbox.sandbox() as sb:
         _interrupt_once_running(marker)
