@@ -19,7 +19,7 @@ import pytest
 from execbox import Limits, Runner, Settings
 from execbox.backends import bubblewrap as bw
 from execbox.core import disk
-from execbox.core.errors import BackendUnavailableError, UnsupportedPolicyError
+from execbox.core.errors import BackendUnavailableError, SandboxError, UnsupportedPolicyError
 from execbox.core.models import Capabilities
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
@@ -129,3 +129,58 @@ def test_without_a_sized_workspace_the_limit_is_refused_when_demanded(monkeypatc
         Runner(Settings(backend="bubblewrap", disk_mb=100)).run(["true"], backend="bubblewrap")
     # Not demanded: the run goes ahead on a plain workspace.
     assert runner.run("echo ok", backend="bubblewrap").stdout == "ok\n"
+
+
+@pytest.fixture
+def slow_mount(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sized workspace is made in the background while the launcher starts; a slow one widens that window."""
+    mount = disk.mount_sized
+
+    def slowly(*args: object) -> None:
+        time.sleep(0.5)
+        mount(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(disk, "mount_sized", slowly)
+
+
+def test_bwrap_starts_only_once_the_slow_workspace_is_mounted(scratch: Path, slow_mount: None) -> None:
+    runner = Runner(Settings(backend="bubblewrap", disk_mb=LIMIT_MB))
+    require_disk(runner)
+    result = runner.run("stat -f -c '%b %S' /workspace", backend="bubblewrap", timeout=30)
+    blocks, size = result.stdout.split()
+    assert int(blocks) * int(size) <= LIMIT_MB << 20, f"the sandbox saw the host's filesystem: {result.stdout}"
+
+
+def test_a_one_shots_files_land_on_its_sized_workspace_made_meanwhile(scratch: Path, slow_mount: None) -> None:
+    runner = Runner(Settings(backend="bubblewrap", disk_mb=LIMIT_MB))
+    require_disk(runner)
+    # Placed right after the session opened, while its workspace was still being made: written below the mount,
+    # they would be hidden under it.
+    result = runner.run("cat data/early.txt", files={"data/early.txt": "placed early"}, backend="bubblewrap",
+                        timeout=30)
+    assert (result.exit_code, result.stdout) == (0, "placed early"), result
+
+
+def test_a_sandboxs_host_workspace_is_mounted_when_it_opens(scratch: Path, slow_mount: None) -> None:
+    """The kit's host_workspace is usable by whoever holds a session: only one-shots make it in the background."""
+    runner = Runner(Settings(backend="bubblewrap", disk_mb=LIMIT_MB))
+    require_disk(runner)
+    with runner.sandbox("bubblewrap") as sb:
+        session = sb.aio._session
+        assert isinstance(session, bw.BubblewrapSession)
+        assert disk.is_mounted(session.host_workspace)
+
+
+def test_a_workspace_that_cannot_be_made_fails_the_run_and_leaves_nothing(scratch: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = Runner(Settings(backend="bubblewrap", disk_mb=LIMIT_MB))
+    require_disk(runner)
+
+    def failing(path: str, *args: object) -> None:
+        time.sleep(0.2)  # the launcher is waiting at its gate by then
+        raise OSError("no free loop device")
+
+    monkeypatch.setattr(disk, "mount_sized", failing)
+    with pytest.raises(SandboxError, match="size-limited workspace: no free loop device"):
+        runner.run("touch /workspace/ran", backend="bubblewrap", timeout=30)
+    assert not list(scratch.glob("execbox-bwrap-*")), "the session's directory was left"

@@ -69,14 +69,21 @@ def test_a_watcher_outside_its_own_process_group_refuses(report: bw.HostReport, 
     assert "must lead its own process group" in done.stderr
 
 
-def test_the_last_step_starts_bwrap_only_under_its_watcher(report: bw.HostReport) -> None:
-    check = [report.tools["sh"], "-c", launch.CHECK, "check", "/bin/sh", "-c", "echo started"]
-    alive = subprocess.run(check, capture_output=True, text=True, env={"EXECBOX_BWRAP_WATCHER": str(os.getpid())})
-    assert alive.returncode == 0 and alive.stdout == "started\n"
-    orphaned = subprocess.run(check, capture_output=True, text=True, env={"EXECBOX_BWRAP_WATCHER": "1"})
-    assert orphaned.returncode == launch.EXIT_LAUNCH_FAILED and not orphaned.stdout
-    unset = subprocess.run(check, capture_output=True, text=True, env={})
-    assert unset.returncode == launch.EXIT_LAUNCH_FAILED and not unset.stdout
+def test_the_last_step_starts_bwrap_only_under_its_watcher_and_through_the_gate(report: bw.HostReport) -> None:
+    check = [report.tools["sh"], "-c", launch.CHECK, "check", "/bin/sh", "-c", "echo started; cat"]
+    watched = {"EXECBOX_BWRAP_WATCHER": str(os.getpid())}
+
+    def run(env: dict[str, str], stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(check, capture_output=True, env=env, input=stdin, timeout=30)
+
+    alive = run(watched, launch.GATE + b"the command's own stdin\nline two")
+    assert alive.returncode == 0 and alive.stdout == b"started\nthe command's own stdin\nline two"
+    for env in ({"EXECBOX_BWRAP_WATCHER": "1"}, {}):  # orphaned, or not under a watcher at all
+        refused = run(env, launch.GATE)
+        assert refused.returncode == launch.EXIT_LAUNCH_FAILED and not refused.stdout
+    for gate in (b"", b"go", b"no\n", b"go now\n"):  # closed before opening (a caller gone or failed), or garbled
+        shut = run(watched, gate)
+        assert shut.returncode == launch.EXIT_LAUNCH_FAILED and not shut.stdout, gate
 
 
 def test_the_watcher_reads_a_process_whose_name_mimics_stat_fields(report: bw.HostReport, tmp_path: Path) -> None:
@@ -222,7 +229,10 @@ def test_the_watcher_kills_what_is_left_in_the_runs_cgroup(report: bw.HostReport
                               status_file=str(tmp_path / "status"), rlimits={"c": 0},
                               cgroup_procs=cgroup.procs_files(), user=None,
                               command=["sh", "-c", f"(setsid sh -c 'sleep 1000; :' {marker} &); sleep 1000"])
-    watcher = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL)
+    watcher = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.PIPE)
+    assert watcher.stdin is not None
+    watcher.stdin.write(launch.GATE)
+    watcher.stdin.close()
     try:
         def escaped() -> bool:  # the shell alone (setsid may fork on its way), once out of the watcher's tree
             found = _with_arg(marker)

@@ -13,7 +13,8 @@ hard; a prlimit exec cost ~1 ms), opens the files bwrap reads (argument list, se
 becomes, through a chain of execs that keep its pid: setpriv (as root: drops to the unprivileged host uid
 with no groups, so that even the host kernel sees the sandbox as that uid; always: parent-death signal
 SIGKILL, asked for after the uid change, which would clear it), a check that the watcher is still its parent
-(else it exits before bwrap starts), and bwrap with an empty-but-PATH environment.
+(else it exits before bwrap starts), the gate (``GATE``, the caller's first line on stdin: bwrap's workspace,
+made while all this started, is ready), and bwrap with an empty-but-PATH environment.
 
 Why the watcher stays instead of the shell becoming bwrap: ``bwrap --die-with-parent`` leaves a window.
 bwrap's pid 1 asks for its parent-death signal only once it has set the sandbox up; a monitor killed before
@@ -148,8 +149,13 @@ kill -TERM 0 2>/dev/null
 exit "$rc"
 """
 
-# The last step before bwrap, after the parent-death signal is set: is the watcher still there to kill us?
-CHECK = (f'[ "$PPID" = "${_WATCHER_VAR}" ] || exit {EXIT_LAUNCH_FAILED}; unset {_WATCHER_VAR}; exec "$@"')
+# The first line on the launcher's stdin, written by the caller once bwrap may start (its workspace is ready); the
+# command's own stdin follows untouched (sh's read takes no byte past the newline from a pipe).
+GATE = b"go\n"
+# The last step before bwrap, after the parent-death signal is set: is the watcher still there to kill us? Then
+# the gate: a caller gone or failed before opening it closes the pipe instead, and nothing starts.
+CHECK = (f'[ "$PPID" = "${_WATCHER_VAR}" ] || exit {EXIT_LAUNCH_FAILED}; unset {_WATCHER_VAR}; '
+         f'IFS= read -r gate && [ "$gate" = go ] || exit {EXIT_LAUNCH_FAILED}; unset gate; exec "$@"')
 
 
 def launch_argv(*, tools: dict[str, str], caller: int, bwrap: str, args_file: str, seccomp_file: str,

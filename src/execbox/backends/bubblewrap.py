@@ -23,7 +23,8 @@ The boundary, on every exec:
                    through a cgroup per exec where the host lets execbox create one (v1 or v2),
                    decided by ``check``: the capabilities report only what is enforced here; as
                    root, the workspace is a size-limited filesystem of its own (core.disk: the disk
-                   limit, CODE_EXEC_DISK_MB), claimed only where ``check`` could mount one
+                   limit, CODE_EXEC_DISK_MB), claimed only where ``check`` could mount one; made
+                   while the first exec's launcher starts, which opens bwrap's gate only once it is
     time           at the deadline the launcher's watcher kills bwrap's pid 1: its PID namespace dies with
                    every process in it, setsid and double-forked grandchildren included
     caller's death the launcher (_bwrap_launch.py: a shell watcher, no interpreter) stays beside bwrap with
@@ -39,6 +40,7 @@ is removed by the first ``check`` of the next process that uses bubblewrap, and 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import errno
 import math
@@ -53,7 +55,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, cast
+from typing import IO, Annotated, Any, Literal, cast
 
 import anyio
 from pydantic import field_validator
@@ -70,11 +72,14 @@ from execbox.plugin import (
     ExecResult,
     ExecSpec,
     ExecutionBackend,
+    FileInfo,
     Limits,
     SandboxError,
     Session,
     SessionSpec,
     Settings,
+    Transfer,
+    TransferLimits,
     armed_script,
     comma_list,
     create_cleanly,
@@ -760,6 +765,7 @@ class BubblewrapSession(Session):
         self.host_workspace = os.path.join(self.root, "workspace")
         self._closed = False
         self._armed: _Launched | None = None
+        self._sized: concurrent.futures.Future[None] | None = None  # the size-limited workspace being made
         try:
             if spec.network == "proxy":
                 self.egress = proxy.EgressProxy.for_settings(core or Settings.from_env(), owner=self.owner)
@@ -770,11 +776,13 @@ class BubblewrapSession(Session):
             if self.owner:
                 os.chown(self.host_workspace, *self.owner)
             if report.sized_workspace and spec.limits.disk_mb:
-                try:
-                    disk.mount_sized(self.host_workspace, spec.limits.disk_mb, self.owner or (os.getuid(), os.getgid()))
-                except OSError as exc:
-                    raise SandboxError(f"cannot make the session's size-limited workspace: {exc}",
-                                       backend=BubblewrapBackend.name) from exc
+                self._sized = disk.mount_sized_soon(self.host_workspace, spec.limits.disk_mb,
+                                                    self.owner or (os.getuid(), os.getgid()))
+                if not spec.oneshot:
+                    # A sandbox's workspace (the kit's host_workspace, usable by anyone holding the session) is
+                    # ready when it opens. A one-shot's is made while its launcher starts: the runner reaches it
+                    # only through the methods, which wait, and bwrap waits at its gate (see _ready).
+                    self._sized_done(self._sized.exception())
             self._write_private("passwd", f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:"
                                           f"sandbox:{WORKSPACE}:/bin/sh\nnobody:x:65534:65534::/:/usr/sbin/nologin\n",
                                 0o644)
@@ -789,6 +797,8 @@ class BubblewrapSession(Session):
         """Unmount the size-limited workspace (if any) and remove the whole session directory."""
         if self.egress is not None:
             self.egress.close()
+        if self._sized is not None:
+            concurrent.futures.wait([self._sized])  # done either way: no part of the mount appears later
         disk.release_sized(self.host_workspace)
         remove_tree(self.root)
 
@@ -922,6 +932,9 @@ class BubblewrapSession(Session):
                 user=self.owner, command=proxy.EgressProxy.command(run, request.argv) if run else request.argv)
             launched.proc = await start_process(argv, env={"PATH": _TOOLS_PATH}, cwd=self.root)
             launched.loop = asyncio.get_running_loop()
+            await self._ready()  # made while the launcher started; only now may bwrap bind the workspace
+            assert launched.proc.stdin is not None
+            launched.proc.stdin.write(_bwrap_launch.GATE)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await launched.discard()
@@ -945,10 +958,38 @@ class BubblewrapSession(Session):
             with anyio.CancelScope(shield=True):
                 await launched.discard()
 
+    async def _ready(self) -> None:
+        """Wait for the size-limited workspace (made in the background since the session opened); before anything
+        touches the workspace, and before bwrap may start (the gate: the launcher's last step reads a line)."""
+        if self._sized is not None:
+            with contextlib.suppress(Exception):  # said by _sized_done; shielded: a cancelled waiter leaves it be
+                await asyncio.shield(asyncio.wrap_future(self._sized))
+            self._sized_done(self._sized.exception())
+
+    @staticmethod
+    def _sized_done(error: BaseException | None) -> None:
+        if error is not None:
+            raise SandboxError(f"cannot make the session's size-limited workspace: {error}",
+                               backend=BubblewrapBackend.name) from error
+
+    async def list_files(self, path: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
+        await self._ready()
+        return await super().list_files(path, recursive=recursive, limits=limits)
+
+    async def download(self, path: str, out: IO[bytes], *, limits: TransferLimits) -> Transfer:
+        await self._ready()
+        return await super().download(path, out, limits=limits)
+
+    async def upload(self, path: str, archive: IO[bytes], *, limits: TransferLimits) -> Transfer:
+        await self._ready()
+        return await super().upload(path, archive, limits=limits)
+
     async def write_file(self, path: str, data: bytes) -> None:
+        await self._ready()
         await anyio.to_thread.run_sync(lambda: safe_write(self.host_workspace, path, data, owner=self.owner))
 
     async def read_file(self, path: str, max_bytes: int) -> bytes:
+        await self._ready()
         return await anyio.to_thread.run_sync(lambda: safe_read(self.host_workspace, path, max_bytes=max_bytes))
 
     async def close(self) -> None:

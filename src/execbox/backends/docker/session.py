@@ -22,6 +22,7 @@ available (root), a size-limited filesystem is mounted on it before the containe
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import math
 import os
@@ -145,27 +146,6 @@ def _stream(sock_io: Any, stdin: bytes, deadline: float, out: BoundedCapture, er
         close(sock_io, sock)
 
 
-class _Background:
-    """``fn(*args)`` in a thread of its own; ``join`` waits for it and raises what it raised."""
-
-    def __init__(self, fn: Callable[..., object], *args: object) -> None:
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                fn(*args)
-            except BaseException as exc:  # handed to join()
-                self._error = exc
-        self._thread = threading.Thread(target=run, name="execbox-docker-disk", daemon=True)
-        self._thread.start()
-
-    def join(self, *, raise_error: bool = True) -> None:
-        self._thread.join()
-        error, self._error = self._error, None
-        if error is not None and raise_error:
-            raise error
-
-
 @dataclass
 class Plan:
     """What every container of a session is made of."""
@@ -203,7 +183,7 @@ class DockerSession(Session):
         self._sized = False
         self._containers: set[str] = set()
         self._keeper_id: str | None = None  # the session's keep-alive, or the one-shot's armed container
-        self._disk: _Background | None = None  # the sized workspace being made (prepare), joined before start
+        self._disk: concurrent.futures.Future[None] | None = None  # the sized workspace being made (prepare)
         self._armed: Any = None  # a one-shot's attach socket, its container waiting for the command
         self._armed_exec: tuple[str, Any] | None = None  # a session's first exec, waiting for its command
         self._oom_seen = 0
@@ -219,7 +199,7 @@ class DockerSession(Session):
                                                          owner=self._owner if os.geteuid() == 0 else None)
         if self.plan.disk and self.plan.limits.disk_mb:
             self._sized = True  # set first: close() releases whatever part of the mount was made
-            self._disk = _Background(disk.mount_sized, self.host_workspace, self.plan.limits.disk_mb, self._owner)
+            self._disk = disk.mount_sized_soon(self.host_workspace, self.plan.limits.disk_mb, self._owner)
 
     # -- container arguments --
 
@@ -317,7 +297,7 @@ class DockerSession(Session):
             container = self._create(kw)
         finally:
             if self._disk is not None:
-                self._disk.join()  # the workspace is ready (or its error raised) before anything runs
+                self._disk.result()  # the workspace is ready (or its error raised) before anything runs
         if self.spec.oneshot:
             # Attach before start: not one byte of output can be missed, and stdin is ours from the start.
             self._armed = self.backend.call(lambda c: c.api.attach_socket(
@@ -514,7 +494,7 @@ class DockerSession(Session):
         if self.egress is not None:
             self.egress.close()
         if self._disk is not None:
-            self._disk.join(raise_error=False)
+            concurrent.futures.wait([self._disk])
         if self._sized:  # the containers are gone: nothing holds the mount any more
             disk.release_sized(self.host_workspace)
         remove_tree(self.host_workspace)
