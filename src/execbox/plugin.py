@@ -114,8 +114,9 @@ from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
 # 1.5: probecache (an engine's facts kept across processes; Settings.probe_cache_sec); ARMED, armed_script (moved
 # from the docker backend), start_process, finish_process, stop_process; Session.arm (the warm pool's call);
 # ExecutionBackend.sweeps_on_first_use and sweep_scope; HostWorkspaceSession names its directory for gc, and
-# sweep_orphaned_workspaces removes those of dead owners.
-KIT_VERSION = "1.5"
+# sweep_orphaned_workspaces removes those of dead owners. 1.6: disk.mount_sized_soon (the sized workspace made in
+# the background while the backend starts what does not need it).
+KIT_VERSION = "1.6"
 
 __all__ = [
     "ARMED",
