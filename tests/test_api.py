@@ -181,6 +181,26 @@ def test_a_runner_keeps_one_event_loop_thread_and_ends_it_when_dropped(local_mod
     assert not thread.is_alive(), "a dropped runner's loop thread still runs"
 
 
+def test_a_sandbox_keeps_the_runner_it_came_from(local_mode: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner dropped while a sandbox it opened is in use must not close the backends that sandbox uses."""
+    closed: list[object] = []
+    aclose = execbox.AsyncRunner.aclose
+
+    async def spied(self: execbox.AsyncRunner) -> None:
+        closed.append(self)
+        await aclose(self)
+
+    monkeypatch.setattr(execbox.AsyncRunner, "aclose", spied)
+    runner = execbox.Runner()
+    assert runner.run("true").ok
+    with runner.sandbox() as sb:
+        del runner
+        gc.collect()
+        time.sleep(0.3)  # a dropped runner's clean-up runs in a thread of its own
+        assert closed == [], "the runner's backends were closed under its open sandbox"
+        assert sb.exec("echo still served").stdout == "still served\n"
+
+
 def test_threads_sharing_a_runner_run_at_once(local_mode: None) -> None:
     """One loop thread serves them all: their runs proceed side by side, each gets its own result."""
     results: dict[int, str] = {}

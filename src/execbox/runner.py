@@ -319,12 +319,13 @@ class AsyncRunner:
             if self.pool.active and not pooled and impl.name in self.pool.errors:
                 notes = [*notes, f"warm pool: starting a {impl.name} sandbox ahead failed "
                                  f"({self.pool.errors[impl.name]}); this run started its own"]
-            written = [note for note in [await record for record in records] if note]
+            # asyncio.shield: a cancellation landing here must not cancel the record task it would reach
+            written = [note for note in [await asyncio.shield(record) for record in records] if note]
             return result.model_copy(update={"queued_s": waited, "pooled": pooled, "notes": [*notes, *written]})
         finally:
-            with anyio.CancelScope(shield=True):  # on disk before the run returns, whatever happened
-                for record in records:
-                    await record
+            if records:
+                with anyio.CancelScope(shield=True):  # on disk before the run returns or raises, whatever happened
+                    await asyncio.wait(records)  # neither raises nor cancels them, if interrupted
 
     @property
     def transfer_limits(self) -> transfer.TransferLimits:
@@ -1092,7 +1093,7 @@ class Runner:
         return self._call(functools.partial(self.aio.execute, request, backend=backend, **kw))
 
     def sandbox(self, backend: str | None = None, **kw: Any) -> Sandbox:
-        return Sandbox(self.aio.sandbox(backend, **kw))
+        return Sandbox(self.aio.sandbox(backend, **kw), runner=self)
 
 
 def run_blocking(fn: Callable[[], Awaitable[T]]) -> T:
@@ -1114,8 +1115,10 @@ def run_blocking(fn: Callable[[], Awaitable[T]]) -> T:
 class Sandbox:
     """The sync facade of AsyncSandbox; use it as a context manager."""
 
-    def __init__(self, inner: AsyncSandbox) -> None:
+    def __init__(self, inner: AsyncSandbox, *, runner: Runner | None = None) -> None:
         self.aio = inner
+        # The facade of the runner it came from, kept alive: collected, it would close the backends this uses.
+        self._runner = runner
         self._loop: _LoopThread | None = None
         self._closing: _Closing | None = None
 

@@ -9,12 +9,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
+import execbox
 from execbox import (
     EgressAttempt,
     ExecResult,
@@ -130,6 +133,34 @@ def test_a_one_shot_whose_removal_fails_has_its_record_on_disk_before_the_error(
     with Runner() as runner, pytest.raises(OSError, match="the removal failed"):
         runner.run("echo hi")
     (rec,) = events()
+    assert rec["event"] == "exec" and rec["stdout"]["sha256"] == sha("hi\n")
+
+
+def test_a_one_shot_cancelled_while_its_record_is_written_ends_after_the_record(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    writing = threading.Event()
+    append = audit.AuditLog._append
+
+    def slowly(self: audit.AuditLog, *args: Any) -> None:
+        writing.set()
+        time.sleep(0.3)
+        append(self, *args)
+
+    monkeypatch.setattr(audit.AuditLog, "_append", slowly)
+
+    async def cancelled_while_writing() -> list[dict[str, Any]]:
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tasks:
+                async def cancel_once_writing() -> None:
+                    await anyio.to_thread.run_sync(writing.wait, 20)
+                    scope.cancel()
+
+                tasks.start_soon(cancel_once_writing)
+                await execbox.arun("echo hi")
+        assert scope.cancelled_caught
+        return events()  # read the moment the cancelled run gave way
+
+    (rec,) = anyio.run(cancelled_while_writing)
     assert rec["event"] == "exec" and rec["stdout"]["sha256"] == sha("hi\n")
 
 
