@@ -23,8 +23,9 @@ The boundary, on every exec:
                    through a cgroup per exec where the host lets execbox create one (v1 or v2),
                    decided by ``check``: the capabilities report only what is enforced here; as
                    root, the workspace is a size-limited filesystem of its own (core.disk: the disk
-                   limit, CODE_EXEC_DISK_MB), claimed only where ``check`` could mount one; made
-                   while the first exec's launcher starts, which opens bwrap's gate only once it is
+                   limit, CODE_EXEC_DISK_MB), claimed only where ``check`` could mount one. A
+                   one-shot's is mounted while its launcher starts, and bwrap waits at the launcher's
+                   gate until it is; a sandbox's is mounted when it opens
     time           at the deadline the launcher's watcher kills bwrap's pid 1: its PID namespace dies with
                    every process in it, setsid and double-forked grandchildren included
     caller's death the launcher (_bwrap_launch.py: a shell watcher, no interpreter) stays beside bwrap with
