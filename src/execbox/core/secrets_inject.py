@@ -24,8 +24,10 @@ padding, and, for the value inside a longer base64 stream, at each of the three 
 of the encoding that depends on the value alone: at most one character at either end, which also encodes
 bits of the neighbouring bytes, is left); lower- and upper-case hex; URL encoding (``quote`` with and
 without ``/`` kept, ``quote_plus``, JavaScript's ``encodeURIComponent``; upper- and lower-case escapes);
-JSON string escaping (ASCII and UTF-8) and Python's ``repr``. Not covered: base64 wrapped over lines,
-other encodings (base32, gzip, ...), transformations (reversed, split, XOR-ed), a value the code changed.
+JSON string escaping as common encoders write it (``json_forms``: ``\\/`` or ``/``, ``\\uXXXX`` in lower or upper
+hex, non-ASCII escaped or as UTF-8, Go's ``\\u003c`` for ``<>&``, control characters short or as ``\\u00XX``)
+and Python's ``repr``. Not covered: base64 wrapped over lines, other encodings (base32, gzip, ...),
+transformations (reversed, split, XOR-ed), a value the code changed.
 
 Where: in one place every path uses, ``core.output.BoundedCapture.write``: bytes are redacted as they come
 in, before they are streamed (``on_output``) and before the cap decides what is kept, so a secret cut by the
@@ -42,7 +44,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import contextvars
-import json
+import itertools
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -218,9 +220,42 @@ def encodings(value: str) -> set[bytes]:
     forms = {raw, raw.hex().encode(), raw.hex().upper().encode(), *_b64_forms(raw)}
     for quoted in (quote(value, safe=""), quote(value), quote_plus(value), quote(value, safe="!'()*~")):
         forms |= {quoted.encode(), re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quoted).encode()}
-    forms |= {json.dumps(value)[1:-1].encode(), json.dumps(value, ensure_ascii=False)[1:-1].encode(),
-              repr(value)[1:-1].encode()}
+    forms |= {form.encode() for form in json_forms(value)} | {repr(value)[1:-1].encode()}
     return {f for f in forms if f}
+
+
+_JSON_SHORT = {"\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_JSON_HTML = "<>&\u2028\u2029"  # what Go's encoding/json escapes by default, beyond the control characters
+
+
+def json_forms(value: str) -> set[str]:
+    """``value`` inside a JSON string, as common encoders write it. Each form applies one style to the whole
+    value, a combination of five choices (``/`` as ``\\/``, as PHP writes it; ``\\u`` hex in upper case;
+    non-ASCII and DEL escaped; ``<>&`` and U+2028/9 escaped, as Go does; ``\\b\\f\\n\\r\\t`` or ``\\u00XX``):
+    32 forms at most whatever the value's length (a form per character's choice would be exponential in it);
+    ``"`` and ``\\`` are always ``\\"`` and ``\\\\``. Python's ``json.dumps`` (with and without
+    ``ensure_ascii``) and JavaScript's are among them."""
+    chars = set(value)
+    forms = set()
+    for slash, upper, ascii_only, html, short in itertools.product((False, True), repeat=5):
+        u = "\\u{:04X}" if upper else "\\u{:04x}"
+        table: dict[int, str] = {}
+        for ch in chars:
+            code = ord(ch)
+            if ch in '"\\':
+                table[code] = "\\" + ch
+            elif short and ch in _JSON_SHORT:
+                table[code] = _JSON_SHORT[ch]
+            elif code < 0x20 or (html and ch in _JSON_HTML) or (ascii_only and code > 0x7E):
+                if code > 0xFFFF:  # outside the BMP: a UTF-16 surrogate pair
+                    code -= 0x10000
+                    table[ord(ch)] = u.format(0xD800 + (code >> 10)) + u.format(0xDC00 + (code & 0x3FF))
+                else:
+                    table[code] = u.format(code)
+            elif slash and ch == "/":
+                table[code] = "\\/"
+        forms.add(value.translate(table))
+    return forms
 
 
 class Redactor:
