@@ -9,7 +9,8 @@ The image carries a label with a hash of the recipe below. Building again is a n
 image with the same tag and the same recipe exists, so scripts can call it unconditionally.
 
 Extra content: more Debian packages (``packages``, through debootstrap ``--include``: no registry
-needed) and Python packages (``pip`` requirements and ``requirements`` files). Python packages are
+needed) and Python packages (``pip`` requirements and ``requirements`` files; a file is read here and each
+line checked as a ``pip`` requirement, pip is never handed the file). Python packages are
 fetched on the host by the host's own pip and configuration (its index, its certificates), as wheels
 only, for the image's Python (``execbox.plugin.packages``: no sdist is built, no package code runs on
 the host), then installed into the root filesystem by its own pip with ``--no-index``: the build needs
@@ -106,8 +107,7 @@ def image_changes(user: str = DEFAULT_USER) -> list[str]:
     ]
 
 
-def recipe_hash(suite: str, packages: tuple[str, ...], user: str, pip: tuple[str, ...] = (),
-                requirements: tuple[Path, ...] = ()) -> str:
+def recipe_hash(suite: str, packages: tuple[str, ...], user: str, pip: tuple[str, ...] = ()) -> str:
     """Hash of everything that decides the image's content (not the mirror: same archive). Unpinned pip
     requirements resolve to whatever the index has at build time: pin versions for a reproducible image."""
     recipe: dict[str, Any] = {
@@ -118,9 +118,8 @@ def recipe_hash(suite: str, packages: tuple[str, ...], user: str, pip: tuple[str
         "trim": _TRIM_GLOBS,
         "changes": image_changes(user),
     }
-    if pip or requirements:  # absent otherwise: the default image keeps its hash
+    if pip:  # absent otherwise: the default image keeps its hash
         recipe["pip"] = sorted(pip)
-        recipe["requirements"] = [hashlib.sha256(p.read_bytes()).hexdigest() for p in requirements]
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -278,9 +277,9 @@ def _trim(rootfs: Path) -> None:
     (rootfs / "workspace").mkdir(mode=0o755, exist_ok=True)
 
 
-def _pip_into(rootfs: Path, work: Path, pip: tuple[str, ...], requirements: tuple[Path, ...], log: Log) -> None:
-    """Fetch ``pip``/``requirements`` as wheels on the host for the rootfs's Python, then install them into it
-    with its own pip and no index."""
+def _pip_into(rootfs: Path, work: Path, pip: tuple[str, ...], log: Log) -> None:
+    """Fetch ``pip`` (checked requirements) as wheels on the host for the rootfs's Python, then install them into
+    it with its own pip and no index."""
     probe = subprocess.run(["chroot", str(rootfs), "python3", "-c", pypackages.PROBE], capture_output=True, text=True,
                            check=False)
     if probe.returncode != 0:
@@ -288,9 +287,8 @@ def _pip_into(rootfs: Path, work: Path, pip: tuple[str, ...], requirements: tupl
     target = pypackages.PythonTarget.parse(probe.stdout)
     wheels = rootfs / "tmp" / "execbox-wheels"
     wheels.mkdir(parents=True)
-    log(f"pip: fetching {', '.join([*pip, *map(str, requirements)])} as wheels for Python "
-        f"{target.major}.{target.minor} on the host")
-    done = pypackages.pip_download(list(pip), wheels, target, requirement_files=requirements)
+    log(f"pip: fetching {', '.join(pip)} as wheels for Python {target.major}.{target.minor} on the host")
+    done = pypackages.pip_download(list(pip), wheels, target)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-8:])
         raise ImageBuildError(f"pip on the host could not fetch the Python packages as wheels (only wheels are used: "
@@ -328,16 +326,14 @@ def build_image(
     by execbox is never overwritten unless ``force`` is set. ``tag`` None: the default tag, or for
     an image with more than the default content, ``recipe_tag`` (the hash says what is in it).
     ``packages``: Debian packages (``DEFAULT_PACKAGES`` and any more); ``pip``, ``requirements``:
-    Python packages fetched as wheels on the host (see the module docstring).
+    Python packages fetched as wheels on the host (see the module docstring). A requirements file is read here,
+    each line checked as a ``pip`` requirement is (``packages.read_requirements``); pip never sees the file.
     """
     started = time.monotonic()
     check_packages(packages)
-    pip = tuple(_checked_pip(pip))
-    for path in requirements:
-        if not path.is_file():
-            raise ImageBuildError(f"requirements file {path} does not exist")
-    recipe = recipe_hash(suite, packages, user, pip, requirements)
-    extra = bool(pip or requirements or set(packages) - set(DEFAULT_PACKAGES))
+    pip = _checked_pip(pip, requirements)
+    recipe = recipe_hash(suite, packages, user, pip)
+    extra = bool(pip or set(packages) - set(DEFAULT_PACKAGES))
     tag = tag or (recipe_tag(recipe) if extra else DEFAULT_TAG)
     client = client or _docker_client()
 
@@ -389,8 +385,8 @@ def build_image(
                 _apt_install(rootfs, more, Path("/var/cache/execbox/apt"), work / "apt.log")
                 log(f"apt-get done in {time.monotonic() - t0:.0f}s")
                 _unmount_below(rootfs)
-            if pip or requirements:
-                _pip_into(rootfs, work, pip, requirements, log)
+            if pip:
+                _pip_into(rootfs, work, pip, log)
             log("trimming")
             _trim(rootfs)
             tarball = work / "rootfs.tar"
@@ -401,10 +397,9 @@ def build_image(
             log(f"importing {tarball.stat().st_size / 1e6:.0f} MB into the engine as {tag}")
             repository, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "")
             added = sorted(set(packages) - set(DEFAULT_PACKAGES))
-            listed = [*pip, *(f"-r {p.name}" for p in requirements)]
             changes = image_changes(user) + [
                 f"LABEL {IMAGE_LABEL}=1 {RECIPE_LABEL}={recipe} io.execbox.image.suite={suite} "
-                f"{PACKAGES_LABEL}={json.dumps(','.join(added))} {PIP_LABEL}={json.dumps(';'.join(listed))}",
+                f"{PACKAGES_LABEL}={json.dumps(','.join(added))} {PIP_LABEL}={json.dumps(';'.join(pip))}",
             ]
             result = client.api.import_image(
                 src=str(tarball), repository=repository, tag=version or "latest", changes=changes
@@ -422,11 +417,15 @@ def build_image(
     return BuildResult(tag, image.id, True, seconds, size, recipe)
 
 
-def _checked_pip(requirements: tuple[str, ...]) -> list[str]:
+def _checked_pip(pip: tuple[str, ...], files: tuple[Path, ...]) -> tuple[str, ...]:
+    """``pip`` and every requirements file's lines, each checked: what the host's pip is given, names only."""
     try:
-        return pypackages.check_requirements(requirements)
+        checked = pypackages.check_requirements(pip)
+        for path in files:
+            checked += pypackages.read_requirements(path)
     except ExecboxError as exc:
         raise ImageBuildError(exc.message) from None
+    return tuple(checked)
 
 
 def main(argv: list[str] | None = None) -> int:

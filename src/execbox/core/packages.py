@@ -18,11 +18,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +39,8 @@ SANDBOX_DIR = "/opt/execbox/pip"
 PROBE = ("import platform, sys; print(sys.version_info[0], sys.version_info[1], platform.machine(), "
          "*platform.libc_ver())")
 PIP_TIMEOUT_S = 900.0
+#: A comment in a requirements file, as pip reads one: from a ``#`` at the start or after white space.
+_COMMENT = re.compile(r"(^|\s+)#.*$")
 
 
 def default_cache_dir(configured: Path | None = None) -> Path:
@@ -100,9 +105,18 @@ class PythonTarget:
         return args
 
 
+#: What pip takes a requirement ending in for a local archive (``pip._internal.utils.filetypes``), whatever its
+#: valid PEP 508 name says: ``evil.tar.gz`` is a file of the current directory to pip, built if it is an sdist.
+_ARCHIVE_SUFFIXES = (".zip", ".whl", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tlz", ".tar.lz", ".tar.lzma",
+                     ".tar.gz", ".tgz", ".tar")
+#: The largest requirements file read (a pinned lock file of a big project is a few tens of KiB).
+MAX_REQUIREMENTS_FILE = 1 << 20
+
+
 def check_requirements(requirements: Sequence[str]) -> list[str]:
-    """PEP 508 requirements (``numpy``, ``pandas>=2,<3``, ``rich[jupyter]==13.7.1``); a URL, a path or a pip
-    option is a ConfigError: the host step must fetch from the host's index, nowhere else."""
+    """PEP 508 requirements (``numpy``, ``pandas>=2,<3``, ``rich[jupyter]==13.7.1``, markers allowed); a URL, a
+    path, an archive's file name or a pip option is a ConfigError: the host step must fetch from the host's
+    index, nowhere else, and nothing given may make the host's pip build or run code."""
     from packaging.requirements import InvalidRequirement, Requirement
 
     checked = []
@@ -120,7 +134,53 @@ def check_requirements(requirements: Sequence[str]) -> list[str]:
         if req.url:
             raise ConfigError(f"refused requirement {text[:200]!r}: a URL requirement; give a name and version "
                               "from the index")
+        if req.name.lower().endswith(_ARCHIVE_SUFFIXES):
+            raise ConfigError(f"refused requirement {text[:200]!r}: pip takes that name for a local archive file; "
+                              "give a name and version from the index")
         checked.append(text)
+    return checked
+
+
+def read_requirements(path: Path) -> list[str]:
+    """The requirements of a requirements file, each checked as ``check_requirements`` checks one given alone,
+    for pip's command line: the file itself never reaches pip (its ``-r``, ``-e``, ``--index-url``, ``-f``,
+    nested files and ``${VAR}`` expansion would each let it fetch from elsewhere or build on the host). Read
+    strictly: UTF-8, at most ``MAX_REQUIREMENTS_FILE`` bytes, one requirement per line (LF or CRLF), ``#``
+    comments and blank lines skipped; an option line, a per-requirement option (``--hash``), a continued line
+    (``\\`` at the end), a bare CR, NUL or any other control character is a ConfigError naming the line."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO does not hang us
+    except OSError as exc:
+        raise ConfigError(f"cannot read the requirements file {path}: {exc.strerror or exc}") from None
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"the requirements file {path} is not a regular file")
+        data = fh.read(MAX_REQUIREMENTS_FILE + 1)
+    if len(data) > MAX_REQUIREMENTS_FILE:
+        raise ConfigError(f"the requirements file {path} is larger than {MAX_REQUIREMENTS_FILE} bytes")
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"the requirements file {path} is not UTF-8 (byte {exc.start})") from None
+    checked = []
+    for number, line in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
+        where = f"{path}:{number}"
+        bad = next((ch for ch in line if ch != "\t" and unicodedata.category(ch) in ("Cc", "Zl", "Zp")), None)
+        if bad is not None:
+            raise ConfigError(f"{where}: refused: the control character {bad!r} (a bare CR, NUL, ...) is not part "
+                              "of a requirement")
+        line = _COMMENT.sub("", line).strip()
+        if not line:
+            continue
+        if line.endswith("\\"):
+            raise ConfigError(f"{where}: refused: a continued line; put the requirement on one line")
+        if " -" in line or "\t-" in line:
+            raise ConfigError(f"{where}: refused {line[:200]!r}: pip options (--hash, --config-settings, ...) are "
+                              "not taken from a requirements file; give names and versions only")
+        try:
+            checked += check_requirements([line])
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc.message}") from None
     return checked
 
 
@@ -128,12 +188,19 @@ def _pip(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)  # the host's own pip configuration: index, certificates, proxies
     env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
     # Reaped: pip and whatever it starts (a build backend) die with this process, also when it is SIGKILLed; at
-    # the timeout the reaper's SIGTERM ends the whole tree (SIGKILL would leave pip to init).
-    try:
-        proc = subprocess.Popen(reaped([sys.executable, "-m", "pip", *args]), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-    except FileNotFoundError as exc:
-        raise SandboxError(f"cannot run pip on the host: {exc}") from None
+    # the timeout the reaper's SIGTERM ends the whole tree (SIGKILL would leave pip to init). In an empty
+    # directory: no name can be a file of the caller's directory to pip.
+    with tempfile.TemporaryDirectory(prefix="execbox-pip-") as cwd:
+        try:
+            proc = subprocess.Popen(reaped([sys.executable, "-m", "pip", *args]), env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                    start_new_session=True, cwd=cwd)
+        except FileNotFoundError as exc:
+            raise SandboxError(f"cannot run pip on the host: {exc}") from None
+        return _finish(proc)
+
+
+def _finish(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
     try:
         out, err = proc.communicate(timeout=PIP_TIMEOUT_S)
     except BaseException as exc:
@@ -150,17 +217,15 @@ def _pip(args: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def pip_download(requirements: Sequence[str], dest: Path, target: PythonTarget, *,
-                 requirement_files: Sequence[Path] = (), find_links: Sequence[Path] = (),
-                 no_index: bool = False) -> subprocess.CompletedProcess[str]:
-    """``pip download`` on the host into ``dest``: wheels only, for ``target``, with the host's pip settings."""
-    args = ["download", "--dest", str(dest), "--progress-bar", "off", *target.pip_args()]
+                 find_links: Sequence[Path] = (), no_index: bool = False) -> subprocess.CompletedProcess[str]:
+    """``pip download`` on the host into ``dest``: wheels only, for ``target``, with the host's pip settings, of
+    ``requirements`` as ``check_requirements`` passed them (``read_requirements`` for a file's)."""
+    args = ["download", "--dest", str(dest.absolute()), "--progress-bar", "off", *target.pip_args()]
     for path in find_links:
-        args += ["--find-links", str(path)]
+        args += ["--find-links", str(path.absolute())]
     if no_index:
         args.append("--no-index")
-    for path in requirement_files:
-        args += ["-r", str(path)]
-    return _pip([*args, *requirements])
+    return _pip([*args, "--", *check_requirements(requirements)])
 
 
 @dataclass
