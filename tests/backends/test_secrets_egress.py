@@ -151,7 +151,7 @@ def test_the_host_gets_the_value_the_sandbox_only_a_placeholder(backend: str, wo
                          other_port=ports["other"])
     with runner_for(backend, world) as runner, runner.sandbox(backend, network="proxy") as sb:
         proxy_dir = Path(sb.aio._session.egress.directory)  # type: ignore[union-attr]
-        at_egress = {NAME: (f"{SECRET_HOST}:{ports['secret']}", Secret(value))}
+        at_egress = {NAME: (f"{SECRET_HOST}:{ports['secret']}+body", Secret(value))}  # bodies too: opted in
         result = sb.run_code(textwrap.dedent(code), secrets_at_egress=at_egress, timeout=60)
         on_disk = {p.name: p.read_bytes() for p in proxy_dir.iterdir() if p.is_file()}
     assert result.exit_code == 0, result.stderr

@@ -55,8 +55,13 @@ def test_the_swap_gives_the_same_bytes_whatever_the_chunking(pieces: list[bytes]
     for cut in sorted({min(c, len(data)) for c in cuts}):
         out += swap.feed(data[pos:cut])
         pos = cut
-    out += swap.feed(data[pos:]) + swap.flush()
-    assert out == data.replace(b"PH1-abcdefgh", b"VAL-11111111").replace(b"PH2-zzzzzzzz", b"VAL-22222222")
+    out += swap.feed(data[pos:]) + swap.end()
+    swapped = data.replace(b"PH1-abcdefgh", b"VAL-11111111").replace(b"PH2-zzzzzzzz", b"VAL-22222222")
+    # A start of a pattern left at the very end comes out as the same start of its replacement, never as itself.
+    tail = next((swapped[i:] for i in range(max(0, len(swapped) - 11), len(swapped))
+                 if any(old.startswith(swapped[i:]) for old, _, _ in table)), b"")
+    start = next((new[:len(tail)] for old, new, _ in table if old.startswith(tail)), b"")
+    assert out == swapped[:len(swapped) - len(tail)] + start
     assert swap.used == {name for old, _, name in table if old in data}
 
 

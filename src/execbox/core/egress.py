@@ -120,7 +120,7 @@ def _port(text: str, entry: str) -> int:
     return int(text)
 
 
-def _hostname(text: str, entry: str) -> str:
+def hostname(text: str, entry: str) -> str:
     """A lower-case DNS name (no trailing dot), or ValueError saying what is wrong with it."""
     if not text.isascii():
         raise ValueError(f"{entry!r}: write an internationalised name in its ASCII (xn--) form")
@@ -176,10 +176,10 @@ def parse_entry(raw: str) -> Entry:
     if net is not None:
         return Entry(text, "network", network=net, ports=ports)
     if body.startswith("*."):
-        return Entry(text, "suffix", name=_hostname(body[2:], text), ports=ports)
+        return Entry(text, "suffix", name=hostname(body[2:], text), ports=ports)
     if "*" in body:
         raise ValueError(f"{text!r}: a wildcard is only allowed as the first label, as in *.example.com")
-    return Entry(text, "name", name=_hostname(body, text), ports=ports)
+    return Entry(text, "name", name=hostname(body, text), ports=ports)
 
 
 def literal_address(host: str) -> IPAddress | None:

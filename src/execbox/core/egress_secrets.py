@@ -47,15 +47,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from execbox.core.egress import hostname
 from execbox.core.errors import BackendUnavailableError
 from execbox.core.secrets_inject import R, Secret, check_secrets
 
 #: The combined bundle the sandbox trusts when a run has secrets at egress (in the proxy's directory).
 BUNDLE_FILE = "execbox-ca-bundle.pem"
 PLACEHOLDER_PREFIX = "EXECBOX-PLACEHOLDER-"
-#: After this long without more bytes, what a substitution held back (a possible start of a placeholder or
-#: value) is passed on: a request or response that ends in such bytes must not stall.
-IDLE_FLUSH_S = 0.1
 HANDSHAKE_TIMEOUT_S = 15.0
 _CHUNK = 1 << 16
 _ALNUM = string.ascii_letters + string.digits
@@ -66,6 +64,12 @@ _HOST_ROOTS = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bund
 Given = Mapping[str, tuple[str, "Secret | str"]]
 
 
+#: The opt-in, at the end of a secret's destination, to substitute it in request bodies too (``BODY_RISK``).
+IN_BODY = "+body"
+BODY_RISK = ("the host may store a body and hand it back later, or to another request, in a form the swap back "
+             "does not see (base64, JSON-escaped, split): then the code reads the real value")
+
+
 @dataclass(frozen=True)
 class EgressSecret:
     name: str
@@ -73,10 +77,19 @@ class EgressSecret:
     port: int
     value: bytes
     placeholder: bytes
+    #: Substituted in request bodies too (the destination ended with IN_BODY), not only in the request head.
+    body: bool = False
+
+
+class InBody(Secret):
+    """A secret at egress whose destination opted in to bodies (``IN_BODY``): what ``check`` gives for one."""
+
+    __slots__ = ()
 
 
 def parse_destination(spec: str) -> tuple[str, int]:
-    """``api.example.com`` (port 443) or ``api.example.com:8443`` / ``[::1]:8443``; ValueError if malformed."""
+    """``api.example.com`` (port 443) or ``api.example.com:8443`` / ``[::1]:8443``; ValueError if malformed.
+    (``check`` takes the ``IN_BODY`` suffix off first.)"""
     host, port = spec.strip().lower(), 443
     if host.startswith("["):
         inner, _, rest = host[1:].partition("]")
@@ -91,6 +104,8 @@ def parse_destination(spec: str) -> tuple[str, int]:
     bad_v6 = ":" in host and _address(host) is None
     if not host or not 0 < port < 65536 or any(c in host for c in "/@ *?#") or bad_v6:
         raise ValueError(f"{spec!r} is not one host name or address (no wildcard, path or user)")
+    if _address(host) is None:
+        hostname(host, spec)
     return host.rstrip("."), port
 
 
@@ -108,14 +123,20 @@ def check(given: Mapping[str, Any]) -> dict[str, tuple[str, int, Secret]]:
         raise ValueError(f"secrets_at_egress is a {type(given).__name__}; give {{NAME: (host, value)}}")
     values: dict[str, Secret | str] = {}
     hosts: dict[str, tuple[str, int]] = {}
+    bodies: set[str] = set()
     for name, pair in given.items():
         if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
             raise ValueError(f"secrets_at_egress[{str(name)[:60]!r}]: give a pair (host, value), e.g. "
                              "('api.openai.com', Secret.from_env('OPENAI_API_KEY'))")
-        hosts[name] = parse_destination(pair[0])
+        spec = pair[0].strip()
+        if spec.lower().endswith(IN_BODY):
+            spec = spec[:-len(IN_BODY)]
+            bodies.add(name)
+        hosts[name] = parse_destination(spec)
         values[name] = pair[1]
     checked = check_secrets(values)
-    return {name: (*hosts[name], secret) for name, secret in checked.items()}
+    return {name: (*hosts[name], InBody(secret.reveal(), origin=secret.origin) if name in bodies else secret)
+            for name, secret in checked.items()}
 
 
 def placeholder_for(value: bytes) -> bytes:
@@ -130,7 +151,7 @@ class RunSecrets:
 
     def __init__(self, given: Mapping[str, tuple[str, int, Secret]]) -> None:
         self.secrets = [EgressSecret(name, host, port, secret.reveal().encode(),
-                                     placeholder_for(secret.reveal().encode()))
+                                     placeholder_for(secret.reveal().encode()), isinstance(secret, InBody))
                         for name, (host, port, secret) in given.items()]
         self.longest = max((len(s.placeholder) for s in self.secrets), default=0)
         #: Set when a proxy run took them (a backend that runs no execbox proxy never does).
@@ -363,114 +384,185 @@ class Interceptor:
             attempt.reason = f"the TLS certificate of {host}:{port} did not verify ({exc}); nothing was sent"
             up_writer.transport.abort()
             return
-        outgoing = _Swap([(s.placeholder, s.value, s.name) for s in secrets])
-        incoming = _Swap([(s.value, s.placeholder, "") for s in secrets])
-        # One request per connection, to this host, asking for a plain response: the value is swapped back only
-        # where it returns as bytes, so a compressed or partial reflection, or a request another tenant of the same
-        # front-end receives, would hand it to the code.
+        # One request per connection, to this host, asking for a plain response, its body framed exactly
+        # (Content-Length or chunked, read here) and nothing read from the code after it: the value is swapped back
+        # only where it returns as bytes, so a compressed or partial reflection, or a second request smuggled
+        # behind the first (to another tenant of the same front-end), would hand it to the code.
+        from execbox.core.proxy import HeadError, answer, parse_head
+
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT_S)
+            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT_S)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError, ssl.SSLError):
-            head = b""
-        request = plain_request(head, host, port) if head else "no request head"
+            raw = b""
+        request = plain_request(raw, host, port) if raw else "no request head"
         if isinstance(request, str):
             attempt.allowed = False
             attempt.reason = f"refused before sending: the request {request}"
             up_writer.transport.abort()
+            if raw:
+                await answer(writer, 400, attempt.reason)
             writer.transport.abort()
             return
-        first = outgoing.feed(request) + outgoing.flush()
-        up_writer.write(first)
-        attempt.sent += len(first)
-        out = asyncio.ensure_future(_pump_swapping(reader, up_writer, outgoing, attempt, "sent"))  # the body
-        back: asyncio.Future[bool] | None = None
+        head = parse_head(request)
+        in_head = _Swap([(s.placeholder, s.value, s.name) for s in secrets])
+        in_body = _Swap([(s.placeholder, s.value, s.name) for s in secrets if s.body])
+        incoming = _Swap([(s.value, s.placeholder, "") for s in secrets])
         try:
+            _put(up_writer, in_head.whole(request), attempt, "sent")
+            if any("100-continue" in v.lower() for v in parse_head(raw).values("expect")):
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # asked of us: the host is not asked to wait
             try:
-                answer = await up_reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError, ssl.SSLError):
-                answer = b""
-            problem = encoded_response(answer) if answer else "the host sent no response head"
-            if problem:
-                attempt.reason += f"; the response was withheld: {problem}"
+                await relay_body(reader, up_writer, head.length, in_body, attempt, "sent")
+            except HeadError as exc:
+                attempt.allowed, attempt.reason = False, f"refused: the request's body: {exc}"
+                await answer(writer, 400, attempt.reason)
                 return
-            shown = incoming.feed(answer)
-            writer.write(shown)
-            attempt.received += len(shown)
-            back = asyncio.ensure_future(_pump_swapping(up_reader, writer, incoming, attempt, "received"))
-            for done in asyncio.as_completed([out, back]):
-                if not await done:
-                    break
+            await relay_response(up_reader, writer, incoming, attempt, head.start[0])
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError, ssl.SSLError, TimeoutError):
+            pass
         finally:
-            used = sorted(outgoing.used)
+            used = sorted(in_head.used | in_body.used)
             if used:
                 attempt.secrets = sorted({*getattr(attempt, "secrets", []), *used})
             up_writer.transport.abort()
             writer.transport.abort()
-            await asyncio.gather(out, *([back] if back else []), return_exceptions=True)
 
 
-_DROPPED_REQUEST_FIELDS = frozenset({b"accept-encoding", b"connection", b"keep-alive", b"proxy-connection", b"te",
-                                     b"range", b"if-range"})
+_DROPPED_REQUEST_FIELDS = frozenset({"accept-encoding", "connection", "keep-alive", "proxy-connection", "te",
+                                     "range", "if-range", "expect"})
 
 
 def plain_request(head: bytes, host: str, port: int) -> bytes | str:
-    """The first request head of an intercepted connection, rewritten to ask for one plain response
-    (``Accept-Encoding: identity``, ``Connection: close``, no ``Range``); or why it is refused: not HTTP/1.x in
-    origin form, a Host other than the secret's, an upgrade."""
-    lines = head[:-4].split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1.") or not parts[1].startswith(b"/"):
+    """The first request head of an intercepted connection (parsed strictly: ``core.proxy.parse_head``),
+    rewritten to ask for one plain response (``Accept-Encoding: identity``, ``Connection: close``, no ``Range``,
+    no ``Expect``); or why it is refused: malformed, not in origin form, a Host other than the secret's (or
+    none, or two), an upgrade."""
+    from execbox.core.proxy import HeadError, parse_head
+
+    try:
+        parsed = parse_head(head)
+    except HeadError as exc:
+        return f"has a malformed head: {exc}"
+    method, target, version = parsed.start
+    if not target.startswith("/"):
         return "is not an HTTP/1.1 request for a path on this host"
-    kept, hosts = [lines[0]], []
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or name != name.strip() or not name:
-            return "has a malformed header line"
-        key = name.lower()
-        if key == b"upgrade":
-            return "asks for an upgrade (the proxy relays HTTP/1.1 only)"
-        if key == b"host":
-            hosts.append(value.strip().decode("latin-1").lower().rstrip("."))
-        if key not in _DROPPED_REQUEST_FIELDS:
-            kept.append(line)
+    if parsed.values("upgrade"):
+        return "asks for an upgrade (the proxy relays HTTP/1.1 only)"
+    hosts = [value.lower().rstrip(".") for value in parsed.values("host")]
     wanted = host.lower().rstrip(".")
     if len(hosts) != 1 or hosts[0] not in (wanted, f"{wanted}:{port}"):
         return f"names the Host {', '.join(hosts) or '(none)'}, not {wanted}: refused as a possible exfiltration"
-    return b"\r\n".join([*kept, b"Accept-Encoding: identity", b"Connection: close"]) + b"\r\n\r\n"
+    kept = [f"{method} {target} {version}"]
+    kept += [f"{name}: {value}" for name, value in parsed.fields if name.lower() not in _DROPPED_REQUEST_FIELDS]
+    return ("\r\n".join([*kept, "Accept-Encoding: identity", "Connection: close"]) + "\r\n\r\n").encode("latin-1")
 
 
 def encoded_response(head: bytes) -> str | None:
-    """Why a response head cannot be relayed with the value swapped back (an encoded or partial body)."""
-    lines = head[:-4].split(b"\r\n")
-    status = lines[0].split(b" ")
-    if len(status) < 2 or status[1] == b"206":
-        return "a partial (206) or malformed response"
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        key, value = name.strip().lower(), value.strip().lower()
-        if key == b"content-encoding" and value not in (b"", b"identity"):
-            return f"its body is encoded ({value.decode('latin-1')[:40]}), where a secret would pass unswapped"
-        if key == b"transfer-encoding" and value not in (b"chunked", b"identity"):
-            return f"its transfer coding is {value.decode('latin-1')[:40]}, where a secret would pass unswapped"
-        if key == b"content-range":
-            return "a partial response (Content-Range)"
+    """Why a response head cannot be relayed with the value swapped back: malformed (``core.proxy.parse_head``),
+    an encoded or partial body, an upgrade."""
+    from execbox.core.proxy import HeadError, parse_head
+
+    try:
+        parsed = parse_head(head, response=True)
+    except HeadError as exc:
+        return f"a malformed response head: {exc}"
+    status = parsed.start[1]
+    if status == "206":
+        return "a partial (206) response"
+    if status == "101":
+        return "a protocol switch (101), which was not asked for"
+    for value in parsed.values("content-encoding"):
+        if value.lower() not in ("", "identity"):
+            return f"its body is encoded ({value[:40]}), where a secret would pass unswapped"
+    if parsed.values("content-range"):
+        return "a partial response (Content-Range)"
     return None
 
 
+async def relay_response(src: asyncio.StreamReader, dst: asyncio.StreamWriter, swap: _Swap, attempt: Any,
+                         method: str) -> None:
+    """The host's response (after any 1xx), the value swapped back in head and body, the body read by its framing
+    (a chunked one de-chunked first, so chunk framing never splits the value from the swap); withheld when the
+    value could pass unswapped (``encoded_response``). The code gets one response, then the connection closes."""
+    from execbox.core.proxy import HeadError, closing_head, parse_head
+
+    while True:
+        try:
+            raw = await asyncio.wait_for(src.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT_S)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError, ssl.SSLError, TimeoutError):
+            raw = b""
+        problem = encoded_response(raw) if raw else "the host sent no response head"
+        if problem:
+            attempt.reason += f"; the response was withheld: {problem}"
+            return
+        head = parse_head(raw, response=True)
+        informational = head.start[1].startswith("1")
+        _put(dst, swap.whole(raw if informational else closing_head(head)), attempt, "received")
+        if not informational:
+            break
+    try:
+        await relay_body(src, dst, head.body_after(method), swap, attempt, "received")
+    except HeadError as exc:
+        attempt.reason += f"; the response was cut: {exc}"
+
+
+async def relay_body(src: Any, dst: asyncio.StreamWriter, length: int | None, swap: _Swap, attempt: Any,
+                     way: str) -> None:
+    """A body of ``length`` bytes (-1: chunked, None: until the connection closes) through ``swap``: a chunked
+    one is de-chunked, swapped, and sent as chunks of what the swap let out (trailers dropped). A partial match
+    held back is never let out as it is, even when the source pauses: only once the stream shows it is no match,
+    or at the body's end as the same prefix of its replacement (``_Swap.end``)."""
+    from execbox.core.proxy import read_chunk_end, read_chunk_size
+
+    chunked = length == -1
+
+    async def put(data: bytes, last: bool) -> None:
+        out = swap.feed(data) + (swap.end() if last else b"")
+        if out:
+            _put(dst, b"%x\r\n%b\r\n" % (len(out), out) if chunked else out, attempt, way)
+        if last and chunked:
+            _put(dst, b"0\r\n\r\n", attempt, way)
+        await dst.drain()
+
+    async def exactly(size: int) -> None:
+        while size:
+            data = await src.read(min(size, _CHUNK))
+            if not data:
+                raise asyncio.IncompleteReadError(b"", size)
+            size -= len(data)
+            await put(data, False)
+
+    if length is None:
+        while data := await src.read(_CHUNK):
+            await put(data, False)
+    elif chunked:
+        while size := await read_chunk_size(src):
+            await exactly(size)
+            await read_chunk_end(src, size)
+        await read_chunk_end(src, 0)
+    else:
+        await exactly(length)
+    await put(b"", True)
+
+
+def _put(dst: asyncio.StreamWriter, data: bytes, attempt: Any, way: str) -> None:
+    dst.write(data)
+    setattr(attempt, way, getattr(attempt, way) + len(data))
+
+
 class _Swap:
-    """Same-length replacement in a byte stream that arrives in chunks: holds back only an end that could be the
-    start of a pattern (flushed when the stream goes idle)."""
+    """Same-length replacement in a byte stream that arrives in pieces: holds back only an end that could be the
+    start of a pattern, until more bytes show whether it is one (``end`` at the stream's end)."""
 
     def __init__(self, table: list[tuple[bytes, bytes, str]]) -> None:
         self.table = table
         self.used: set[str] = set()
         self._buf = b""
-
-    @property
-    def holding(self) -> bool:
-        return bool(self._buf)
+        self._longest = max((len(old) for old, _, _ in table), default=0)
 
     def feed(self, data: bytes) -> bytes:
+        if not self.table:
+            return data
         buf = self._buf + data
         for old, new, name in self.table:
             if old in buf:
@@ -478,8 +570,7 @@ class _Swap:
                 if name:
                     self.used.add(name)
         cut = len(buf)
-        longest = max(len(old) for old, _, _ in self.table)
-        for pos in range(max(0, len(buf) - longest + 1), len(buf)):
+        for pos in range(max(0, len(buf) - self._longest + 1), len(buf)):
             tail = buf[pos:]
             if any(old.startswith(tail) for old, _, _ in self.table):
                 cut = pos
@@ -487,34 +578,16 @@ class _Swap:
         self._buf = buf[cut:]
         return buf[:cut]
 
-    def flush(self) -> bytes:
-        out, self._buf = self._buf, b""
-        return out
+    def end(self) -> bytes:
+        """What is held back, at the stream's end: a start of a pattern that never completed, given as the same
+        start of its replacement (a value's first bytes come back as the placeholder's, never as themselves)."""
+        tail, self._buf = self._buf, b""
+        new = next((new for old, new, _ in self.table if old.startswith(tail)), tail)
+        return new[:len(tail)]
 
-
-async def _pump_swapping(src: asyncio.StreamReader, dst: asyncio.StreamWriter, swap: _Swap, attempt: Any,
-                         way: str) -> bool:
-    try:
-        while True:
-            try:
-                data = await asyncio.wait_for(src.read(_CHUNK), IDLE_FLUSH_S if swap.holding else None)
-            except TimeoutError:
-                data = None
-            if data == b"":
-                break
-            out = swap.feed(data) if data is not None else swap.flush()
-            if out:
-                dst.write(out)
-                setattr(attempt, way, getattr(attempt, way) + len(out))
-                await dst.drain()
-        rest = swap.flush()
-        if rest:
-            dst.write(rest)
-            setattr(attempt, way, getattr(attempt, way) + len(rest))
-            await dst.drain()
-        return True
-    except (OSError, RuntimeError, ssl.SSLError):
-        return False
+    def whole(self, data: bytes) -> bytes:
+        """``data`` complete in itself (a head)."""
+        return self.feed(data) + self.end()
 
 
 def _host_roots() -> bytes:
@@ -666,7 +739,8 @@ def plan(request: Any, argv: list[str], *, backend: Any) -> RunPlan:
 
 
 def from_setting(entries: list[str], environ: Mapping[str, str] | None = None) -> dict[str, tuple[str, int, Secret]]:
-    """CODE_EXEC_EGRESS_SECRETS (``NAME=host[:port]``, the value from execbox's own environment variable NAME)."""
+    """CODE_EXEC_EGRESS_SECRETS (``NAME=host[:port]``, or ``NAME=host[:port]+body`` to substitute in request
+    bodies too; the value from execbox's own environment variable NAME)."""
     from execbox.core.errors import ConfigError
 
     given: dict[str, tuple[str, Secret]] = {}
@@ -687,7 +761,8 @@ def parse_setting(entry: str) -> str:
     """One CODE_EXEC_EGRESS_SECRETS entry, checked for shape (ValueError says what to write)."""
     name, sep, host = entry.partition("=")
     if not sep or not name or not host:
-        raise ValueError(f"CODE_EXEC_EGRESS_SECRETS entry {entry!r}: write NAME=host or NAME=host:port (the value "
-                         "comes from execbox's own environment variable NAME, never from this setting)")
-    parse_destination(host)
+        raise ValueError(f"CODE_EXEC_EGRESS_SECRETS entry {entry!r}: write NAME=host or NAME=host:port, +body at "
+                         "the end to substitute in request bodies too (the value comes from execbox's own "
+                         "environment variable NAME, never from this setting)")
+    parse_destination(host[:-len(IN_BODY)] if host.lower().endswith(IN_BODY) else host)
     return entry

@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -52,7 +53,14 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from execbox.core import egress_secrets
-from execbox.core.egress import EgressPolicy, IPAddress, ProviderAllowlist, literal_address, provider_allowlist
+from execbox.core.egress import (
+    Decision,
+    EgressPolicy,
+    IPAddress,
+    ProviderAllowlist,
+    literal_address,
+    provider_allowlist,
+)
 from execbox.core.errors import ConfigError, SandboxError, UnsupportedPolicyError
 from execbox.core.models import EgressAttempt, ExecResult
 from execbox.core.owner import OWNER_FILE, owner_id, owner_tag, remove_orphaned_dirs
@@ -168,6 +176,119 @@ while True:
             continue
         _thread.start_new_thread(relay, (fd,))
 """
+
+
+class HeadError(ValueError):
+    """Why an HTTP head is refused (the message is the reason recorded on the attempt)."""
+
+
+# RFC 9110's token (a method, a field name) and a field value's bytes: visible ASCII, obs-text, SP and HT.
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+_FIELD_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*\Z")
+_TARGET = re.compile(rb"[\x21-\x7e]+\Z")
+_VERSION = re.compile(rb"HTTP/1\.[01]\Z")
+_STATUS = re.compile(rb"[1-9][0-9][0-9]\Z")
+_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})(;[\t\x20-\x7e]*)?\r\n\Z")
+
+
+@dataclass(frozen=True)
+class Head:
+    """One HTTP/1.x head, parsed strictly (``parse_head``): its start line's three parts and its fields in order
+    (values without the surrounding blanks)."""
+
+    start: tuple[str, str, str]
+    fields: tuple[tuple[str, str], ...]
+    #: The body that follows: ``-1`` chunked, otherwise its length (a request's; a response's is ``body_after``).
+    length: int
+
+    def values(self, name: str) -> list[str]:
+        return [value for key, value in self.fields if key.lower() == name]
+
+    @property
+    def chunked(self) -> bool:
+        return self.length == -1
+
+    def body_after(self, method: str) -> int | None:
+        """A response's body: its length, -1 chunked, None when it runs until the connection closes."""
+        status = int(self.start[1])
+        if method.upper() == "HEAD" or status < 200 or status in (204, 304):
+            return 0
+        if self.chunked or self.values("content-length"):
+            return self.length
+        return None
+
+
+def parse_head(data: bytes, *, response: bool = False) -> Head:
+    """The head ``data`` (up to and with its empty line), parsed as strictly as RFC 9112 allows, or HeadError:
+    a CR or LF outside a CRLF, a NUL or other control byte, a folded line, a start line that is not exactly
+    ``METHOD SP TARGET SP HTTP/1.x`` (``HTTP/1.x SP STATUS SP REASON``), a malformed field, a Content-Length
+    with a Transfer-Encoding, two different Content-Lengths, a transfer coding other than ``chunked``. One
+    recipient reading lines otherwise (a bare LF as a line end, say) would see other requests than the proxy
+    checked. (Which Host a request may name is its caller's to judge: ``egress_secrets.plain_request``.)"""
+    if not data.endswith(b"\r\n\r\n"):
+        raise HeadError("the head does not end with an empty line")
+    lines = data[:-4].split(b"\r\n")
+    if any(b"\r" in line or b"\n" in line for line in lines):
+        raise HeadError("a CR or LF that is not part of a CRLF in the head")
+    if b"\0" in data:
+        raise HeadError("a NUL byte in the head")
+    if response:
+        parts = lines[0].split(b" ", 2)
+        if len(parts) == 2:
+            parts.append(b"")
+        if (len(parts) != 3 or not _VERSION.match(parts[0]) or not _STATUS.match(parts[1])
+                or not _FIELD_VALUE.match(parts[2])):
+            raise HeadError("a malformed status line")
+    else:
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or not _TOKEN.match(parts[0]) or not _TARGET.match(parts[1]) or not _VERSION.match(parts[2]):
+            raise HeadError("a request line that is not METHOD SP TARGET SP HTTP/1.1 (or 1.0)")
+    fields: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        if line[:1] in (b" ", b"\t"):
+            raise HeadError("a folded header line (obsolete line folding)")
+        name, sep, value = line.partition(b":")
+        value = value.strip(b" \t")
+        if not sep or not _TOKEN.match(name) or not _FIELD_VALUE.match(value):
+            raise HeadError(f"a malformed header line ({name[:40].decode('latin-1')!r})")
+        fields.append((name.decode("latin-1"), value.decode("latin-1")))
+    first, second, third = (p.decode("latin-1") for p in parts)
+    head = Head((first, second, third), tuple(fields), 0)
+    lengths = {n.strip(" \t") for v in head.values("content-length") for n in v.split(",")}
+    codings = head.values("transfer-encoding")
+    if lengths and codings:
+        raise HeadError("both Content-Length and Transfer-Encoding")
+    if codings:
+        if [c.lower() for c in codings] != ["chunked"]:
+            raise HeadError(f"a transfer coding other than chunked ({', '.join(codings)[:60]})")
+        return Head(head.start, head.fields, -1)
+    if len(lengths) > 1 or not all(n.isascii() and n.isdigit() and len(n) <= 18 for n in lengths):
+        raise HeadError("a malformed Content-Length")
+    return Head(head.start, head.fields, int(lengths.pop()) if lengths else 0)
+
+
+async def read_chunk_size(reader: Any) -> int:
+    """The size on a chunk's line (its extensions ignored); HeadError when the line is malformed."""
+    line = await reader.readuntil(b"\r\n")
+    found = _CHUNK_LINE.match(line)
+    if found is None:
+        raise HeadError("a malformed chunk size line")
+    return int(found.group(1), 16)
+
+
+async def read_chunk_end(reader: Any, size: int) -> None:
+    """After a chunk's data its CRLF; after the last chunk, the trailers (dropped) up to the empty line."""
+    if size:
+        if await reader.readexactly(2) != b"\r\n":
+            raise HeadError("a chunk not followed by CRLF")
+        return
+    for _ in range(100):
+        line = await reader.readuntil(b"\r\n")
+        if line == b"\r\n":
+            return
+        if b"\r" in line[:-2] or b"\n" in line[:-2]:
+            raise HeadError("a CR or LF that is not part of a CRLF in the trailers")
+    raise HeadError("more than 100 trailer lines")
 
 
 async def resolve(host: str, port: int) -> list[str]:
@@ -423,14 +544,14 @@ class EgressProxy:
         try:
             if len(self._open) > MAX_CONNECTIONS:
                 self._record(run, _Attempt("", 0, reason=f"refused: more than {MAX_CONNECTIONS} connections open"))
-                await _answer(writer, 503, f"more than {MAX_CONNECTIONS} connections open through this sandbox's "
+                await answer(writer, 503, f"more than {MAX_CONNECTIONS} connections open through this sandbox's "
                                            "proxy")
                 return
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
             except asyncio.LimitOverrunError:
                 self._record(run, _Attempt("", 0, reason=f"a request head over {HEAD_LIMIT} bytes"))
-                await _answer(writer, 431, "request head too large")
+                await answer(writer, 431, "request head too large")
                 return
             except (asyncio.IncompleteReadError, TimeoutError, OSError) as exc:
                 partial = getattr(exc, "partial", b"")
@@ -447,50 +568,58 @@ class EgressProxy:
             self._open.discard(writer)
             writer.transport.abort()
 
-    async def _dispatch(self, run: ProxyRun, head: bytes, reader: asyncio.StreamReader,
+    async def _dispatch(self, run: ProxyRun, raw: bytes, reader: asyncio.StreamReader,
                         writer: asyncio.StreamWriter) -> None:
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            self._record(run, _Attempt("", 0, reason="not an HTTP proxy request"))
-            await _answer(writer, 400, "not an HTTP/1 proxy request")
-            return
-        method, target, version = parts
-        headers = [(n.strip(), v.strip()) for n, _, v in (line.partition(":") for line in lines[1:] if line)]
+        method, _, rest = raw.partition(b" ")
+        target = rest.partition(b" ")[0].decode("latin-1")
+        connect = method.upper() == b"CONNECT"
+        where = _authority(target) if connect else _url_destination(target)
         if run.secrets is not None:  # a placeholder of a secret at egress, where it must not go
-            where = _authority(target) if method.upper() == "CONNECT" else _url_destination(target)
-            refusal = egress_secrets.refuse_head(run, head, where[0] or "", where[1])
+            refusal = egress_secrets.refuse_head(run, raw, where[0] or "", where[1])
             if refusal is not None:
-                hit = run.secrets.carried(head)
+                hit = run.secrets.carried(raw)
                 self._record(run, _Attempt((where[0] or target)[:253], where[1], reason=refusal, secrets=[hit.name]))
-                await _answer(writer, 403, refusal)
+                await answer(writer, 403, refusal)
                 return
-        if method.upper() == "CONNECT":
-            host, port = _authority(target)
+        try:
+            head = parse_head(raw)
+        except HeadError as exc:
+            self._record(run, _Attempt((where[0] or "")[:253], where[1], reason=f"refused: {exc}"))
+            await answer(writer, 400, f"refused: {exc}")
+            return
+        if connect:
+            host, port = where
             if host is None:
                 self._record(run, _Attempt(target[:253], 0, reason="a malformed CONNECT target (want host:port)"))
-                await _answer(writer, 400, "CONNECT wants host:port")
+                await answer(writer, 400, "CONNECT wants host:port")
                 return
-            opened = await self._upstream(run, host, port, writer)
+            intercepted = egress_secrets.intercepts(run, host, port) and self.mitm is not None
+            opened = await self._upstream(run, host, port, writer, secret_host=intercepted)
             if opened is None:
                 return
             attempt, up_reader, up_writer = opened
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            if egress_secrets.intercepts(run, host, port) and self.mitm is not None:
+            if intercepted:
                 await self.mitm.intercept(run, attempt, host, port, reader, writer, up_reader, up_writer)
                 return
             await _relay(attempt, egress_secrets.guard(run, attempt, reader), writer, up_reader, up_writer)
             return
-        await self._forward(run, method, target, version, headers, reader, writer)
+        await self._forward(run, head, reader, writer)
 
-    async def _upstream(self, run: ProxyRun, host: str, port: int, writer: asyncio.StreamWriter
+    async def _upstream(self, run: ProxyRun, host: str, port: int, writer: asyncio.StreamWriter, *,
+                        secret_host: bool = False
                         ) -> tuple[_Attempt, asyncio.StreamReader, asyncio.StreamWriter] | None:
-        """Decide, resolve, check every address, connect; record the attempt; answer the client on refusal."""
+        """Decide, resolve, check every address, connect; record the attempt; answer the client on refusal.
+        ``secret_host``: an intercepted CONNECT to the host:port of one of the run's secrets at egress, which the
+        caller named, so it counts as allowlisted (by name; its addresses are checked like any other's)."""
         attempt = self._record(run, _Attempt(host[:253], port))
         decision = self.policy.decide_name(host, port)
+        if not decision.allowed and secret_host:
+            names = ", ".join(s.name for s in run.secrets.for_destination(host, port))
+            decision = Decision(True, f"the host of the secret at egress {names}")
         if not decision.allowed:
             attempt.reason = decision.reason
-            await _answer(writer, 403, f"denied {host}:{port} ({decision.reason})")
+            await answer(writer, 403, f"denied {host}:{port} ({decision.reason})")
             return None
         literal = literal_address(host)
         if literal is not None:
@@ -500,7 +629,7 @@ class EgressProxy:
                 found = await asyncio.wait_for(resolve(host, port), RESOLVE_TIMEOUT_S)
             except (OSError, TimeoutError, UnicodeError, ValueError) as exc:
                 attempt.reason = f"allowlisted, but it does not resolve ({exc or type(exc).__name__})"
-                await _answer(writer, 502, f"{host} does not resolve")
+                await answer(writer, 502, f"{host} does not resolve")
                 return None
             local = local_addresses()
             addresses = []
@@ -518,7 +647,7 @@ class EgressProxy:
             if not addresses:
                 attempt.reason = refusals[0][1] if refusals else "allowlisted, but it resolves to no address"
                 attempt.address = str(refusals[0][0]) if refusals else ""
-                await _answer(writer, 403, f"denied {host}:{port} ({attempt.reason})")
+                await answer(writer, 403, f"denied {host}:{port} ({attempt.reason})")
                 return None
         failure: BaseException | None = None
         for address in addresses:
@@ -535,12 +664,13 @@ class EgressProxy:
             return attempt, up_reader, up_writer
         attempt.allowed = True
         attempt.reason = f"{decision.reason}; the connection failed ({failure or 'timed out'})"
-        await _answer(writer, 502, f"cannot connect to {host}:{port}")
+        await answer(writer, 502, f"cannot connect to {host}:{port}")
         return None
 
-    async def _forward(self, run: ProxyRun, method: str, target: str, version: str, headers: list[tuple[str, str]],
-                       reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _forward(self, run: ProxyRun, head: Head, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> None:
         """One plain-HTTP request, decided on its own URL; the connection closes after the response."""
+        method, target, version = head.start
         try:
             url = urlsplit(target)
             port = url.port or 80
@@ -548,7 +678,7 @@ class EgressProxy:
             url, port = None, 0
         if url is None or url.scheme.lower() != "http" or not url.hostname:
             self._record(run, _Attempt(target[:253], 0, reason="not an absolute http:// URL or CONNECT"))
-            await _answer(writer, 400, "this proxy serves CONNECT and absolute http:// URLs")
+            await answer(writer, 400, "this proxy serves CONNECT and absolute http:// URLs")
             return
         opened = await self._upstream(run, url.hostname, port, writer)
         if opened is None:
@@ -557,32 +687,33 @@ class EgressProxy:
         reader = egress_secrets.guard(run, attempt, reader)  # a placeholder in the body cuts the request
         try:
             lines = [f"{method} {url.path or '/'}{'?' + url.query if url.query else ''} {version}"]
-            named = {name.lower(): value for name, value in headers}
-            lines += [f"{name}: {value}" for name, value in headers if name.lower() not in _HOP_HEADERS]
+            lines += [f"{name}: {value}" for name, value in head.fields if name.lower() not in _HOP_HEADERS]
             lines += [f"Host: {url.netloc.rpartition('@')[2]}", "Connection: close"]
             _send(up_writer, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), attempt, "sent")
-            if "100-continue" in named.get("expect", "").lower():
+            if any("100-continue" in value.lower() for value in head.values("expect")):
                 writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            if "chunked" in named.get("transfer-encoding", "").lower():
+            if head.chunked:
                 await _copy_chunked(reader, up_writer, attempt)
-            elif named.get("content-length", "0").strip() not in ("", "0"):
-                length = named["content-length"].strip()
-                if not (length.isascii() and length.isdigit()):
-                    await _answer(writer, 400, "a malformed Content-Length")
-                    return
-                await _copy_exactly(reader, up_writer, int(length), attempt)
+            else:
+                await _copy_exactly(reader, up_writer, head.length, attempt)
             await up_writer.drain()
             # The response: its head says the connection closes; the rest is relayed as it comes.
             while True:
-                head = await asyncio.wait_for(up_reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
-                status = head.split(b" ", 2)[1:2]
-                informational = bool(status) and status[0].startswith(b"1") and status[0] != b"101"
-                if not informational:
-                    head = _closing(head)
-                _send(writer, head, attempt, "received")
+                raw = await asyncio.wait_for(up_reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+                try:
+                    reply = parse_head(raw, response=True)
+                except HeadError as exc:
+                    attempt.reason += f"; its response was refused: {exc}"
+                    await answer(writer, 502, f"{url.hostname} sent a malformed response head ({exc})")
+                    return
+                informational = reply.start[1].startswith("1") and reply.start[1] != "101"
+                _send(writer, raw if informational else closing_head(reply), attempt, "received")
                 if not informational:
                     break
             await _pump(up_reader, writer, attempt, "received")
+        except HeadError as exc:
+            attempt.allowed, attempt.reason = False, f"refused: {exc}"
+            await answer(writer, 400, f"refused: {exc}")
         finally:
             run.writers.discard(up_writer)
             self._open.discard(up_writer)
@@ -630,11 +761,10 @@ def _authority(target: str) -> tuple[str | None, int]:
     return host, int(port)
 
 
-def _closing(head: bytes) -> bytes:
+def closing_head(head: Head) -> bytes:
     """A response head whose connection closes after it (we send one request per upstream connection)."""
-    lines = head.decode("latin-1").split("\r\n")
-    kept = [lines[0]] + [line for line in lines[1:] if line and line.partition(":")[0].strip().lower()
-                         not in ("connection", "keep-alive", "proxy-connection")]
+    hop = ("connection", "keep-alive", "proxy-connection")
+    kept = [" ".join(head.start).rstrip(" ")] + [f"{n}: {v}" for n, v in head.fields if n.lower() not in hop]
     return ("\r\n".join([*kept, "Connection: close"]) + "\r\n\r\n").encode("latin-1")
 
 
@@ -643,7 +773,7 @@ def _send(writer: asyncio.StreamWriter, data: bytes, attempt: _Attempt, way: str
     setattr(attempt, way, getattr(attempt, way) + len(data))
 
 
-async def _copy_exactly(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, length: int,
+async def _copy_exactly(reader: Any, writer: asyncio.StreamWriter, length: int,
                         attempt: _Attempt) -> None:
     while length > 0:
         data = await reader.read(min(length, _CHUNK))
@@ -654,18 +784,16 @@ async def _copy_exactly(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
         await writer.drain()
 
 
-async def _copy_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, attempt: _Attempt) -> None:
+async def _copy_chunked(reader: Any, writer: asyncio.StreamWriter, attempt: _Attempt) -> None:
+    """A chunked body, its framing checked (a malformed chunk line is a HeadError) and re-written as read."""
     while True:
-        line = await reader.readuntil(b"\r\n")
-        _send(writer, line, attempt, "sent")
-        size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+        size = await read_chunk_size(reader)
+        _send(writer, b"%x\r\n" % size, attempt, "sent")
+        await _copy_exactly(reader, writer, size, attempt)
+        await read_chunk_end(reader, size)
+        _send(writer, b"\r\n", attempt, "sent")
         if size == 0:
-            while True:  # trailers, up to the empty line
-                trailer = await reader.readuntil(b"\r\n")
-                _send(writer, trailer, attempt, "sent")
-                if trailer == b"\r\n":
-                    return
-        await _copy_exactly(reader, writer, size + 2, attempt)
+            return
 
 
 async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, attempt: _Attempt, way: str) -> bool:
@@ -702,7 +830,7 @@ async def _relay(attempt: _Attempt, reader: asyncio.StreamReader, writer: asynci
 _DENIED = "X-Execbox-Egress: denied\r\n"
 
 
-async def _answer(writer: asyncio.StreamWriter, status: int, text: str) -> None:
+async def answer(writer: asyncio.StreamWriter, status: int, text: str) -> None:
     """A short plain-text answer from the proxy itself; the connection closes after it."""
     phrase = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
               503: "Service Unavailable"}[status]
