@@ -13,11 +13,19 @@ host, made when a run first needs it, its key only in this process's memory, its
 X.509 name constraints to that host, and gone with the sandbox's proxy (``EgressProxy.close``). The sandbox
 trusts it through the proxy's CA variables (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``, ... point at a
 bundle of this host's roots, CODE_EXEC_CA_BUNDLE and these CAs). The proxy opens its own TLS connection to
-the host, verified against this host's roots (and CODE_EXEC_CA_BUNDLE), and relays the plaintext, replacing
-the placeholder by the value in what the code sends (request line, headers, bodies: the byte stream, HTTP/1.1
-only, offered by ALPN) and the value by the placeholder in what comes back (a server echoing the key). The
-two have the same length, so no length field changes. Every connection that carried a substitution lists
-the secret's name on its ``EgressAttempt`` (``secrets``), and so in the audit log.
+the host, verified against this host's roots (and CODE_EXEC_CA_BUNDLE), and relays one request and one response
+(HTTP/1.1 only, offered by ALPN; heads parsed strictly by ``core.proxy.parse_head``, bodies read by their framing,
+nothing after them; then the connection closes), replacing the placeholder by the value in the request's head
+(request line and header fields, where API keys go) and the value by the placeholder in everything that comes
+back (a server echoing the key; a chunked body is de-chunked first, and a start of the value held back is never
+let out as itself, even across a pause: at the end it becomes the placeholder's start). The two have the same
+length, so no length field changes. A secret's host:port counts as allowlisted for its run. Every connection that
+carried a substitution lists the secret's name on its ``EgressAttempt`` (``secrets``), and so in the audit log.
+
+Request bodies carry the placeholder unchanged unless the secret's destination ends with ``+body``
+(``"api.example.com+body"``, ``CODE_EXEC_EGRESS_SECRETS=NAME=api.example.com+body``). The risk that opt-in takes:
+a host that stores a body and hands it back later, to this request or another, in a form the swap back does not
+see (base64, escaped, split, compressed by the host's own logic) gives the code the real value.
 
 Exfiltration. A request that carries a placeholder anywhere else is refused before the placeholder is
 forwarded and recorded as ``allowed=False`` with the reason ``exfiltration attempt``: a ``CONNECT`` target or
@@ -64,10 +72,9 @@ _HOST_ROOTS = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bund
 Given = Mapping[str, tuple[str, "Secret | str"]]
 
 
-#: The opt-in, at the end of a secret's destination, to substitute it in request bodies too (``BODY_RISK``).
+#: The opt-in, at the end of a secret's destination, to substitute it in request bodies too (see the module's
+#: docstring for the risk it takes).
 IN_BODY = "+body"
-BODY_RISK = ("the host may store a body and hand it back later, or to another request, in a form the swap back "
-             "does not see (base64, JSON-escaped, split): then the code reads the real value")
 
 
 @dataclass(frozen=True)

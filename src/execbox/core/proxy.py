@@ -27,7 +27,9 @@ Each run gets its own socket (``start_run``), so records are per exec even when 
 once, and ``finish_run`` closes that socket and every connection still open through it. ``close`` stops
 the thread and removes the directory. The directory is named after its owner process, so gc removes one
 a killed caller left (``sweep_orphans``). Everything read from the sandbox is bounded: a request head
-(64 KiB, 30 s), open connections (256 per proxy), records (1000 per run; the rest counted).
+(64 KiB, 30 s), open connections (256 per proxy), records (1000 per run; the rest counted). Every HTTP head
+read, from the sandbox or from upstream, is parsed strictly (``parse_head``): a head one party would read
+otherwise than another (a bare LF as a line end, two lengths) is refused, never passed on.
 
 ``resolve`` is the one resolver; tests replace it (monkeypatch) to make an allowlisted name resolve to a
 listener of their own.
