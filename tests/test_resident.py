@@ -329,6 +329,8 @@ def test_the_client_hands_nothing_to_another_users_listener(tmp_path: Path) -> N
                               env=_env(**{resident.SERVER_VAR: str(path), "MY_API_KEY": "sk-12345"}))
         assert done.returncode == 0 and "version" in done.stdout, done
         assert "it is uid 65534's, not yours" in done.stderr, done.stderr
+        with socket.socket(socket.AF_UNIX) as poke:  # the client no longer connects at all: end the listener's wait
+            poke.connect(str(path))
         out, _ = evil.communicate(timeout=30)
         assert out.strip() == "0", f"the listener got {out.strip()} bytes"
     finally:
@@ -523,3 +525,127 @@ def test_two_servers_starting_at_once_over_a_stale_socket_leave_exactly_one_reac
     finally:
         for listener, _ in listening:
             listener.close()
+
+
+# --- the client checks the socket's path before it sends anything (issue 25, B6) ------------------------------
+
+
+@contextlib.contextmanager
+def recording_listener(path: str) -> Iterator[list[bytes]]:
+    """A listener of this process (uid root in CI) at ``path``; what each connection sent, listed at the end."""
+    import threading
+
+    got: list[bytes] = []
+    stop = threading.Event()
+    srv = socket.socket(socket.AF_UNIX)
+    old = os.umask(0o177)
+    try:
+        srv.bind(path)
+    finally:
+        os.umask(old)
+    srv.listen(4)
+    srv.settimeout(0.1)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(2)  # then hang up: a client waiting for an answer ends
+                data = b""
+                with contextlib.suppress(OSError):
+                    while chunk := conn.recv(65536):
+                        data += chunk
+                got.append(data)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield got
+    finally:
+        stop.set()
+        thread.join(10)
+        srv.close()
+
+
+def _in_process(path: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([EXECBOX, "--version"], capture_output=True, text=True, timeout=60,
+                          env=_env(**{resident.SERVER_VAR: path, "MY_API_KEY": "sk-12345"}))
+
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another uid")
+
+
+@pytest.mark.parametrize("case, why", [
+    ("symlink", "it is a symbolic link"),
+    pytest.param("other uid", "it is uid 65534's, not yours", marks=ROOT_ONLY),
+    ("0666", "other users may use it (mode 0666)"),
+    ("open directory", "other users may write to the directory"),
+    pytest.param("foreign directory", "on its way is uid 65534's", marks=ROOT_ONLY),
+    pytest.param("foreign link on the way", "the link 'via' on its way is uid 65534's", marks=ROOT_ONLY),
+])
+def test_a_socket_someone_else_could_have_put_there_gets_nothing(tmp_path: Path, case: str, why: str) -> None:
+    # The listener is this test's own (the caller's uid), so the peer-uid check alone passes it: what decides is
+    # the path. Another user with a link in a shared directory got root's whole environment this way.
+    where = tmp_path / "d"
+    where.mkdir(mode=0o755)
+    real = where / "real.sock"
+    path = str(real)
+    with recording_listener(str(real)) as got:
+        if case == "symlink":
+            os.symlink(real, where / "link.sock")
+            path = str(where / "link.sock")
+        elif case == "other uid":
+            os.chown(real, 65534, 65534)
+        elif case == "0666":
+            real.chmod(0o666)
+        elif case == "open directory":
+            where.chmod(0o777)
+        elif case == "foreign directory":
+            os.chown(where, 65534, 65534)
+        elif case == "foreign link on the way":
+            os.symlink(where, tmp_path / "via")
+            os.lchown(tmp_path / "via", 65534, 65534)
+            path = str(tmp_path / "via" / "real.sock")
+        done = _in_process(path)
+    assert done.returncode == 0 and "version" in done.stdout, done  # run here instead
+    assert why in done.stderr and "running without it" in done.stderr, done.stderr
+    assert got == [], f"the listener was handed {got}"
+
+
+def test_a_private_socket_in_a_sticky_shared_directory_is_used(tmp_path: Path) -> None:
+    # In /tmp another user may add a name but not replace ours: our own 0600 socket there is trusted.
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        shared.chmod(0o1777)
+        server = Server(str(shared / "execbox.sock"), _env())
+        try:
+            done = server.run("--version")
+            relative = server.run("--version", env={**server.env, resident.SERVER_VAR: "execbox.sock"}, cwd=shared)
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    for run in (done, relative):
+        assert run.returncode == 0 and "version" in run.stdout and "running without it" not in run.stderr, run
+
+
+@pytest.mark.parametrize("foreign", [pytest.param(True, marks=ROOT_ONLY), False])
+def test_a_lock_file_someone_else_may_hold_is_refused_not_waited_on(tmp_path: Path, foreign: bool) -> None:
+    import fcntl
+
+    path = tmp_path / "s.sock"
+    lock = tmp_path / "s.sock.lock"
+    lock.touch(mode=0o600)
+    if foreign:  # another user's lock file
+        os.chown(lock, 65534, 65534)
+    else:  # ours, but others may open it to read, which is all flock needs
+        lock.chmod(0o644)
+    with open(lock) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as its other user would, to hold our server's start forever
+        done = subprocess.run([EXECBOX, "serve", "--socket", str(path)], capture_output=True, text=True, timeout=60,
+                              env=_env())
+    assert done.returncode == 2 and "is not a private file of yours" in done.stderr, done
+    assert not path.exists()

@@ -14,7 +14,9 @@ a terminal, the exit status, the settings in the environment). The server itself
 connection to an engine: a child shares nothing with the server or with another child.
 
 Safety: the socket is 0600 and the server serves its own uid only (``SO_PEERCRED``): a root server never runs
-another user's command line. Lifetimes: a client that dies (SIGKILL included) closes its connection, and the
+another user's command line. The client sends nothing before it knows the socket is its own server's: every
+step of the path is this user's or root's (``socket_dir``; no link or directory another user controls), the
+socket is this user's and private, it connects through the directory it checked, and the peer is this uid. Lifetimes: a client that dies (SIGKILL included) closes its connection, and the
 server then hangs up its child's process group (SIGHUP, which the CLI handles like Ctrl-C: its sandbox is
 removed), and kills it ``KILL_GRACE_S`` later if it is still there. A child gets SIGHUP too when the server dies
 (its parent-death signal). The client forwards SIGINT, SIGTERM and SIGHUP to its child's process group.
@@ -33,6 +35,7 @@ from __future__ import annotations
 import _signal  # type: ignore[import-not-found]  # no stub: the C module under signal
 import _socket
 import os
+import stat  # imported by os already: free
 import sys
 
 #: The variable that names the server's socket (declared with the other settings as ``Settings.server``; read here
@@ -69,22 +72,99 @@ def peer_uid(sock: _socket.socket) -> int:
     return int.from_bytes(sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)[4:8], sys.byteorder)
 
 
+class UntrustedSocket(Exception):
+    """The socket at the path may not be this user's server's: why."""
+
+
+#: Symbolic links followed on the way to the socket, at most (the kernel's own limit).
+_MAX_LINKS = 40
+
+
+def socket_dir(path: str) -> tuple[int, str]:
+    """A descriptor (O_PATH) of the directory holding the socket ``path`` names, and its name there, when only this
+    user or root can have made every step of the way to it: each directory on the way (links followed) is owned by
+    one of them and writable by no one else unless sticky (in /tmp another user may add a name, never replace
+    ours), each link is owned by one of them, and the socket itself (not a link) is this user's, mode 0600 or
+    less. Else UntrustedSocket: root's environment went to any root-owned socket another user pointed a link in
+    a shared directory at (that listener's peer uid was root's too)."""
+    uid = os.getuid()
+    if not path.startswith("/"):
+        path = os.getcwd() + "/" + path
+    head, _, name = path.rpartition("/")
+    if name in ("", ".", ".."):
+        raise UntrustedSocket("it names a directory")
+    pending = [part for part in reversed(head.split("/")) if part]  # a stack: the next component last
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    links = 0
+    try:
+        _trusted_dir(fd, "/", uid)
+        while pending:
+            part = pending.pop()
+            st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if st.st_uid not in (uid, 0) or links > _MAX_LINKS:
+                    raise UntrustedSocket(f"the link {part!r} on its way is uid {st.st_uid}'s" if links <= _MAX_LINKS
+                                          else "too many links on its way")
+                target = os.readlink(part, dir_fd=fd)
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = -1
+                    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                pending += [step for step in reversed(target.split("/")) if step]
+                continue
+            # O_NOFOLLOW: a name swapped for a link since the stat fails here instead of being followed.
+            step = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = step
+            _trusted_dir(fd, part, uid)
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise UntrustedSocket("it is a symbolic link")
+        if not stat.S_ISSOCK(st.st_mode):
+            raise UntrustedSocket("it is not a socket")
+        if st.st_uid != uid:
+            raise UntrustedSocket(f"it is uid {st.st_uid}'s, not yours")
+        if st.st_mode & 0o077:
+            raise UntrustedSocket(f"other users may use it (mode {stat.S_IMODE(st.st_mode):04o})")
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    return fd, name
+
+
+def _trusted_dir(fd: int, name: str, uid: int) -> None:
+    st = os.fstat(fd)
+    if st.st_uid not in (uid, 0):
+        raise UntrustedSocket(f"the directory {name!r} on its way is uid {st.st_uid}'s")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise UntrustedSocket(f"other users may write to the directory {name!r} on its way "
+                              f"(mode {stat.S_IMODE(st.st_mode):04o})")
+
+
 def forward(path: str, argv: list[str]) -> int | None:
     """Run the command line ``argv`` on the server at ``path``, with this process's standard streams, working
     directory, umask and environment; its exit status. None when no server of this user answers there: then
     nothing was sent, and the caller runs the command itself."""
     open_standard_fds()
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    where = -1
     try:
-        sock.connect(path)
+        where, name = socket_dir(path)
+        # Through the directory checked, not the path again: what is connected to is what was checked.
+        sock.connect(f"/proc/self/fd/{where}/{name}")
         uid = peer_uid(sock)
-    except OSError as exc:
+    except (OSError, UntrustedSocket) as exc:
         sock.close()
-        _without(path, exc.strerror or str(exc))
+        _without(path, exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc))
         return None
+    finally:
+        if where >= 0:
+            os.close(where)
     if uid != os.getuid():  # whoever could make that path would get the environment, streams and directory
         sock.close()
-        _without(path, f"it is uid {uid}'s, not yours")
+        _without(path, f"it is served by uid {uid}, not by you")
         return None
     umask = os.umask(0o022)
     os.umask(umask)

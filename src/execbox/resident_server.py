@@ -123,12 +123,18 @@ def _listen(path: str) -> tuple[socket.socket, int]:
     """A listening socket at ``path``, 0600. A stale socket there (no server answers) is replaced; anything else
     there is left alone and refused. Under a lock beside it (``PATH.lock``): two servers starting at once would
     otherwise both find the stale socket, and the second would unlink the first one's new socket, leaving that
-    server listening where nobody can reach it."""
+    server listening where nobody can reach it. The lock must be ours and private: a lock file another user made
+    (or may open: flock needs only read access) would let them hold our start forever."""
     try:
-        lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise ServeError(f"cannot lock {path}.lock: {exc.strerror or exc}") from exc
     try:
+        st = os.fstat(lock)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise ServeError(f"{path}.lock is not a private file of yours (uid {st.st_uid}, mode "
+                             f"{stat.S_IMODE(st.st_mode):04o}): whoever may open it can hold this server's start; "
+                             "remove it, or give `execbox serve` another path")
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _listen_locked(path)
     finally:
