@@ -16,9 +16,11 @@ connection to an engine: a child shares nothing with the server or with another 
 Safety: the socket is 0600 and the server serves its own uid only (``SO_PEERCRED``): a root server never runs
 another user's command line. The client sends nothing before it knows the socket is its own server's: every
 step of the path is this user's or root's (``socket_dir``; no link or directory another user controls), the
-socket is this user's and private, it connects through the directory it checked, and the peer is this uid. Lifetimes: a client that dies (SIGKILL included) closes its connection, and the
-server then hangs up its child's process group (SIGHUP, which the CLI handles like Ctrl-C: its sandbox is
-removed), and kills it ``KILL_GRACE_S`` later if it is still there. A child gets SIGHUP too when the server dies
+socket is this user's and private, it connects through the directory it checked, and the peer is this uid.
+
+Lifetimes: a client that dies (SIGKILL included) closes its connection, and the server then hangs up its child's
+process group (SIGHUP, which the CLI handles like Ctrl-C: its sandbox is removed), and kills it ``KILL_GRACE_S``
+later if it is still there. A child gets SIGHUP too when the server dies
 (its parent-death signal). The client forwards SIGINT, SIGTERM and SIGHUP to its child's process group.
 
 The wire: the client sends a 4-byte length with four descriptors (stdin, stdout, stderr, working directory),
