@@ -85,9 +85,13 @@ def test_pip_is_given_names_only_after_an_end_of_options(tmp_path: Path, monkeyp
     monkeypatch.setattr(packages, "_pip", lambda args: seen.append(args) or subprocess.CompletedProcess(args, 0))
     target = packages.PythonTarget.parse("3 11 x86_64 glibc 2.36")
     packages.pip_download(packages.read_requirements(reqs_file(tmp_path, "rich==13.7.1\nnumpy\n")), tmp_path, target)
-    args = seen[0]
-    assert "--only-binary=:all:" in args and "-r" not in args
-    assert args[args.index("--"):] == ["--", "rich==13.7.1", "numpy"]
+    # A plugin's requirement_files too: read and checked, pip gets the names.
+    packages.pip_download(["rich==13.7.1"], tmp_path, target, requirement_files=[reqs_file(tmp_path, "numpy\n")])
+    for args in seen:
+        assert "--only-binary=:all:" in args and "-r" not in args
+        assert args[args.index("--"):] == ["--", "rich==13.7.1", "numpy"]
+    with pytest.raises(ConfigError, match=":1: refused"):
+        packages.pip_download([], tmp_path, target, requirement_files=[reqs_file(tmp_path, "-e .\n")])
     with pytest.raises(ConfigError):
         packages.pip_download(["-r/etc/passwd"], tmp_path, target)
 

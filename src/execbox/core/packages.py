@@ -217,15 +217,20 @@ def _finish(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
 
 
 def pip_download(requirements: Sequence[str], dest: Path, target: PythonTarget, *,
-                 find_links: Sequence[Path] = (), no_index: bool = False) -> subprocess.CompletedProcess[str]:
+                 requirement_files: Sequence[Path] = (), find_links: Sequence[Path] = (),
+                 no_index: bool = False) -> subprocess.CompletedProcess[str]:
     """``pip download`` on the host into ``dest``: wheels only, for ``target``, with the host's pip settings, of
-    ``requirements`` as ``check_requirements`` passed them (``read_requirements`` for a file's)."""
+    ``requirements`` and the lines of ``requirement_files``, each checked (``check_requirements``,
+    ``read_requirements``): pip gets names and versions on its command line, never a file."""
+    checked = check_requirements(requirements)
+    for path in requirement_files:
+        checked += read_requirements(path)
     args = ["download", "--dest", str(dest.absolute()), "--progress-bar", "off", *target.pip_args()]
     for path in find_links:
         args += ["--find-links", str(path.absolute())]
     if no_index:
         args.append("--no-index")
-    return _pip([*args, "--", *check_requirements(requirements)])
+    return _pip([*args, "--", *checked])
 
 
 @dataclass
