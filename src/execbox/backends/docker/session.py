@@ -27,6 +27,7 @@ import contextlib
 import math
 import os
 import re
+import socket
 import stat
 import tempfile
 import threading
@@ -47,7 +48,7 @@ from execbox.backends.docker.hardening import (
     parse_user,
     security_opt,
 )
-from execbox.backends.docker.stream import close, drain, hijacked, pump
+from execbox.backends.docker.stream import close, hijacked, pump
 from execbox.plugin import (
     ARMED,
     BackendUnavailableError,
@@ -87,7 +88,9 @@ L_WORKSPACE = "io.execbox.workspace"
 
 HOME = "/tmp"
 WORKSPACE_PREFIX = "execbox-docker-"
-_GRACE_S = 3.0  # after a kill: how long the stream may take to close
+_GRACE_S = 3.0  # after a command's end: how long its exec may take to report its exit code
+# A helper exec (the kill at a deadline, the OOM count): how long it may take before the session is judged broken.
+_QUICK_S = 10.0
 # How long past its deadline the in-container backstop kills a command. Long enough that the host's own
 # deadline always comes first while the caller lives (results keep their timed_out), short enough that a
 # dead caller's run ends soon after its deadline.
@@ -131,21 +134,6 @@ def orphaned_workspaces() -> list[str]:
     return found
 
 
-def _stream(sock_io: Any, stdin: bytes, deadline: float, out: BoundedCapture, err: BoundedCapture,
-            kill: Callable[[], object]) -> bool:
-    """Feed stdin and capture the output of a hijacked attach/exec socket until EOF or the deadline (then
-    ``kill`` and what is left for a moment); the socket is closed either way. True if the deadline came first."""
-    sock, leftover = hijacked(sock_io)
-    try:
-        timed_out = pump(sock, leftover, stdin, deadline, out, err)
-        if timed_out:
-            kill()
-            drain(sock, out, err, _GRACE_S)
-        return timed_out
-    finally:
-        close(sock_io, sock)
-
-
 @dataclass
 class Plan:
     """What every container of a session is made of."""
@@ -187,6 +175,8 @@ class DockerSession(Session):
         self._armed: Any = None  # a one-shot's attach socket, its container waiting for the command
         self._armed_exec: tuple[str, Any] | None = None  # a session's first exec, waiting for its command
         self._oom_seen = 0
+        self._streams: set[socket.socket] = set()  # the attach/exec sockets being read now (close() cuts them)
+        self._broken: str | None = None  # why the container can no longer be trusted to run another exec
         # Network mode proxy: the session's egress proxy; its directory is bound read-only at /run/execbox.
         self.egress: proxy.EgressProxy | None = None
 
@@ -283,6 +273,28 @@ class DockerSession(Session):
         with self._lock:
             self._containers.discard(container_id)
 
+    def _stream(self, sock_io: Any, stdin: bytes, deadline: float, out: BoundedCapture, err: BoundedCapture,
+                kill: Callable[[], object]) -> bool:
+        """Feed stdin and capture the output of a hijacked attach/exec socket until EOF or the deadline; True if
+        the deadline came first, and then the socket is closed before ``kill`` runs.
+
+        Closed first because the engine (20.10 at least) ends an exec only once all its output has reached the
+        client, and handles one container's events one at a time: with the unread stream of a program that
+        keeps printing, the kill's own exec, a removal, any later exec of that container waits forever. What
+        the program prints after its deadline is not wanted."""
+        sock, leftover = hijacked(sock_io)
+        with self._lock:
+            self._streams.add(sock)
+        try:
+            timed_out = pump(sock, leftover, stdin, deadline, out, err)
+        finally:
+            with self._lock:
+                self._streams.discard(sock)
+            close(sock_io, sock)
+        if timed_out:
+            kill()
+        return timed_out
+
     # -- starting: a session's keep-alive, or a one-shot's armed container --
 
     def start(self) -> None:
@@ -307,7 +319,8 @@ class DockerSession(Session):
         if not self.spec.oneshot:
             # The first exec armed ahead (a warm-pool member's only one): its process is started now, so the run
             # costs no `docker exec` (~30 ms); later execs start their own.
-            self._armed_exec = self._start_exec(["/bin/sh", "-c", ARMED], sandbox_env({}, home=HOME), WORKSPACE)
+            self._armed_exec = self._start_exec(["/bin/sh", "-c", ARMED], sandbox_env({}, home=HOME), WORKSPACE,
+                                                self.plan.user)
 
     # -- running --
 
@@ -370,7 +383,7 @@ class DockerSession(Session):
         def kill() -> None:
             with contextlib.suppress(Exception):
                 self.backend.call(lambda c: c.api.kill(container_id))
-        timed_out = _stream(sock_io, script + (request.stdin or b""), started + request.timeout, out, err, kill)
+        timed_out = self._stream(sock_io, script + (request.stdin or b""), started + request.timeout, out, err, kill)
         exit_code, oom = self._exit_state(container_id)
         duration = time.monotonic() - started
         # The container is removed with the session (close): for a pool member, after the result is returned.
@@ -409,6 +422,8 @@ class DockerSession(Session):
         return int(code), False
 
     def _exec_in_session(self, request: ExecSpec, door: proxy.ProxyRun | None = None) -> ExecResult:
+        if self._broken:
+            raise SandboxError(f"this session is broken: {self._broken}. Open a new sandbox", backend="docker")
         command, env = self._command(request, door)
         out, err = request.captures()
         script = armed_script(command, env, request.workdir, backend="docker")
@@ -418,33 +433,41 @@ class DockerSession(Session):
             exec_id, sock_io = armed
             stdin = script + (request.stdin or b"")
         else:
-            exec_id, sock_io = self._start_exec(command, env, request.workdir)
+            exec_id, sock_io = self._start_exec(command, env, request.workdir, self.plan.user)
             stdin = request.stdin or b""
         started = time.monotonic()
-        timed_out = _stream(sock_io, stdin, started + request.timeout, out, err, self._kill_sandbox_user)
-        exit_code = self._exec_exit_code(exec_id)
+        timed_out = self._stream(sock_io, stdin, started + request.timeout, out, err, self._kill_sandbox_user)
+        exit_code = None if timed_out else self._exec_exit_code(exec_id)  # a timed-out result has its own code
         duration = time.monotonic() - started
         oom = exit_code == 137 and not timed_out and self._new_oom_kills()
         return build_result(exit_code=exit_code, stdout=out, stderr=err, timed_out=timed_out, oom_killed=oom,
                             duration_s=duration)
 
-    def _start_exec(self, command: list[str], env: dict[str, str], workdir: str) -> tuple[str, Any]:
-        """``command`` started in the session's container as the sandbox user: (exec id, its hijacked socket)."""
+    def _start_exec(self, command: list[str], env: dict[str, str], workdir: str, user: str) -> tuple[str, Any]:
+        """``command`` started in the session's container as ``user``: (exec id, its hijacked socket)."""
         cid = self._keeper_id
         exec_id: str = self.backend.call(lambda c: c.api.exec_create(
-            cid, command, stdin=True, stdout=True, stderr=True, user=self.plan.user, environment=env,
+            cid, command, stdin=True, stdout=True, stderr=True, user=user, environment=env,
             workdir=workdir))["Id"]
         return exec_id, self.backend.call(lambda c: c.api.exec_start(exec_id, socket=True))
 
-    def _quick_exec(self, argv: list[str], user: str) -> bytes:
-        cid = self._keeper_id
-        result = self.backend.call(lambda c: c.containers.get(cid).exec_run(argv, user=user, demux=False))
-        return result.output or b""
+    def _quick_exec(self, argv: list[str], user: str) -> bytes | None:
+        """``argv``'s output, or None when it did not end within _QUICK_S. Read like any exec, with a deadline:
+        docker-py's exec_run reads its output with no timeout at all."""
+        _, sock_io = self._start_exec(argv, {}, "/", user)
+        out, err = BoundedCapture(1 << 16), BoundedCapture(1 << 16)
+        if self._stream(sock_io, b"", time.monotonic() + _QUICK_S, out, err, lambda: None):
+            return None
+        return out.getvalue()
 
     def _kill_sandbox_user(self) -> None:
         # Every process of the sandbox uid, setsid'd grandchildren and fork bombs included (kill(-1) is atomic
         # against fork). PID 1 and the keep-alive run as another uid, so the session survives.
-        self._quick_exec(["/bin/sh", "-c", "kill -9 -1"], self.plan.user)
+        if self._quick_exec(["/bin/sh", "-c", "kill -9 -1"], self.plan.user) is None:
+            # The kill did not come back: whatever it left running, the container goes with it.
+            self._broken = f"the kill at a deadline did not finish within {_QUICK_S:g} s"
+            with contextlib.suppress(Exception):
+                self.backend.call(lambda c: c.api.kill(self._keeper_id))
 
     def _exec_exit_code(self, exec_id: str) -> int:
         deadline = time.monotonic() + _GRACE_S
@@ -458,7 +481,7 @@ class DockerSession(Session):
     def _new_oom_kills(self) -> bool:
         """Did the memory cgroup kill something since we last looked? (cgroup v1 oom_control, v2 memory.events)"""
         script = "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null"
-        text = self._quick_exec(["/bin/sh", "-c", script], self.plan.keeper).decode()
+        text = (self._quick_exec(["/bin/sh", "-c", script], self.plan.keeper) or b"").decode()
         match = re.search(r"^oom_kill (\d+)", text, re.MULTILINE)
         if not match:
             return False
@@ -484,6 +507,12 @@ class DockerSession(Session):
             containers = list(self._containers)
             unused = (self._armed, self._armed_exec[1] if self._armed_exec else None)  # armed, never used
             self._armed = self._armed_exec = None
+            streaming = list(self._streams)
+        # A stream still being read (an abandoned exec's) is cut first: unread, it would hold the removal
+        # (see _stream). Shut down, not closed: the thread reading it closes it.
+        for sock in streaming:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         for sock_io in unused:
             if sock_io is not None:
                 with contextlib.suppress(Exception):

@@ -113,10 +113,3 @@ def pump(sock: socket.socket, leftover: bytes, stdin: bytes | None, deadline: fl
                     demux.feed(view[:n])
     finally:
         sel.close()
-
-
-def drain(sock: socket.socket, out: BoundedCapture, err: BoundedCapture, seconds: float) -> None:
-    """After a kill: read what is left for a moment so the stream closes cleanly; never block."""
-    with contextlib.suppress(OSError):
-        pump(sock, b"", None, time.monotonic() + seconds, out, err)
-
