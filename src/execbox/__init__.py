@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
     from execbox.core.errors import (
+        BackendTimeoutError,
         BackendUnavailableError,
         BusyError,
         ConfigError,
@@ -56,9 +57,10 @@ if TYPE_CHECKING:
 # `from execbox import hookimpl` loads only what it names, not the runner, every model and their dependencies.
 _LAZY = {
     **dict.fromkeys(["ExecutionBackend", "Session", "SessionSpec", "Verdict"], "execbox.core.backend"),
-    **dict.fromkeys(["BackendUnavailableError", "BusyError", "ConfigError", "ExecboxError", "FileTooLargeError",
-                     "NotASandboxError", "PluginError", "RefusedError", "SandboxError", "SecretFileError",
-                     "TransferTooLargeError", "UnsupportedPolicyError", "WorkspacePathError"], "execbox.core.errors"),
+    **dict.fromkeys(["BackendTimeoutError", "BackendUnavailableError", "BusyError", "ConfigError", "ExecboxError",
+                     "FileTooLargeError", "NotASandboxError", "PluginError", "RefusedError", "SandboxError",
+                     "SecretFileError", "TransferTooLargeError", "UnsupportedPolicyError", "WorkspacePathError"],
+                    "execbox.core.errors"),
     **dict.fromkeys(["PluginWarning", "hookimpl"], "execbox.core.hookspecs"),
     **dict.fromkeys(["Capabilities", "CellError", "CellResult", "DisplayData", "EgressAttempt", "ExecRequest",
                      "ExecResult", "FileInfo", "Limits", "Mount", "Transfer"], "execbox.core.models"),
@@ -91,6 +93,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AsyncRunner",
     "AsyncSandbox",
+    "BackendTimeoutError",
     "BackendUnavailableError",
     "BusyError",
     "Capabilities",

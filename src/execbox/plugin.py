@@ -42,7 +42,8 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
                      (PREFIX + pid-start + random names, and reading them back), orphaned_dirs (those of dead owners)
                      ExecutionBackend.sweeps_on_first_use (gc after the first check of each process; the scope
                      of one sweep: sweep_scope)
-    errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError, ...)
+    errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError,
+                     BackendTimeoutError: what a backend call that never returns becomes, see core.backend.bounded)
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from execbox.core import disk, egress, packages, probecache, proxy, remote, secc
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
 from execbox.core.envpolicy import filter_env, host_env, sandbox_env
 from execbox.core.errors import (
+    BackendTimeoutError,
     BackendUnavailableError,
     ConfigError,
     ExecboxError,
@@ -115,13 +117,15 @@ from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
 # from the docker backend), start_process, finish_process, stop_process; Session.arm (the warm pool's call);
 # ExecutionBackend.sweeps_on_first_use and sweep_scope; HostWorkspaceSession names its directory for gc, and
 # sweep_orphaned_workspaces removes those of dead owners. 1.6: disk.mount_sized_soon (the sized workspace made in
-# the background while the backend starts what does not need it).
-KIT_VERSION = "1.6"
+# the background while the backend starts what does not need it). 1.7: BackendTimeoutError (the runner bounds every
+# backend call: a call that does not return within its bound is abandoned, its sandbox closed and marked broken).
+KIT_VERSION = "1.7"
 
 __all__ = [
     "ARMED",
     "KIT_VERSION",
     "BackendSettings",
+    "BackendTimeoutError",
     "BackendUnavailableError",
     "BoundedCapture",
     "Capabilities",

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from execbox.core import audit as audit_log
 from execbox.core import egress_secrets, packages, secrets_inject, transfer
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec, bounded, broken, close_bounded
 from execbox.core.envpolicy import filter_env
 from execbox.core.errors import (
     BackendUnavailableError,
@@ -65,6 +65,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 LOCAL_FALLBACK = "local_subprocess"
+#: How long a stopped event-loop thread may take to end once its portal has stopped (its own work is done by then).
+LOOP_EXIT_S = 10.0
 
 
 def _request(**kw: Any) -> ExecRequest:
@@ -296,8 +298,7 @@ class AsyncRunner:
                 session = None if mounts else self.pool.take(impl, spec)
                 pooled = session is not None
                 if session is None:
-                    with backend_errors(impl.name):
-                        session = await impl.open_session(spec)
+                    session = await _open(impl, spec)
                 session.session_spec = spec
                 try:
                     for local, remote in uploads:
@@ -313,8 +314,8 @@ class AsyncRunner:
                     if pooled:
                         await self.pool.discard(session)  # used once; removed in the background
                     else:
-                        with anyio.CancelScope(shield=True):
-                            await session.close()
+                        with backend_errors(impl.name):
+                            await close_bounded(session, impl)
             notes = result.notes
             if self.pool.active and not pooled and impl.name in self.pool.errors:
                 notes = [*notes, f"warm pool: starting a {impl.name} sandbox ahead failed "
@@ -353,8 +354,9 @@ class AsyncRunner:
         rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
         _not_mounted(session, rel, "upload to")
         with backend_errors(backend.name):
-            return await transfer.upload_path(session, _text(os.fspath(local), "local path"), rel,
-                                              limits=self.transfer_limits)
+            return await bounded(transfer.upload_path(session, _text(os.fspath(local), "local path"), rel,
+                                                      limits=self.transfer_limits),
+                                 _files_s(backend), backend=backend, doing="an upload", session=session)
 
     async def download_from(self, backend: ExecutionBackend, session: Session, remote: str, local: str,
                             redactor: secrets_inject.Redactor | None = None) -> Transfer:
@@ -363,8 +365,9 @@ class AsyncRunner:
         rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
         _not_mounted(session, rel, "download")
         with secrets_inject.redacting(redactor), backend_errors(backend.name):
-            moved = await transfer.download_path(session, rel, _text(os.fspath(local), "local path"),
-                                                 limits=self.transfer_limits)
+            moved = await bounded(transfer.download_path(session, rel, _text(os.fspath(local), "local path"),
+                                                         limits=self.transfer_limits),
+                                  _files_s(backend), backend=backend, doing="a download", session=session)
         if redactor is not None:
             moved = moved.model_copy(update={"skipped": [redactor.redact_text(s) for s in moved.skipped]})
         return moved
@@ -376,8 +379,10 @@ class AsyncRunner:
         if not request.collect:
             return result
         with backend_errors(backend.name):
-            files, notes = await transfer.collect(session, list(request.collect), limits=self.transfer_limits,
-                                                  max_bytes=self.settings.max_read_bytes)
+            files, notes = await bounded(
+                transfer.collect(session, list(request.collect), limits=self.transfer_limits,
+                                 max_bytes=self.settings.max_read_bytes),
+                _files_s(backend), backend=backend, doing="collecting files", session=session)
         result = result.model_copy(update={"files": files, "notes": [*result.notes, *notes]})
         return secrets_inject.redact_result(result, secrets_inject.redactor_for(request.secrets), result.secrets)
 
@@ -492,6 +497,18 @@ def _sandbox_secrets(secrets: Mapping[str, Any] | None, *, egress: bool = False)
         raise ConfigError(f"invalid {'secrets_at_egress' if egress else 'secrets'}: {exc}") from None
 
 
+async def _open(backend: ExecutionBackend, spec: SessionSpec) -> Session:
+    """A new sandbox, within CODE_EXEC_OPEN_TIMEOUT_SEC; one that opens after that is closed when it does."""
+    with backend_errors(backend.name):
+        return await bounded(backend.open_session(spec), backend.settings.open_timeout_sec, backend=backend,
+                             doing="open_session", late=lambda late: close_bounded(late, backend))
+
+
+def _files_s(backend: ExecutionBackend) -> float:
+    """The bound of one file call or transfer: the longest run, and the grace."""
+    return backend.settings.max_timeout_sec + backend.settings.backend_grace_sec
+
+
 def _enough_threads(slots: int) -> None:
     """Backends block in worker threads; anyio's default of 40 per loop must not become a second, hidden cap."""
     limiter = anyio.to_thread.current_default_thread_limiter()
@@ -557,7 +574,8 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
     argv, files = request.materialize(session.workspace)
     for path, data in files.items():
         with backend_errors(backend.name):
-            await session.write_file(normalize(path, session.workspace), data)
+            await bounded(session.write_file(normalize(path, session.workspace), data), _files_s(backend),
+                          backend=backend, doing="write_file", session=session)
     if request.workdir:
         workdir = posixpath.join(session.workspace, normalize(request.workdir, session.workspace))
         # The backend starts in the workspace; a workdir below it is created (if missing) and entered inside
@@ -574,8 +592,8 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
     spec = ExecSpec(argv=secrets.argv, env=secrets.env, stdin=secrets.stdin, workdir=session.workspace,
                     timeout=request.timeout, max_output_bytes=request.max_output_bytes, network=request.network,
                     limits=request.limits, on_output=output.feed if output else None)
-    with secrets.active(), backend_errors(backend.name):
-        result = await session.exec(spec)
+    with secrets.active():
+        result = await _session_exec(backend, session, spec)
     result = result.model_copy(update={
         "backend": backend.name, "filtered_env": dropped, "notes": [*result.notes, *backend.notes()],
     })
@@ -610,9 +628,10 @@ async def _exec_audited(audit: audit_log.AuditLog, backend: ExecutionBackend, se
 
 
 async def _session_exec(backend: ExecutionBackend, session: Session, spec: ExecSpec) -> ExecResult:
-    """One exec of a sandbox's own machinery (run_cell's interpreter), with the backend's errors translated."""
+    """One exec, with the backend's errors translated, bounded by its timeout and CODE_EXEC_BACKEND_GRACE_SEC."""
     with backend_errors(backend.name):
-        return await session.exec(spec)
+        return await bounded(session.exec(spec), spec.timeout + backend.settings.backend_grace_sec, backend=backend,
+                             doing="exec", session=session)
 
 
 def _cell_fields(result: CellResult, audit: audit_log.AuditLog) -> dict[str, Any]:
@@ -675,8 +694,7 @@ class AsyncSandbox:
         _enough_threads(self.runner.slots.total)
         self.queued_s = await self.runner.slots.acquire(self.runner.settings.queue_timeout_sec, "this sandbox")
         try:
-            with backend_errors(self.backend.name):
-                self._session = await self.backend.open_session(spec)
+            self._session = await _open(self.backend, spec)
         except BaseException:
             self.runner.slots.release()
             raise
@@ -721,8 +739,9 @@ class AsyncSandbox:
         if self._session is not None:
             session, self._session = self._session, None
             try:
-                with anyio.CancelScope(shield=True):
-                    await session.close()
+                assert self.backend is not None
+                with backend_errors(self.backend.name):
+                    await close_bounded(session, self.backend)
             finally:
                 self.runner.slots.release()
                 await self.runner.audit.arecord("sandbox.close", session=self.id,
@@ -732,6 +751,10 @@ class AsyncSandbox:
         if self._session is None or self.backend is None:
             raise SandboxError("this sandbox is not open (closed already, or never entered): use it as "
                                "`async with runner.sandbox() as sb:` and call it inside that block")
+        why = broken(self._session)
+        if why is not None:
+            raise SandboxError(f"this sandbox is broken and was closed: {why}. Open another sandbox",
+                               backend=self.backend.name)
         return self.backend, self._session
 
     async def execute(self, request: ExecRequest, *, output: LiveOutput | None = None) -> ExecResult:
@@ -840,7 +863,8 @@ class AsyncSandbox:
         backend, session = self._live()
         rel, content = normalize(_text(path, "path"), session.workspace), _bytes(data, "data")
         with backend_errors(backend.name):
-            await session.write_file(rel, content)
+            await bounded(session.write_file(rel, content), _files_s(backend), backend=backend, doing="write_file",
+                          session=session)
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """The file's bytes; one over ``max_bytes`` (at most CODE_EXEC_MAX_READ_BYTES) is refused unread
@@ -851,7 +875,8 @@ class AsyncSandbox:
         rel = normalize(path, session.workspace)
         cap = min(max_bytes or self.runner.settings.max_read_bytes, self.runner.settings.max_read_bytes)
         with backend_errors(backend.name):
-            return await session.read_file(rel, cap)
+            return await bounded(session.read_file(rel, cap), _files_s(backend), backend=backend, doing="read_file",
+                                 session=session)
 
     async def list_files(self, path: str = ".", *, recursive: bool = False) -> list[FileInfo]:
         """What is in the directory ``path`` of the workspace (everything below it with ``recursive``): names,
@@ -859,7 +884,9 @@ class AsyncSandbox:
         backend, session = self._live()
         rel = normalize(_text(path, "path"), session.workspace, allow_root=True)
         with secrets_inject.redacting(self._redactor()), backend_errors(backend.name):
-            found = await session.list_files(rel, recursive=bool(recursive), limits=self.runner.transfer_limits)
+            found = await bounded(session.list_files(rel, recursive=bool(recursive),
+                                                     limits=self.runner.transfer_limits),
+                                  _files_s(backend), backend=backend, doing="list_files", session=session)
         return secrets_inject.redact_listing(found, self._redactor())
 
     def _redactor(self) -> secrets_inject.Redactor | None:
@@ -984,7 +1011,9 @@ class _LoopThread:
         """Stop the loop (cancelling what still runs in it when ``cancel``) and wait for its thread."""
         with contextlib.suppress(RuntimeError):  # stopped already
             self.portal.call(self.portal.stop, cancel)
-        self._thread.join()
+        # What the loop still runs now are backend calls the runner abandoned (core.backend.bounded), which the
+        # loop's end would wait for: a call deaf to cancellation would hang this for ever. The thread is a daemon.
+        self._thread.join(LOOP_EXIT_S)
 
     def shut(self, *closers: Callable[[], Awaitable[object]], cancel: bool = False) -> None:
         """Run ``closers`` in the loop, then stop it: a facade's clean-up."""

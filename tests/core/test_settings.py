@@ -41,6 +41,7 @@ def test_env_vars_lists_every_knob_with_its_default() -> None:
     assert rows == {
         "CODE_EXEC_BACKEND": "auto", "SHELL_BACKEND": None, "CODE_EXEC_LOCAL": False, "CODE_EXEC_ENABLED": False,
         "CODE_EXEC_NETWORK": "none", "CODE_EXEC_MAX_OUTPUT_BYTES": 100_000, "CODE_EXEC_MAX_TIMEOUT_SEC": 30.0,
+        "CODE_EXEC_BACKEND_GRACE_SEC": 30.0, "CODE_EXEC_OPEN_TIMEOUT_SEC": 300.0,
         "CODE_EXEC_EGRESS_ALLOW": [], "CODE_EXEC_EGRESS_DEFAULTS": True, "CODE_EXEC_CA_BUNDLE": None,
         "CODE_EXEC_EGRESS_SECRETS": [],
         "CODE_EXEC_SECRET_FILES": [], "CODE_EXEC_MEMORY_MB": 1024, "CODE_EXEC_CPUS": 1.0,

@@ -8,22 +8,24 @@ The runner places files, applies the policy and the guard; backends only run wha
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import os
 import posixpath
 import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, TypeVar
 
 import anyio
 
 from execbox.core import transfer
-from execbox.core.errors import BackendUnavailableError, ConfigError
+from execbox.core.errors import BackendTimeoutError, BackendUnavailableError, ConfigError
 from execbox.core.models import (
     Capabilities,
     ExecRequest,
@@ -40,6 +42,8 @@ from execbox.core.transfer import TransferLimits
 
 #: How long a successful ``check()`` answer is trusted, per backend instance.
 CHECK_TTL_S = 30.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -268,3 +272,97 @@ class ExecutionBackend(ABC):
     async def gc(self) -> list[str]:
         """Remove expired or orphaned resources this backend created (only its own). Returns what was removed."""
         return []
+
+
+# --- the runner's bound on every backend call -------------------------------------------------------------------
+
+#: Calls given up on, kept referenced until they end (a backend may ignore cancellation for ever).
+_abandoned: set[asyncio.Future[Any]] = set()
+#: Sessions whose call overran its bound, and why: closed once already, and broken for any later call.
+_broken: weakref.WeakKeyDictionary[Session, str] = weakref.WeakKeyDictionary()
+
+
+def broken(session: Session) -> str | None:
+    """Why this session is broken (a call on it overran its bound and it was closed), or None."""
+    return _broken.get(session)
+
+
+def _abandon(task: asyncio.Future[Any], late: Callable[[Any], Awaitable[object]] | None = None) -> None:
+    def ended(done: asyncio.Future[Any]) -> None:
+        _abandoned.discard(done)
+        if done.cancelled() or done.exception() is not None:  # retrieved: nobody else will
+            return
+        if late is not None:  # e.g. a sandbox that opened after all: nobody will use it, so it is closed
+            cleanup = asyncio.ensure_future(late(done.result()))
+            _abandoned.add(cleanup)
+            cleanup.add_done_callback(ended)
+
+    task.cancel()
+    _abandoned.add(task)
+    task.add_done_callback(ended)
+
+
+async def bounded(call: Awaitable[T], seconds: float, *, backend: ExecutionBackend, doing: str,
+                  session: Session | None = None, late: Callable[[T], Awaitable[object]] | None = None) -> T:
+    """``await call``, for at most ``seconds``: the one bound the runner puts on every backend call (open, exec,
+    file calls, close), so that a backend that never returns cannot hang its caller.
+
+    The call runs as a task of its own. Past ``seconds`` it is cancelled and abandoned, not waited for (a backend
+    may ignore cancellation, or block in a thread): ``session``, if given, is closed under its own bound and marked
+    broken (``broken``), ``late`` gets what the call returns if it ever does (a sandbox opened too late is closed),
+    and BackendTimeoutError names the backend and the call. A caller cancelled meanwhile cancels the call and waits
+    for it (its clean-up: the sandbox's processes killed) at most CODE_EXEC_BACKEND_GRACE_SEC. Costs a task and a
+    timer per call (a few microseconds)."""
+    task = asyncio.ensure_future(call)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=seconds)
+    except BaseException:
+        if not task.done():
+            task.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait((task,), timeout=backend.settings.backend_grace_sec)
+        if task.done():
+            if not task.cancelled():
+                task.exception()  # retrieved: the caller's cancellation is what propagates
+        else:
+            _abandon(task, late)
+        raise
+    if done:
+        return task.result()
+    _abandon(task, late)
+    what = f"backend {backend.name!r} did not return from {doing} within {seconds:g} s"
+    if session is not None:
+        await close_bounded(session, backend, reason=what)
+        what += "; the call was abandoned and its sandbox closed (any later call on it fails)"
+    else:
+        what += "; the call was abandoned"
+    raise BackendTimeoutError(f"{what}. The backend is stuck or far slower than its bound (CODE_EXEC_BACKEND_GRACE_SEC "
+                              "past the timeout; CODE_EXEC_OPEN_TIMEOUT_SEC to open): report it to its maintainers",
+                              backend=backend.name, env_var="CODE_EXEC_BACKEND_GRACE_SEC")
+
+
+async def close_bounded(session: Session, backend: ExecutionBackend, *, reason: str | None = None) -> None:
+    """Close ``session``, shielded from the caller's cancellation and given up after CODE_EXEC_BACKEND_GRACE_SEC
+    (BackendTimeoutError). With ``reason`` (a call on it overran), the session is marked broken and a failing close
+    is not raised: the overrun is what the caller hears. A session closed that way is not closed again."""
+    if session in _broken:
+        return
+    if reason is not None:
+        _broken[session] = reason
+    seconds = backend.settings.backend_grace_sec
+    task = asyncio.ensure_future(session.close())
+    with anyio.CancelScope(shield=True):
+        done, _ = await asyncio.wait((task,), timeout=seconds)
+    if done:
+        if reason is None:
+            task.result()
+        else:
+            with contextlib.suppress(Exception):
+                task.result()
+        return
+    _abandon(task)
+    _broken.setdefault(session, f"backend {backend.name!r} did not close it within {seconds:g} s")
+    if reason is None:
+        raise BackendTimeoutError(f"backend {backend.name!r} did not return from close within {seconds:g} s; the close "
+                                  "was abandoned (what it leaves, its gc removes). Report it to its maintainers",
+                                  backend=backend.name, env_var="CODE_EXEC_BACKEND_GRACE_SEC")

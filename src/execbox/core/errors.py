@@ -11,6 +11,8 @@
     │                             missing (CLI exit 126; never retryable)
     ├── BusyError                 every sandbox slot stayed taken for the queue timeout (retryable)
     └── SandboxError              a sandbox broke while in use (connection dropped, container vanished)
+        ├── BackendTimeoutError   a backend call did not return within its bound (the request's timeout plus
+        │                         CODE_EXEC_BACKEND_GRACE_SEC): abandoned, its sandbox closed and marked broken
         ├── WorkspacePathError    a path escapes the workspace (``..``, absolute, or a planted symlink)
         ├── FileTooLargeError     a file to read back is larger than the read cap (CODE_EXEC_MAX_READ_BYTES)
         └── TransferTooLargeError an upload, download or listing is over its bounds (bytes, entries, depth)
@@ -100,6 +102,14 @@ class BusyError(ExecboxError):
 
 class SandboxError(ExecboxError):
     """A sandbox broke while in use."""
+
+
+class BackendTimeoutError(SandboxError):
+    """A backend call (open, exec, a file call, close) did not return within its bound: the runner gave up on it,
+    closed its sandbox (itself bounded) and marked it broken. Names the backend and the call; retrying may help
+    once the backend is fixed or the host is less loaded."""
+
+    retryable = True
 
 
 class WorkspacePathError(SandboxError):

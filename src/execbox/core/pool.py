@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec, bounded, close_bounded
 
 PoolKey = tuple[int, str, Hashable]
 #: Records a pool event in the audit log: ("sandbox.open" | "sandbox.close", fields).
@@ -35,6 +35,7 @@ class WarmPool:
         self.longest_run_s = longest_run_s
         self._record = record
         self._ids: dict[int, str] = {}  # id(session) -> the member's id in the audit log
+        self._backends: dict[int, ExecutionBackend] = {}  # id(session) -> the backend that opened it
         self._members: dict[PoolKey, deque[tuple[float, Session]]] = {}
         self._filling: dict[PoolKey, int] = {}
         self._tasks: TaskGroup | None = None
@@ -89,13 +90,14 @@ class WarmPool:
 
     async def _open_one(self, backend: ExecutionBackend, spec: SessionSpec, key: PoolKey) -> None:
         member = self.member_spec(spec)
+        opening = backend.settings.open_timeout_sec  # the runner's bounds: a backend that never returns is given up on
         try:
-            session = await backend.open_session(member)
+            session = await bounded(backend.open_session(member), opening, backend=backend, doing="open_session",
+                                    late=lambda late: close_bounded(late, backend))
             try:
-                await session.arm()
+                await bounded(session.arm(), opening, backend=backend, doing="arm", session=session)
             except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await session.close()
+                await close_bounded(session, backend)
                 raise
         except Exception as exc:  # a background refill must not kill the runner; the next run opens its own
             self.errors[backend.name] = f"{type(exc).__name__}: {exc}"
@@ -104,6 +106,7 @@ class WarmPool:
             self._filling[key] -= 1
         self.errors.pop(backend.name, None)
         self._ids[id(session)] = f"pool-{uuid.uuid4().hex[:16]}"
+        self._backends[id(session)] = backend
         if self._record is not None:
             await self._record("sandbox.open", {"session": self._ids[id(session)], "backend": backend.name,
                                                 "pooled": True, "network": member.network,
@@ -122,8 +125,12 @@ class WarmPool:
             self._tasks.start_soon(self._close, session)
 
     async def _close(self, session: Session) -> None:
+        backend = self._backends.pop(id(session))
         with anyio.CancelScope(shield=True):
-            await session.close()
+            try:
+                await close_bounded(session, backend)
+            except Exception as exc:  # a removal in the background must not end the runner's task group
+                self.errors[backend.name] = f"removing a member: {type(exc).__name__}: {exc}"
             member = self._ids.pop(id(session), None)
             if self._record is not None and member is not None:
                 await self._record("sandbox.close", {"session": member, "pooled": True})

@@ -145,6 +145,14 @@ class Settings(EnvSettings):
     max_timeout_sec: float = setting(
         "CODE_EXEC_MAX_TIMEOUT_SEC", 30.0, "default and maximum timeout of a run, seconds",
         gt=0, le=7 * 86400, allow_inf_nan=False)
+    backend_grace_sec: float = setting(
+        "CODE_EXEC_BACKEND_GRACE_SEC", 30.0, "how long past a run's timeout a backend's exec may take to return (and "
+        "how long a close, and a file call past CODE_EXEC_MAX_TIMEOUT_SEC, may take) before the runner abandons the "
+        "call, closes the sandbox and raises BackendTimeoutError, seconds", gt=0, le=86400, allow_inf_nan=False)
+    open_timeout_sec: float = setting(
+        "CODE_EXEC_OPEN_TIMEOUT_SEC", 300.0, "how long a backend may take to open a sandbox (a container start, a "
+        "remote provider's machine) before the runner abandons it and raises BackendTimeoutError, seconds",
+        gt=0, le=86400, allow_inf_nan=False)
     max_concurrent: int | None = setting(
         "CODE_EXEC_MAX_CONCURRENT", None, "sandboxes alive at once per runner (a session holds one for its life); "
         "(none) = 4 per core, at most what the host's memory holds at CODE_EXEC_MEMORY_MB each", gt=0)

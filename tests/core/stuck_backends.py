@@ -1,0 +1,116 @@
+"""Backends that never return from one call, built from the public plugin kit only (``execbox.plugin``).
+
+Each is an ordinary local session (``HostWorkspaceSession``) with one call stuck:
+
+    stuck_exec     exec blocks in a worker thread that cancellation cannot reach (no abandon_on_cancel)
+    stuck_open     open_session never returns
+    stuck_files    write_file, read_file and list_files never return
+    stuck_close    close removes the workspace, then never returns
+    pipe_holder    exec reads the command's stdout to its end, ignoring the deadline: a real setsid grandchild
+                   that keeps the pipe open (``sleep`` behind ``setsid``) keeps it from ever returning
+
+The threads they block in end when ``RELEASE`` is set (each test's teardown), so a test's event loop can close.
+They are NOT sandboxes: never use them outside these tests.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Callable
+from typing import NoReturn
+
+import anyio
+
+from execbox import plugin
+
+DISTRIBUTION = "execbox-test-stuck"
+CLAIMS = plugin.Capabilities(sandbox=True, isolation="namespace", network_modes=frozenset({"none"}),
+                             persistent_sessions=True, file_transfer=True, limits=frozenset({"wall_time"}))
+#: What every stuck call waits for: set by the tests when they end.
+RELEASE = threading.Event()
+
+
+async def stuck() -> NoReturn:
+    """Never returns until RELEASE: blocked in a thread, deaf to cancellation like a backend's blocking SDK call."""
+    await anyio.to_thread.run_sync(RELEASE.wait)
+    raise plugin.SandboxError("released")
+
+
+class Session(plugin.HostWorkspaceSession):
+    pass
+
+
+class StuckBackend(plugin.ExecutionBackend):
+    capabilities = CLAIMS
+    session: type[Session] = Session
+
+    async def open_session(self, spec: plugin.SessionSpec) -> plugin.Session:
+        return self.session(prefix="execbox-stuck-")
+
+
+class ExecSession(Session):
+    async def exec(self, request: plugin.ExecSpec) -> plugin.ExecResult:
+        await stuck()
+
+
+class StuckExec(StuckBackend):
+    name = "stuck_exec"
+    session = ExecSession
+
+
+class StuckOpen(StuckBackend):
+    name = "stuck_open"
+
+    async def open_session(self, spec: plugin.SessionSpec) -> plugin.Session:
+        await stuck()
+
+
+class FilesSession(Session):
+    async def write_file(self, path: str, data: bytes) -> None:
+        await stuck()
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        await stuck()
+
+    async def list_files(self, path: str, *, recursive: bool, limits: plugin.TransferLimits) -> list[plugin.FileInfo]:
+        await stuck()
+
+
+class StuckFiles(StuckBackend):
+    name = "stuck_files"
+    session = FilesSession
+
+
+class CloseSession(Session):
+    async def close(self) -> None:
+        await super().close()
+        await stuck()
+
+
+class StuckClose(StuckBackend):
+    name = "stuck_close"
+    session = CloseSession
+
+
+class PipeSession(Session):
+    async def exec(self, request: plugin.ExecSpec) -> plugin.ExecResult:
+        # Deliberately wrong: waits for the end of the output instead of the deadline.
+        with subprocess.Popen(request.argv, cwd=request.workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL) as proc:
+            out, err = await anyio.to_thread.run_sync(proc.communicate)
+        return plugin.ExecResult(exit_code=proc.returncode, stdout=out.decode(), stderr=err.decode())
+
+
+class PipeHolder(StuckBackend):
+    name = "pipe_holder"
+    session = PipeSession
+
+
+BACKENDS = (StuckExec, StuckOpen, StuckFiles, StuckClose, PipeHolder)
+
+
+@plugin.hookimpl
+def execbox_register_backends(register: Callable[[type], None]) -> None:
+    for cls in BACKENDS:
+        register(cls)

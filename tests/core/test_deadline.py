@@ -1,0 +1,135 @@
+"""The runner owns every deadline: a backend call that never returns (exec, open, a file call, close; a real setsid
+grandchild holding the output pipe) ends in BackendTimeoutError naming the backend and the call, within its bound,
+and the sandbox it broke is closed and refuses later calls at once. One-shot, sandbox, warm pool, run_cell, sync."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from execbox import AsyncRunner, BackendTimeoutError, Runner, SandboxError, Settings, plugin
+from execbox.testing.checks import alive_with
+from tests.core import stuck_backends
+from tests.core.support import FakeDistributions, anyio_backend  # noqa: F401
+
+pytestmark = pytest.mark.anyio
+#: A liveness bound, far above the bounds these tests set (timeout 1 s, grace 1 s, open 2 s).
+LIVENESS_S = 60
+
+
+@pytest.fixture(autouse=True)
+def installed(only_local_builtin: None, fake_dists: FakeDistributions) -> Iterator[None]:
+    fake_dists.add(stuck_backends.DISTRIBUTION, ep_name="stuck", value="tests.core.stuck_backends")
+    stuck_backends.RELEASE.clear()
+    yield
+    stuck_backends.RELEASE.set()  # the threads the stuck calls block in end, so the test's loop can close
+
+
+def _settings(backend: str, **kw: object) -> Settings:
+    return Settings(backend=backend, shell_backend=backend, network="none", backend_grace_sec=1.0,
+                    open_timeout_sec=2.0, **kw)
+
+
+def _names(exc: pytest.ExceptionInfo[BackendTimeoutError], backend: str, call: str) -> None:
+    assert exc.value.backend == backend
+    assert f"backend {backend!r} did not return from {call}" in exc.value.message
+
+
+async def test_a_one_shot_whose_exec_never_returns_raises_and_is_closed() -> None:
+    async with AsyncRunner(_settings("stuck_exec")) as runner:
+        with anyio.fail_after(LIVENESS_S), pytest.raises(BackendTimeoutError) as exc:
+            await runner.run("true", timeout=1)
+    _names(exc, "stuck_exec", "exec")
+    assert "sandbox closed" in exc.value.message and exc.value.retryable
+
+
+async def test_a_sandbox_whose_exec_never_returns_is_broken_afterwards() -> None:
+    async with AsyncRunner(_settings("stuck_exec")) as runner:
+        with anyio.fail_after(LIVENESS_S):
+            async with runner.sandbox() as sb:
+                with pytest.raises(BackendTimeoutError) as exc:
+                    await sb.exec("true", timeout=1)
+                _names(exc, "stuck_exec", "exec")
+                with anyio.fail_after(1), pytest.raises(SandboxError, match="broken") as later:
+                    await sb.write_file("a", b"x")  # refused at once, not after another bound
+                assert later.value.backend == "stuck_exec"
+
+
+@pytest.mark.parametrize("call", ["write_file", "read_file", "list_files"])
+async def test_a_file_call_that_never_returns_raises(call: str) -> None:
+    async with AsyncRunner(_settings("stuck_files", max_timeout_sec=1.0)) as runner:
+        with anyio.fail_after(LIVENESS_S):
+            async with runner.sandbox() as sb:
+                with pytest.raises(BackendTimeoutError) as exc:
+                    await {"write_file": lambda: sb.write_file("a", b"x"), "read_file": lambda: sb.read_file("a"),
+                           "list_files": lambda: sb.list_files(".")}[call]()
+                _names(exc, "stuck_files", call)
+
+
+async def test_an_open_that_never_returns_raises_for_a_one_shot_and_a_sandbox() -> None:
+    async with AsyncRunner(_settings("stuck_open")) as runner:
+        with anyio.fail_after(LIVENESS_S):
+            with pytest.raises(BackendTimeoutError) as exc:
+                await runner.run("true", timeout=1)
+            _names(exc, "stuck_open", "open_session")
+            with pytest.raises(BackendTimeoutError) as exc:
+                async with runner.sandbox():
+                    pass
+            _names(exc, "stuck_open", "open_session")
+            assert runner.slots.in_use == 0  # the sandbox's slot was given back
+
+
+async def test_a_close_that_never_returns_raises() -> None:
+    async with AsyncRunner(_settings("stuck_close")) as runner:
+        with anyio.fail_after(LIVENESS_S), pytest.raises(BackendTimeoutError) as exc:
+            await runner.run("true", timeout=1)
+    _names(exc, "stuck_close", "close")
+
+
+async def test_a_warm_member_whose_exec_never_returns_raises() -> None:
+    async with AsyncRunner(_settings("stuck_exec", pool_size=1)) as runner:
+        with anyio.fail_after(LIVENESS_S):
+            while await runner.warm() < 1:
+                await anyio.sleep(0.02)
+            with pytest.raises(BackendTimeoutError) as exc:
+                await runner.run("true", timeout=1)
+    _names(exc, "stuck_exec", "exec")
+
+
+async def test_run_cell_on_a_backend_whose_exec_never_returns_ends() -> None:
+    # The interpreter's supervisor is one exec that lasts the sandbox's life: bounded by that life and the grace.
+    async with AsyncRunner(_settings("stuck_exec")) as runner:
+        with anyio.fail_after(LIVENESS_S):
+            async with runner.sandbox(lifetime_s=2) as sb:
+                with pytest.raises(SandboxError) as exc:
+                    await sb.run_cell("1 + 1", timeout=1)
+                assert exc.value.backend == "stuck_exec" and "did not return from exec" in exc.value.message
+
+
+async def test_an_exec_held_open_by_a_setsid_grandchild_raises() -> None:
+    marker = f"{1000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6:06d}"  # sleep's argument, unique
+    try:
+        async with AsyncRunner(_settings("pipe_holder")) as runner:
+            with anyio.fail_after(LIVENESS_S), pytest.raises(BackendTimeoutError) as exc:
+                await runner.run(f"setsid sleep {marker} & echo started", timeout=1)
+        _names(exc, "pipe_holder", "exec")
+    finally:
+        for pid in alive_with(marker, settle_s=0):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_sync_facade_raises_and_closes() -> None:
+    runner = Runner(_settings("stuck_exec"))
+    with pytest.raises(BackendTimeoutError) as exc:
+        runner.run("true", timeout=1)
+    _names(exc, "stuck_exec", "exec")
+    runner.close()  # the abandoned call still blocks its thread: the loop's thread is not waited for past its bound
+
+
+def test_the_kit_exports_the_error() -> None:
+    assert plugin.BackendTimeoutError is BackendTimeoutError and issubclass(BackendTimeoutError, SandboxError)
