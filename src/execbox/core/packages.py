@@ -188,19 +188,15 @@ def _pip(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)  # the host's own pip configuration: index, certificates, proxies
     env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
     # Reaped: pip and whatever it starts (a build backend) die with this process, also when it is SIGKILLed; at
-    # the timeout the reaper's SIGTERM ends the whole tree (SIGKILL would leave pip to init). In an empty
-    # directory: no name can be a file of the caller's directory to pip.
-    with tempfile.TemporaryDirectory(prefix="execbox-pip-") as cwd:
-        try:
-            proc = subprocess.Popen(reaped([sys.executable, "-m", "pip", *args]), env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                    start_new_session=True, cwd=cwd)
-        except FileNotFoundError as exc:
-            raise SandboxError(f"cannot run pip on the host: {exc}") from None
-        return _finish(proc)
-
-
-def _finish(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    # the timeout the reaper's SIGTERM ends the whole tree (SIGKILL would leave pip to init). In /, whose files only
+    # root makes: no name can be a file of the caller's directory to pip (and an empty temporary one would outlive
+    # a SIGKILLed caller).
+    try:
+        proc = subprocess.Popen(reaped([sys.executable, "-m", "pip", *args]), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                                cwd="/")
+    except FileNotFoundError as exc:
+        raise SandboxError(f"cannot run pip on the host: {exc}") from None
     try:
         out, err = proc.communicate(timeout=PIP_TIMEOUT_S)
     except BaseException as exc:
