@@ -52,7 +52,7 @@ from execbox.core.models import (
 )
 from execbox.core.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
 from execbox.core.pool import WarmPool
-from execbox.core.results import explain
+from execbox.core.results import clamp_note, explain
 from execbox.core.scheduler import Slots, default_max_concurrent
 from execbox.core.settings import Settings
 from execbox.core.workspace import is_directory_error, normalize
@@ -852,7 +852,9 @@ class AsyncSandbox:
             result = secrets_inject.redact_model(result, redactor)
         note = await self.runner.audit.arecord("cell", **audit_log.exec_fields(
             backend, resolved, [], session=self.id, oneshot=False), **_cell_fields(result, self.runner.audit))
-        return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})
+        # Said as exec says it (core.results): a cell's timeout cut to the maximum.
+        notes = [clamp_note(timeout, backend.settings.max_timeout_sec), note]
+        return result.model_copy(update={"notes": [*result.notes, *(n for n in notes if n)]})
 
     @property
     def workspace(self) -> str:

@@ -51,26 +51,40 @@ NETWORK_ERRORS = re.compile(
     r"EAI_AGAIN|ENOTFOUND|ENETUNREACH|Could not connect to|Connection refused", re.I)
 
 
+#: Who sets the longest timeout, by default: the operator.
+MAX_TIMEOUT_BY = "CODE_EXEC_MAX_TIMEOUT_SEC"
+
+
+def clamp_note(asked_timeout: float | None, max_timeout: float, by: str = MAX_TIMEOUT_BY) -> str | None:
+    """The note that a requested timeout was cut to the ceiling ``max_timeout`` set by ``by``, or None."""
+    if asked_timeout is None or asked_timeout <= max_timeout:
+        return None
+    return f"the requested timeout of {asked_timeout:g} s was clamped to {max_timeout:g} s, the maximum ({by})"
+
+
+def timed_out(timeout: float, max_timeout: float, by: str = MAX_TIMEOUT_BY) -> tuple[str, bool]:
+    """What a run (or a cell) killed at its timeout is told, and whether a retry can help: the ceiling named is the
+    one that binds the caller (the operator's maximum, or an MCP grant's)."""
+    if timeout < max_timeout:
+        return (f"killed after {timeout:g} s: timeout; a longer timeout (up to {max_timeout:g} s, {by}) may let it "
+                "finish", True)
+    return f"killed after {timeout:g} s: timeout, the longest allowed ({by}); do less per run or make it faster", False
+
+
 def explain(result: ExecResult, *, timeout: float, asked_timeout: float | None, max_timeout: float,
-            memory_mb: int | None, network: str) -> ExecResult:
+            memory_mb: int | None, network: str, max_timeout_by: str = MAX_TIMEOUT_BY) -> ExecResult:
     """The result with the limit that cut the run short (or stood in its way) said in one plain sentence, and
     whether trying again can help; a timeout clamped to the maximum is said in ``notes``. The one place these
     sentences are written, for the API, the CLI and the MCP tools alike."""
     notes = list(result.notes)
-    if asked_timeout is not None and asked_timeout > max_timeout:
-        notes.append(f"the requested timeout of {asked_timeout:g} s was clamped to {max_timeout:g} s, the maximum "
-                     "(CODE_EXEC_MAX_TIMEOUT_SEC)")
+    clamped = clamp_note(asked_timeout, max_timeout, max_timeout_by)
+    if clamped is not None:
+        notes.append(clamped)
     limit: str | None = None
     explanation, retryable = "", False
     if result.timed_out:
         limit = "timeout"
-        if timeout < max_timeout:
-            explanation = (f"killed after {timeout:g} s: timeout; a longer timeout (up to {max_timeout:g} s) may let "
-                           "it finish")
-            retryable = True
-        else:
-            explanation = (f"killed after {timeout:g} s: timeout, the longest allowed (CODE_EXEC_MAX_TIMEOUT_SEC); "
-                           "do less per run or make it faster")
+        explanation, retryable = timed_out(timeout, max_timeout, max_timeout_by)
     elif result.oom_killed:
         limit = "memory"
         size = f" ({memory_mb} MiB)" if memory_mb else ""

@@ -21,7 +21,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -33,7 +33,8 @@ from mcp.types import CallToolResult
 
 from execbox.core import audit as audit_log
 from execbox.core.errors import ConfigError, ExecboxError, FileTooLargeError, NotASandboxError, SandboxError
-from execbox.core.models import ExecRequest, Limits, NetworkMode
+from execbox.core.models import CellResult, ExecRequest, ExecResult, Limits, NetworkMode
+from execbox.core.results import clamp_note, timed_out
 from execbox.core.review import ReviewDecision, ReviewRequest, strictest
 from execbox.core.settings import Settings
 from execbox.guard.commands import rules_off
@@ -73,6 +74,11 @@ INSTRUCTIONS = ("execbox runs code in isolated sandboxes. run_code and run_comma
                 "call; shell, python, write_file, read_file and list_files (when offered) share one persistent "
                 "sandbox for this session. Results carry the exit code, capped output and, when a limit cut a run "
                 "short, one sentence saying which and whether retrying can help.")
+
+
+#: Who sets the ceiling of a grantee's timeout.
+GRANT_TIMEOUT = "your grant's timeout_s"
+R = TypeVar("R", ExecResult, CellResult)
 
 
 @dataclass
@@ -360,7 +366,8 @@ class McpApp:
             with audit_log.caller(*chain):
                 if tool == "python":
                     assert plan.sandbox is not None  # a session tool: plan() opened the session's sandbox
-                    return cell_result(await plan.sandbox.run_cell(text, timeout=plan.timeout))
+                    cell = await plan.sandbox.run_cell(text, timeout=plan.timeout)
+                    return cell_result(self._within_grant(cell, grant, args.get("timeout_s"), plan.timeout))
                 if plan.sandbox is not None:
                     result = await plan.sandbox.exec(text, timeout=plan.timeout, max_output_bytes=plan.max_output_bytes)
                 elif tool == "run_code":
@@ -373,7 +380,27 @@ class McpApp:
                                                    max_output_bytes=plan.max_output_bytes)
         except ExecboxError as exc:
             return error_result(exc)
-        return exec_result(result)
+        return exec_result(self._within_grant(result, grant, args.get("timeout_s"), plan.timeout))
+
+    def _within_grant(self, result: R, grant: Grant, asked: float | None, timeout: float | None) -> R:
+        """The result as the grantee must hear it when its grant caps the timeout below the operator's maximum: the
+        clamp and the ceiling are the grant's (the runner names CODE_EXEC_MAX_TIMEOUT_SEC, which this caller cannot
+        reach)."""
+        cap = grant.limits.timeout_s
+        if cap is None or cap >= self.settings.max_timeout_sec or timeout is None:
+            return result
+        notes: list[str] = list(result.notes)
+        clamped = clamp_note(asked, cap, GRANT_TIMEOUT)
+        if clamped is not None:
+            notes.append(clamped)
+        update: dict[str, Any] = {}
+        if result.timed_out:
+            words, retryable = timed_out(timeout, cap, GRANT_TIMEOUT)
+            if isinstance(result, ExecResult):
+                update = {"explanation": words, "retryable": retryable}
+            else:
+                notes.append(words)
+        return result.model_copy(update={**update, "notes": notes})
 
     async def files(self, ctx: Context, tool: str, **args: Any) -> CallToolResult:
         """write_file, read_file, list_files in the session's sandbox."""
