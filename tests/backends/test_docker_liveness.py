@@ -1,4 +1,4 @@
-"""A docker run ends at its deadline whatever the code does, and so does a session's owner.
+"""A docker run ends at its deadline whatever the code does, and what a dead owner leaves is removed.
 
 Endless output past a 2 s deadline, in a session (which stays usable), a one-shot and a warm-pool member: the
 engine finishes an exec only once its output has reached the client, so an unread stream once held the kill at
@@ -7,14 +7,26 @@ if it is still running after a generous bound, so a regression fails instead of 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
 import threading
+import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 from execbox import ExecResult, Runner, Settings
+from execbox.backends.docker import session as ds
+from execbox.core.owner import owner_id
+from execbox.runner import run_blocking
 from tests.backends import test_docker as base
+from tests.backends import test_docker_boundary as boundary
 from tests.support.pool import wait_ready
 
 pytestmark = pytest.mark.engine
@@ -88,3 +100,66 @@ def test_endless_output_in_a_warm_pool_member_times_out(engine: Any) -> None:
         result = within(lambda: runner.run_code(PRINTERS["stdout"], timeout=2))
         assert result.pooled
         timed_out(result)
+
+
+# --- what a dead owner leaves -------------------------------------------------------------------------------
+
+OWNER = textwrap.dedent("""
+    import sys, time
+    from execbox import Limits, Runner, Settings
+    limits = Limits(disk_mb=64) if sys.argv[1] == "disk" else None
+    with Runner(Settings.from_env(backend="docker")).sandbox("docker", limits=limits) as sb:
+        session = sb.aio._session
+        print(session._keeper_id, session.host_workspace, flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A temp dir of this test's own, for its owners and itself: no other execbox process's sweep (each one
+    sweeps at start-up) takes what a dead owner left there before the test looks."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return str(tmp_path)
+
+
+def start_owner(*args: str) -> tuple[subprocess.Popen[str], str, str]:
+    """A Python program with a docker sandbox open: (its process, the container id, the workspace). Under a
+    hostname of its own, as in test_docker_boundary: no other execbox process's sweep takes its container."""
+    argv = boundary.under_own_hostname(f"execbox-owner-{uuid.uuid4().hex[:8]}", [sys.executable, "-c", OWNER, *args])
+    owner = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    line = within(owner.stdout.readline)
+    assert line, "the owner did not open its sandbox"
+    container_id, workspace = line.split()
+    return owner, container_id, workspace
+
+
+def mounted(path: str) -> bool:
+    return f" {path} " in Path("/proc/self/mounts").read_text()
+
+
+def test_gc_removes_a_dead_owners_mounted_workspace(engine: Any, runner: Runner, private_tmp: str) -> None:
+    """The mounted root of a sized workspace belongs to the sandbox user, not to gc's (root): when its container
+    was gone before gc came (removed by hand, by another sweep), the orphan scan once passed it by for good."""
+    boundary.require_disk()
+    owner, container_id, workspace = start_owner("disk")
+    owner.kill()
+    owner.wait()
+    engine.api.remove_container(container_id, force=True)
+    assert mounted(workspace) and os.stat(workspace).st_uid != os.geteuid()
+    run_blocking(runner.aio.backend("docker").gc)  # (or this process's own first sweep, with the same code)
+    assert not os.path.lexists(workspace) and not os.path.lexists(workspace + ".disk") and not mounted(workspace)
+
+
+def test_gc_never_removes_a_live_owners_workspace(engine: Any, runner: Runner, private_tmp: str) -> None:
+    """A container of a live owner past its expiry is removed; the workspace it names is its owner's to remove."""
+    with runner.sandbox("docker") as live:
+        live_ws = live.aio._session.host_workspace  # type: ignore[union-attr]
+        expired = engine.containers.create(base.docker_image.DEFAULT_TAG, ["true"], labels={
+            ds.LABEL: "1", ds.L_OWNER: owner_id(), ds.L_EXPIRES: str(int(time.time()) - 5),
+            ds.L_WORKSPACE: live_ws})
+        run_blocking(runner.aio.backend("docker").gc)
+        assert expired.id not in {c.id for c in engine.containers.list(all=True)}
+        assert os.path.isdir(live_ws) and live.exec("touch kept && echo ok").stdout == "ok\n"

@@ -3,6 +3,7 @@ endpoint resolution, owners, and the image builder's recipe and mirror lookup.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -516,19 +517,28 @@ def test_a_malformed_docker_host_is_an_error_naming_it(host: str) -> None:
 
 def test_orphaned_workspaces_take_neither_another_users_nor_trust_an_owner_file_the_code_wrote() -> None:
     # The workspace is the sandbox's to write: an owner file planted there (another host, a live process) must not
-    # keep a dead owner's workspace from gc. And gc running as root takes only its own user's directories.
+    # keep a dead owner's workspace from gc. And gc running as root takes only its own user's directories and the
+    # sandbox user's (root hands every workspace to it), never another user's.
     tmp = tempfile.gettempdir()
     planted = os.path.join(tmp, f"{ds.WORKSPACE_PREFIX}{dead_pid()}-1-{uuid_hex()}")
     foreign = os.path.join(tmp, f"{ds.WORKSPACE_PREFIX}{dead_pid()}-1-{uuid_hex()}")
+    handed = os.path.join(tmp, f"{ds.WORKSPACE_PREFIX}{dead_pid()}-1-{uuid_hex()}")
+    link = os.path.join(tmp, f"{ds.WORKSPACE_PREFIX}{dead_pid()}-1-{uuid_hex()}")
     try:
         os.mkdir(planted)
         Path(planted, "owner").write_text("another-host:1:1\n")
         os.mkdir(foreign)
+        os.mkdir(handed)
+        os.symlink(handed, link)
         if os.geteuid() == 0:
-            os.chown(foreign, 65534, 65534)
-        found = ds.orphaned_workspaces()
-        assert planted in found
+            os.chown(foreign, 4242, 4242)
+            os.chown(handed, 65534, 65534)
+        found = ds.orphaned_workspaces(sandbox_uid=65534)
+        assert planted in found and handed in found and link not in found
         assert (foreign in found) == (os.geteuid() != 0)
+        assert (handed in ds.orphaned_workspaces()) == (os.geteuid() != 0)  # without a sandbox uid: only ours
     finally:
-        for path in (planted, foreign):
+        for path in (planted, foreign, handed):
             shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(link)

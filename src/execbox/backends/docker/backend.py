@@ -424,11 +424,11 @@ class DockerBackend(ExecutionBackend):
                 continue
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 self.call(lambda c, cid=item["Id"]: c.api.remove_container(cid, force=True))
-            if owner_alive(labels.get(L_OWNER, "")) is not None:
+            if owner_alive(labels.get(L_OWNER, "")) is False:  # an expired one's live owner removes its own
                 remove_workspace(labels.get(L_WORKSPACE, ""))
             name = (item.get("Names") or [item["Id"][:12]])[0].lstrip("/")
             removed.append(f"docker container {name} ({reason})")
-        for path in orphaned_workspaces():
+        for path in orphaned_workspaces(parse_user(self.user)[0]):
             if remove_workspace(path):
                 removed.append(f"docker workspace {path} (orphaned)")
         removed += [f"egress proxy directory {path} (orphaned)" for path in proxy.sweep_orphans()]

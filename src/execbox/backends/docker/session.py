@@ -65,7 +65,6 @@ from execbox.plugin import (
     build_result,
     disk,
     name_owner,
-    orphaned_dirs,
     owner_id,
     owner_tag,
     pid_alive,
@@ -117,20 +116,32 @@ def remove_workspace(path: str) -> bool:
     return existed
 
 
-def orphaned_workspaces() -> list[str]:
-    """Workspaces (and bare disk images) in the temp dir whose owner process is gone: real directories and files
-    of this user only. Judged by the name alone: the workspace is the sandbox's to write, an owner file in it too."""
+def orphaned_workspaces(sandbox_uid: int | None = None) -> list[str]:
+    """Workspaces (and bare disk images) in the temp dir whose owner process is gone. Judged by the name alone:
+    the workspace is the sandbox's to write, an owner file in it too. Only what execbox could have made, never
+    a link: directories and images of this user; as root, also directories of ``sandbox_uid`` (root hands each
+    workspace to the sandbox user, and a sized one's mounted root too) and mount points (only root mounts one
+    in the temp dir)."""
     tmp = os.path.realpath(tempfile.gettempdir())
-    found = orphaned_dirs(WORKSPACE_PREFIX, tmp, owner_file=False)
+    me = os.geteuid()
+    uids = {me, sandbox_uid} if me == 0 and sandbox_uid is not None else {me}
+    found = []
     with contextlib.suppress(OSError):
         for name in os.listdir(tmp):
             base = os.path.join(tmp, name.removesuffix(disk.IMAGE_SUFFIX))
-            owner = name_owner(os.path.basename(base), WORKSPACE_PREFIX) if name.endswith(disk.IMAGE_SUFFIX) else None
-            if owner is None or base in found or os.path.lexists(base):
+            owner = name_owner(os.path.basename(base), WORKSPACE_PREFIX)
+            if owner is None or pid_alive(*owner):
                 continue
-            st = os.lstat(os.path.join(tmp, name))
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not pid_alive(*owner):
-                found.append(base)
+            path = os.path.join(tmp, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if path != base:  # an image whose directory is gone (its directory takes it along otherwise)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == me and not os.path.lexists(base):
+                    found.append(base)
+            elif stat.S_ISDIR(st.st_mode) and (st.st_uid in uids or me == 0 and os.path.ismount(path)):
+                found.append(path)
     return found
 
 
