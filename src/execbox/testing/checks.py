@@ -635,6 +635,62 @@ def check_timeout_kills_setsid_grandchild_of_a_one_shot_run(kit: Kit) -> None:
     expect(left == [], claim, "no process with the marker after the deadline", f"host pids {left}")
 
 
+# Output without end, past the deadline: the kill must land while the pipe is full, and the capture stay bounded.
+ENDLESS = {"python": ["python3", "-c", "while True: print('x' * 1000)"], "yes": ["yes"]}
+ENDLESS_CAP = 10_000
+
+
+def _endless_ended(run: Callable[[list[str]], ExecResult], claim: str, *, pooled: bool | None = None) -> None:
+    for name, argv in ENDLESS.items():
+        started = time.monotonic()
+        result = run(argv)
+        took = time.monotonic() - started
+        expect(result.timed_out and result.exit_code == TIMEOUT_EXIT_CODE, claim,
+               f"endless output ({name}) to time out (exit {TIMEOUT_EXIT_CODE}, timed_out)", shown(result))
+        size = max(len(result.stdout.encode()), len(result.stderr.encode()))
+        expect(result.truncated and size <= ENDLESS_CAP + 200, claim,
+               f"the output of {name} truncated to its cap ({ENDLESS_CAP} bytes, +200 for the notice)",
+               f"truncated={result.truncated}, {size} bytes")
+        expect(took < 2 + DEADLINE_SLACK_S, claim, f"back within {2 + DEADLINE_SLACK_S:.0f} s", f"{took:.1f} s")
+        if pooled is not None:
+            expect(result.pooled == pooled, claim, "the run to have used a warm pool member", f"pooled={result.pooled}")
+
+
+@check("endless output past the deadline ends a one-shot run, its output bounded")
+def check_endless_output_ends_a_one_shot_run(kit: Kit) -> None:
+    _endless_ended(lambda argv: kit.run(argv, timeout=2, max_output_bytes=ENDLESS_CAP),
+                   "endless output past the deadline ends a one-shot run, its output bounded")
+
+
+@check("endless output past the deadline ends an exec in a session, its output bounded")
+def check_endless_output_ends_a_session_exec(kit: Kit) -> None:
+    kit.require(sessions=True)
+    with kit.sandbox() as sb:
+        _endless_ended(lambda argv: sb.exec(argv, timeout=2, max_output_bytes=ENDLESS_CAP),
+                       "endless output past the deadline ends an exec in a session, its output bounded")
+        after = sb.exec(["echo", "alive"], timeout=10)
+        expect(after.stdout.strip() == "alive", "the session still serves after an endless run was killed",
+               "stdout 'alive'", shown(after))
+
+
+@check("endless output past the deadline ends a run in a warm pool member, its output bounded")
+def check_endless_output_ends_a_pool_member_run(kit: Kit) -> None:
+    kit.require(sessions=True)
+    claim = "endless output past the deadline ends a run in a warm pool member, its output bounded"
+    settings = kit.runner.settings.model_copy(update={"pool_size": 1})
+    with Runner(settings, options=kit.runner.aio.options) as runner:
+
+        def run(argv: list[str]) -> ExecResult:
+            deadline = time.monotonic() + 120  # a liveness bound for the member's start
+            while runner.warm(kit.backend, network=kit.net) < 1:
+                expect(time.monotonic() < deadline, claim, "a warm member ready within 120 s",
+                       f"errors {runner.aio.pool.errors}")
+                time.sleep(0.05)
+            return runner.run(argv, backend=kit.backend, network=kit.net, timeout=2, max_output_bytes=ENDLESS_CAP)
+
+        _endless_ended(run, claim, pooled=True)
+
+
 @check("nothing is left running after a run")
 def check_nothing_left_running_after_a_run(kit: Kit) -> None:
     if kit.caps.remote:
