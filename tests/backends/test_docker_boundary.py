@@ -253,7 +253,9 @@ def test_without_root_the_disk_limit_is_not_claimed_and_a_demand_is_refused(engi
 # The caller runs under a hostname of its own (a UTS namespace): its containers' owner label then names another
 # host, so no other execbox process on this machine (test runs, CLI calls: each sweeps orphans at start-up)
 # removes them while the test watches. Only the engine-side backstop can stop them; the engine's events show
-# that nothing killed them from outside. gc, run under the same hostname, then removes every leftover.
+# that nothing killed them from outside. gc, run under the same hostname, then removes every leftover. The
+# caller's watchdog (session.watch_owner), which would remove them at once, is stopped first: these tests are
+# about what holds without it (test_docker_liveness tests the watchdog).
 
 EXECBOX = str(REPO / ".venv/bin/execbox")
 
@@ -267,6 +269,18 @@ def start_caller(argv: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     host = f"execbox-caller-{uuid.uuid4().hex[:8]}"
     caller = subprocess.Popen(under_own_hostname(host, argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return caller, host + owner_id(caller.pid).removeprefix(owner_id(caller.pid).split(":")[0])
+
+
+def stop_watchdog(caller: subprocess.Popen[bytes]) -> None:
+    """Kill the watchdog the caller started with its first sandbox (its child running session._WATCHDOG)."""
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            stat_line = Path(f"/proc/{entry}/stat").read_bytes()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if int(stat_line.rsplit(b")", 1)[1].split()[1]) == caller.pid and ds._WATCHDOG.encode() in cmdline:
+                os.kill(int(entry), signal.SIGKILL)
+                return
+    pytest.fail("the caller has no watchdog")
 
 
 def running(engine: Any, owner: str) -> list[Any]:
@@ -321,6 +335,7 @@ def test_a_killed_cli_run_ends_at_its_deadline_without_the_caller(engine: Any) -
     caller, owner = start_caller([EXECBOX, "run", "--backend", "docker", "--timeout", str(timeout), "--",
                                   "sleep", "600"])
     container = await_running(engine, owner)
+    stop_watchdog(caller)
     caller.send_signal(signal.SIGKILL)
     caller.wait()
     killed = time.monotonic()
@@ -350,6 +365,7 @@ def test_a_killed_session_caller_leaves_nothing_running(engine: Any) -> None:
     while "sleep 600" not in str(container.top()["Processes"]):
         assert time.monotonic() < deadline, "the session's exec never started"
         time.sleep(0.1)
+    stop_watchdog(caller)
     caller.send_signal(signal.SIGKILL)
     caller.wait()
     killed = time.monotonic()

@@ -8,6 +8,7 @@ if it is still running after a generous bound, so a regression fails instead of 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ import pytest
 
 from execbox import ExecResult, Runner, Settings
 from execbox.backends.docker import session as ds
+from execbox.core import disk
 from execbox.core.owner import owner_id
 from execbox.runner import run_blocking
 from tests.backends import test_docker as base
@@ -104,11 +106,16 @@ def test_endless_output_in_a_warm_pool_member_times_out(engine: Any) -> None:
 
 # --- what a dead owner leaves -------------------------------------------------------------------------------
 
+# A plain program: no signal handler of execbox's or its own. "unwatched": its watchdog is stopped first.
 OWNER = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     from execbox import Limits, Runner, Settings
-    limits = Limits(disk_mb=64) if sys.argv[1] == "disk" else None
+    from execbox.backends.docker import session as ds
+    limits = Limits(disk_mb=64) if "disk" in sys.argv else None
     with Runner(Settings.from_env(backend="docker")).sandbox("docker", limits=limits) as sb:
+        if "unwatched" in sys.argv:
+            ds._watchdogs[os.getpid()].kill()
+            ds._watchdogs[os.getpid()].wait()
         session = sb.aio._session
         print(session._keeper_id, session.host_workspace, flush=True)
         time.sleep(600)
@@ -144,7 +151,7 @@ def test_gc_removes_a_dead_owners_mounted_workspace(engine: Any, runner: Runner,
     """The mounted root of a sized workspace belongs to the sandbox user, not to gc's (root): when its container
     was gone before gc came (removed by hand, by another sweep), the orphan scan once passed it by for good."""
     boundary.require_disk()
-    owner, container_id, workspace = start_owner("disk")
+    owner, container_id, workspace = start_owner("disk", "unwatched")
     owner.kill()
     owner.wait()
     engine.api.remove_container(container_id, force=True)
@@ -163,3 +170,18 @@ def test_gc_never_removes_a_live_owners_workspace(engine: Any, runner: Runner, p
         run_blocking(runner.aio.backend("docker").gc)
         assert expired.id not in {c.id for c in engine.containers.list(all=True)}
         assert os.path.isdir(live_ws) and live.exec("touch kept && echo ok").stdout == "ok\n"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+def test_an_owner_ended_by_a_signal_leaves_no_container_and_no_workspace(engine: Any, private_tmp: str,
+                                                                          signum: signal.Signals) -> None:
+    """No clean-up of the program runs (default action, or SIGKILL): its watchdog removes what it left, without
+    a gc. (Before, the container lived to the end of its lifetime, an hour by default, until the next gc.)"""
+    owner, container_id, workspace = start_owner(*(["disk"] if disk.unavailable_reason() is None else []))
+    owner.send_signal(signum)
+    assert owner.wait() == -signum
+    deadline = time.monotonic() + BOUND_S
+    while engine.containers.list(all=True, filters={"id": container_id}) or os.path.lexists(workspace):
+        assert time.monotonic() < deadline, f"left {BOUND_S} s after the owner died: {container_id}, {workspace}"
+        time.sleep(0.2)
+    assert not os.path.lexists(workspace + ".disk") and not mounted(workspace)

@@ -93,6 +93,7 @@ def test_a_killed_owner_leaves_nothing_gc_cannot_remove(engine: Any) -> None:
     while len(boundary.running(engine, owner)) < 2:
         assert time.monotonic() < deadline, "the pool never filled"
         time.sleep(0.2)
+    boundary.stop_watchdog(caller)
     caller.send_signal(signal.SIGKILL)
     caller.wait()
     boundary.gc_removes_everything(engine, caller.pid, owner)

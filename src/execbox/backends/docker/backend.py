@@ -30,6 +30,7 @@ from execbox.backends.docker.session import (
     Plan,
     orphaned_workspaces,
     remove_workspace,
+    watch_owner,
 )
 from execbox.backends.docker_image import DEFAULT_TAG
 from execbox.plugin import (
@@ -369,6 +370,7 @@ class DockerBackend(ExecutionBackend):
             raise ConfigError(f"the docker backend cannot enforce network mode {spec.network!r}",
                               backend="docker", env_var="CODE_EXEC_NETWORK")
         self.workspace_access()
+        watch_owner()
         session = DockerSession(self, spec, self.plan(spec))
         try:
             await anyio.to_thread.run_sync(session.prepare)

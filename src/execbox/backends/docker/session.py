@@ -13,7 +13,12 @@ sandbox user (session) is SIGKILLed, and ``timed_out`` is what execbox saw, neve
 In the container, so that it holds when the caller is gone (SIGKILL, a crash, a lost machine): every command
 runs under coreutils ``timeout -s KILL`` set a few seconds past the deadline (a one-shot container's init
 exits with it, and every process with the init), and a session's keep-alive sleeps only for the session's
-lifetime. A killed caller's container therefore stops by itself; the next sweep or ``execbox gc`` removes it.
+lifetime. A killed caller's container therefore stops by itself.
+
+What a caller leaves when it ends without closing its sandboxes (SIGKILL, or SIGTERM and SIGHUP with their
+default action, when no clean-up of Python's runs) is removed within seconds by its watchdog (``watch_owner``):
+one process per caller, started with its first sandbox, that waits for the caller's exit. Should the watchdog
+be gone too, the next sweep or ``execbox gc`` removes it.
 
 The workspace is a host directory, named after its owner process (``execbox-docker-<pid>-<start>-*``) so that
 gc can tell an orphan from a live session even when no container points at it; where the ``disk`` limit is
@@ -29,6 +34,8 @@ import os
 import re
 import socket
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -143,6 +150,82 @@ def orphaned_workspaces(sandbox_uid: int | None = None) -> list[str]:
             elif stat.S_ISDIR(st.st_mode) and (st.st_uid in uids or me == 0 and os.path.ismount(path)):
                 found.append(path)
     return found
+
+
+# The watchdog's first stage: standard library only, no site, nothing of execbox until the owner has exited; then
+# the second stage (reap_owner) only if a workspace of the owner is left, so an owner that closed everything costs
+# one idle process. pidfd: woken by the exit itself (polling where the kernel has none).
+_WATCHDOG = """
+import os, select, sys, time
+pid, started, tmp, prefix, owner = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+def start_time():
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+try:
+    fd = os.pidfd_open(pid)
+except OSError:
+    fd = None
+if fd is None:
+    while start_time() == started:
+        time.sleep(1)
+elif start_time() == started:
+    select.select([fd], [], [])
+if any(name.startswith(prefix) for name in os.listdir(tmp)):
+    os.execv(sys.executable, [sys.executable, "-c", "import sys; from execbox.backends.docker.session import "
+                              "reap_owner; reap_owner(*sys.argv[1:])", owner, tmp, prefix])
+"""
+_watchdogs: dict[int, subprocess.Popen[bytes]] = {}  # owner pid -> its watchdog (a forked child needs its own)
+_watch_lock = threading.Lock()
+
+
+def watch_owner() -> None:
+    """Start, once per process, the watchdog that removes this process's containers and workspaces when it ends
+    however it ends: SIGKILL, SIGTERM or SIGHUP with their default action, a crash. The keep-alive in the
+    container cannot see the caller; a host process can. It runs in a session of its own (a signal to the
+    caller's process group does not reach it), without the caller's stdio (whoever reads the caller's output to
+    its end is not held up) and in /. Where it cannot start, the next sweep or gc removes what is left."""
+    pid = os.getpid()
+    with _watch_lock:
+        if pid in _watchdogs or not sys.executable:
+            return
+        tag = owner_tag()
+        tmp = os.path.realpath(tempfile.gettempdir())
+        with contextlib.suppress(OSError):
+            _watchdogs[pid] = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(pid), tag.split("-", 1)[1], tmp,
+                 f"{WORKSPACE_PREFIX}{tag}-", owner_id()],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, cwd="/")
+
+
+def reap_owner(owner: str, tmp: str, prefix: str) -> None:
+    """The watchdog's second stage, once ``owner`` has exited: remove its containers (by their owner label) and
+    then its workspaces (``prefix``: by their name) in ``tmp``, twice: a container the engine was still creating
+    as the owner died is there a moment later."""
+    import docker
+
+    from execbox.backends.docker.engine import connect
+
+    tempfile.tempdir = tmp  # the owner's, which remove_workspace checks every path against
+    try:
+        client, _, _ = connect()
+    except BackendUnavailableError:
+        client = None
+    for again in (False, True):
+        if again:
+            time.sleep(2)
+        if client is not None:
+            with contextlib.suppress(docker.errors.APIError):
+                for item in client.api.containers(all=True, filters={"label": f"{L_OWNER}={owner}"}):
+                    with contextlib.suppress(docker.errors.APIError):
+                        client.api.remove_container(item["Id"], force=True)
+        with contextlib.suppress(OSError):
+            for name in os.listdir(tmp):
+                if name.startswith(prefix):
+                    remove_workspace(os.path.join(tmp, name.removesuffix(disk.IMAGE_SUFFIX)))
 
 
 @dataclass
