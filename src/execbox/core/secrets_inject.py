@@ -25,7 +25,8 @@ of the encoding that depends on the value alone: at most one character at either
 bits of the neighbouring bytes, is left); lower- and upper-case hex; URL encoding (``quote`` with and
 without ``/`` kept, ``quote_plus``, JavaScript's ``encodeURIComponent``; upper- and lower-case escapes);
 JSON string escaping as common encoders write it (``json_forms``: ``\\/`` or ``/``, ``\\uXXXX`` in lower or upper
-hex, non-ASCII escaped or as UTF-8, Go's ``\\u003c`` for ``<>&``, control characters short or as ``\\u00XX``)
+hex, non-ASCII escaped or as UTF-8, Go's ``\\u003c`` for ``<>&``, control characters short, as ``\\u00XX``, or
+short only for ``\\n\\r\\t`` as Go before 1.22 wrote them)
 and Python's ``repr``. Not covered: base64 wrapped over lines, other encodings (base32, gzip, ...),
 transformations (reversed, split, XOR-ed), a value the code changed.
 
@@ -225,26 +226,29 @@ def encodings(value: str) -> set[bytes]:
 
 
 _JSON_SHORT = {"\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+#: Which control characters get their short escape: all five (most encoders), ``\n\r\t`` only (Go before 1.22
+#: wrote ``\b`` and ``\f`` as ``\u0008`` and ``\u000c``), none.
+_JSON_SHORT_SETS = ("\b\f\n\r\t", "\n\r\t", "")
 _JSON_HTML = "<>&\u2028\u2029"  # what Go's encoding/json escapes by default, beyond the control characters
 
 
 def json_forms(value: str) -> set[str]:
     """``value`` inside a JSON string, as common encoders write it. Each form applies one style to the whole
     value, a combination of five choices (``/`` as ``\\/``, as PHP writes it; ``\\u`` hex in upper case;
-    non-ASCII and DEL escaped; ``<>&`` and U+2028/9 escaped, as Go does; ``\\b\\f\\n\\r\\t`` or ``\\u00XX``):
-    32 forms at most whatever the value's length (a form per character's choice would be exponential in it);
-    ``"`` and ``\\`` are always ``\\"`` and ``\\\\``. Python's ``json.dumps`` (with and without
-    ``ensure_ascii``) and JavaScript's are among them."""
+    non-ASCII and DEL escaped; ``<>&`` and U+2028/9 escaped, as Go does; which of ``\\b\\f\\n\\r\\t`` are short,
+    the others ``\\u00XX``, ``_JSON_SHORT_SETS``): 48 forms at most whatever the value's length (a form per
+    character's choice would be exponential in it); ``"`` and ``\\`` are always ``\\"`` and ``\\\\``. Python's
+    ``json.dumps`` (with and without ``ensure_ascii``) and JavaScript's are among them."""
     chars = set(value)
     forms = set()
-    for slash, upper, ascii_only, html, short in itertools.product((False, True), repeat=5):
+    for slash, upper, ascii_only, html, short in itertools.product(*[(False, True)] * 4, _JSON_SHORT_SETS):
         u = "\\u{:04X}" if upper else "\\u{:04x}"
         table: dict[int, str] = {}
         for ch in chars:
             code = ord(ch)
             if ch in '"\\':
                 table[code] = "\\" + ch
-            elif short and ch in _JSON_SHORT:
+            elif ch in short:
                 table[code] = _JSON_SHORT[ch]
             elif code < 0x20 or (html and ch in _JSON_HTML) or (ascii_only and code > 0x7E):
                 if code > 0xFFFF:  # outside the BMP: a UTF-16 surrogate pair
@@ -277,7 +281,7 @@ class Redactor:
         forms = sorted(self._owners, key=lambda f: (-len(f), f))
         self.forms = forms
         self.longest = len(forms[0]) if forms else 0
-        # Not one alternation of the whole forms: compiling it took ~18 s for a 64 KiB value (~40 forms of up to
+        # Not one alternation of the whole forms: compiling it took seconds for a 64 KiB value (~40 forms of up to
         # 6x its length). A pattern of their first bytes finds where one may start; the forms that start so are
         # tried there longest first: the same leftmost, longest match.
         head = min(_HEAD, *map(len, forms)) if forms else 0
