@@ -24,6 +24,7 @@ import pytest
 
 from execbox import ExecResult, Runner, Settings
 from execbox.backends.docker import session as ds
+from execbox.backends.docker.stream import hijacked
 from execbox.core import disk
 from execbox.core.owner import owner_id
 from execbox.runner import run_blocking
@@ -185,3 +186,18 @@ def test_an_owner_ended_by_a_signal_leaves_no_container_and_no_workspace(engine:
         assert time.monotonic() < deadline, f"left {BOUND_S} s after the owner died: {container_id}, {workspace}"
         time.sleep(0.2)
     assert not os.path.lexists(workspace + ".disk") and not mounted(workspace)
+
+
+def test_close_cuts_a_stream_nobody_reads_any_more(runner: Runner, engine: Any) -> None:
+    """An exec abandoned while its reader is stuck (an output callback that never returns): close() shuts its
+    stream first. (Without that, this engine held the removal ~20 s, a delay this liveness bound does not catch.)"""
+    sb = runner.sandbox("docker").__enter__()
+    session = sb.aio._session  # type: ignore[union-attr]
+    _, sock_io = session._start_exec(["yes"], {}, "/", session.plan.user)
+    sock, _ = hijacked(sock_io)
+    with session._lock:
+        session._streams.add(sock)  # where the stuck reader left it
+    time.sleep(1)  # the pipe and the socket fill up
+    within(lambda: sb.__exit__(None, None, None))
+    assert not base.ours(engine)
+    sock.close()
