@@ -80,6 +80,17 @@ def test_a_name_pip_takes_for_an_archive_file_is_refused_given_alone_too() -> No
             packages.check_requirements([name])
 
 
+@pytest.mark.parametrize("requirement", ["rich===1.tar.gz", "rich[x]===1.ZIP ; python_version > '3'",
+                                         "rich ===1.tgz\t"])
+def test_an_arbitrary_equality_version_pip_takes_for_an_archive_file_is_refused(
+        requirement: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # '===' takes any version string, so the requirement's end is the archive's suffix, as pip tests it
+    monkeypatch.chdir("/")  # where the host's pip runs
+    assert install_req_from_line(requirement).link is not None  # pip: the local file /rich===1.tar.gz
+    with pytest.raises(ConfigError, match="archive"):
+        packages.check_requirements([requirement])
+
+
 def test_pip_is_given_names_only_after_an_end_of_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
     monkeypatch.setattr(packages, "_pip", lambda args: seen.append(args) or subprocess.CompletedProcess(args, 0))
