@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 EXIT_TIMEOUT, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = 124, 125, 126, 2
 CHECK_TIMEOUT_S = 20.0
+#: The time box of each check of `doctor --self-check` (the slowest, a warm pool member's start and runs, take ~1 min).
+CHECK_BOX_S = 300.0
 
 
 def _exit_code(exc: ExecboxError) -> int:
@@ -403,15 +405,24 @@ def _variables(model: type[EnvSettings] | None) -> list[dict[str, Any]]:
             for var, default, meaning in model.env_vars()]
 
 
-def _self_check(runner: AsyncRunner, name: str | None, as_json: bool) -> list[dict[str, Any]]:
-    from execbox.testing.checks import self_check  # the kit's checks, run outside pytest
+def _self_check(runner: AsyncRunner, name: str | None, as_json: bool, time_box_s: float) -> list[dict[str, Any]]:
+    """The kit's checks, each under ``time_box_s``; in text mode each verdict is printed as soon as it is reached."""
+    from execbox.testing.checks import CHECKS, CheckResult, self_check  # the kit's checks, run outside pytest
 
     if name is None:
         try:
             name = run_blocking(runner.select)[0].name
         except ExecboxError as exc:
             _fail(exc, as_json)
-    return [{"backend": name, **dataclasses.asdict(r)} for r in self_check(name, runner.settings)]
+    backend = name
+
+    def say(check: CheckResult) -> None:
+        click.echo(f"self-check {backend}: {check.status:<4} {check.name}: {check.message}")
+
+    if not as_json:
+        click.echo(f"self-check {backend}: {len(CHECKS)} checks, each within {time_box_s:g} s")
+    found = self_check(backend, runner.settings, time_box_s=time_box_s, on_result=None if as_json else say)
+    return [{"backend": backend, **dataclasses.asdict(r)} for r in found]
 
 
 @main.command()
@@ -419,7 +430,10 @@ def _self_check(runner: AsyncRunner, name: str | None, as_json: bool) -> list[di
 @click.option("--self-check", "run_self_check", is_flag=True,
               help="Also run the conformance kit's checks against one backend (--backend, default: auto's pick).")
 @click.option("--backend", "check_backend", help="The backend --self-check runs against.")
-def doctor(as_json: bool, run_self_check: bool, check_backend: str | None) -> None:
+@click.option("--check-timeout", "check_timeout", type=click.FloatRange(min=0, min_open=True), default=CHECK_BOX_S,
+              show_default=True, help="--self-check: the time box of each check, seconds; one still running then "
+              "fails and is left behind.")
+def doctor(as_json: bool, run_self_check: bool, check_backend: str | None, check_timeout: float) -> None:
     """Check every backend here: can it run, what it enforces, the guard's verdict, how to fix what is missing,
     and which variables configure it.
 
@@ -441,7 +455,7 @@ def doctor(as_json: bool, run_self_check: bool, check_backend: str | None) -> No
         auto = run_blocking(runner.select)[0].name if runner.settings.backend == "auto" else runner.settings.backend
     except ExecboxError:
         auto = None
-    checks = _self_check(runner, check_backend, as_json) if run_self_check else []
+    checks = _self_check(runner, check_backend, as_json, check_timeout) if run_self_check else []
     core_settings = _variables(Settings)
     audit_health = audit_log.health(runner.audit)
     ok = any(r["sandbox_here"] for r in rows) and not any(c["status"] == "fail" for c in checks)
@@ -476,8 +490,6 @@ def doctor(as_json: bool, run_self_check: bool, check_backend: str | None) -> No
         for var in core_settings:
             if var["set"] is not None:
                 click.echo(f"set: {var['variable']}={var['set']}")
-        for check in checks:
-            click.echo(f"self-check {check['backend']}: {check['status']:<4} {check['name']}: {check['message']}")
         for problem in runner.registry.problems:
             click.echo(f"warning: {problem}")
         click.echo(f"audit log: {audit_health['path']} ({audit_health['chain']} chain)" if audit_health["enabled"]

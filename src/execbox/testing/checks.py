@@ -17,6 +17,7 @@ are imported: a third-party backend's author has the same kit.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import json
@@ -1466,8 +1467,29 @@ class CheckResult:
     duration_s: float = 0.0
 
 
-def run_check(one: Check, kit: Kit) -> CheckResult:
-    """Run one check, turning its outcome into a CheckResult (an unexpected error is a failure)."""
+def run_check(one: Check, kit: Kit, time_box_s: float | None = None) -> CheckResult:
+    """Run one check, turning its outcome into a CheckResult (an unexpected error is a failure). With
+    ``time_box_s``, a check still running after that long is a failure and is left behind (a daemon thread):
+    whatever the backend does, the verdicts keep coming."""
+    if time_box_s is None:
+        return _run_check(one, kit)
+    verdict: concurrent.futures.Future[CheckResult] = concurrent.futures.Future()
+
+    def body() -> None:
+        try:
+            verdict.set_result(_run_check(one, kit))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            verdict.set_exception(exc)
+
+    threading.Thread(target=body, daemon=True, name=f"execbox-check-{one.name}").start()
+    try:
+        return verdict.result(timeout=time_box_s)
+    except concurrent.futures.TimeoutError:
+        return CheckResult(one.name, one.claim, "fail", f"{one.claim}: expected the check to finish within its time "
+                           f"box of {time_box_s:g} s; it did not, and was left behind", round(time_box_s, 2))
+
+
+def _run_check(one: Check, kit: Kit) -> CheckResult:
     started = time.monotonic()
     status: Literal["pass", "fail", "skip"] = "pass"
     try:
@@ -1483,21 +1505,33 @@ def run_check(one: Check, kit: Kit) -> CheckResult:
     return CheckResult(one.name, one.claim, status, message, round(time.monotonic() - started, 2))
 
 
-def self_check(backend_name: str, settings: Settings | None = None, *,
-               checks: Iterable[str] | None = None) -> list[CheckResult]:
+def self_check(backend_name: str, settings: Settings | None = None, *, checks: Iterable[str] | None = None,
+               time_box_s: float | None = None,
+               on_result: Callable[[CheckResult], object] | None = None) -> list[CheckResult]:
     """Run the conformance checks against ``backend_name`` outside pytest; one CheckResult per check, in order.
 
     ``settings``: the execbox Settings to build the runner from (default: from the environment).
     ``checks``: names from ``CHECKS`` to run (default: all). When the backend cannot run here, the result is
-    a single ``skip`` named ``available`` that says why.
+    a single ``skip`` named ``available`` that says why. ``time_box_s``: each check's time box (see run_check).
+    ``on_result``: called with each verdict as soon as it is reached (`execbox doctor --self-check` prints it).
     """
     runner = Runner(settings or Settings.from_env())
     names = list(CHECKS) if checks is None else list(checks)
     unknown = sorted(set(names) - set(CHECKS))
     if unknown:
         raise ValueError(f"unknown check(s) {unknown}; known: {sorted(CHECKS)}")
+    results: list[CheckResult] = []
+
+    def reached(result: CheckResult) -> None:
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+
     try:
         kit = Kit.open(runner, backend_name)
     except Unavailable as exc:
-        return [CheckResult("available", f"backend {backend_name} can run here", "skip", str(exc))]
-    return [run_check(CHECKS[name], kit) for name in names]
+        reached(CheckResult("available", f"backend {backend_name} can run here", "skip", str(exc)))
+        return results
+    for name in names:
+        reached(run_check(CHECKS[name], kit, time_box_s))
+    return results

@@ -1,0 +1,71 @@
+"""The CLI never hangs on a backend that never returns: `execbox run` ends with the typed error and the exit status
+of a SandboxError, and `execbox doctor --self-check` prints each verdict as it is reached, each check within its time
+box, naming the claims that failed. The backend is a plugin installed as a real distribution for the process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from execbox.testing.checks import Check, run_check
+from tests.core.stuck_backends import DISTRIBUTION
+
+SCRIPT = Path(sys.executable).with_name("execbox")
+ROOT = Path(__file__).resolve().parents[1]
+#: Liveness bounds: far above what the bounds set below add up to.
+RUN_LIVENESS_S, DOCTOR_LIVENESS_S = 120, 900
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """A process whose installed distributions include the stuck backends' (an entry point in the execbox group)."""
+    info = tmp_path / "site" / f"{DISTRIBUTION.replace('-', '_')}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DISTRIBUTION}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[execbox]\nstuck = tests.core.stuck_backends\n")
+    (tmp_path / "home").mkdir()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("CODE_EXEC_", "EXECBOX_"))}
+    return {**clean, "HOME": str(tmp_path / "home"), "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{ROOT}",
+            "CODE_EXEC_BACKEND_GRACE_SEC": "1", "CODE_EXEC_OPEN_TIMEOUT_SEC": "2", "CODE_EXEC_MAX_TIMEOUT_SEC": "1"}
+
+
+def test_run_ends_with_the_typed_error(env: dict[str, str], tmp_path: Path) -> None:
+    done = subprocess.run([str(SCRIPT), "run", "--backend", "stuck_exec", "--", "true"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=RUN_LIVENESS_S)
+    assert done.returncode == 1, done.stderr  # a SandboxError's status
+    assert "BackendTimeoutError: backend 'stuck_exec' did not return from exec" in done.stderr
+
+
+def test_doctor_self_check_streams_each_verdict_and_names_the_failed_claims(env: dict[str, str],
+                                                                            tmp_path: Path) -> None:
+    proc = subprocess.Popen([str(SCRIPT), "doctor", "--self-check", "--backend", "stuck_exec", "--check-timeout",
+                             "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        first = ""
+        while not first.startswith("self-check stuck_exec: fail"):
+            first = proc.stdout.readline()
+            assert first, proc.stderr.read() if proc.stderr else ""
+        streamed = proc.poll() is None  # a verdict printed while the other checks still run
+        rest, _ = proc.communicate(timeout=DOCTOR_LIVENESS_S)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert streamed
+    lines = [first, *rest.splitlines()]
+    failed = {line.split()[3].rstrip(":") for line in lines if line.startswith("self-check stuck_exec: fail")}
+    assert {"exit_codes_are_data", "timeout_ends_the_run", "endless_output_ends_a_session_exec"} <= failed
+    assert all("did not return from exec" in line for line in lines if line.startswith("self-check stuck_exec: fail"))
+    assert proc.returncode == 1
+
+
+def test_a_check_past_its_time_box_fails_and_is_left_behind() -> None:
+    started = time.monotonic()
+    verdict = run_check(Check("slow", "a slow claim", lambda kit: time.sleep(30)), None, time_box_s=0.5)  # type: ignore[arg-type]
+    assert verdict.status == "fail" and "time box of 0.5 s" in verdict.message and "a slow claim" in verdict.message
+    assert time.monotonic() - started < 25  # liveness: not the 30 s the check would take
