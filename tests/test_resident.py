@@ -585,6 +585,9 @@ ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a f
     ("open directory", "other users may write to the directory"),
     pytest.param("foreign directory", "on its way is uid 65534's", marks=ROOT_ONLY),
     pytest.param("foreign link on the way", "the link 'via' on its way is uid 65534's", marks=ROOT_ONLY),
+    # where hard links are not protected (fs.protected_hardlinks=0) another user may link any socket of ours or
+    # root's into /tmp at our name: a second name of a private socket says it is not our server's
+    ("hard link", "it has 2 names"),
 ])
 def test_a_socket_someone_else_could_have_put_there_gets_nothing(tmp_path: Path, case: str, why: str) -> None:
     # The listener is this test's own (the caller's uid), so the peer-uid check alone passes it: what decides is
@@ -605,6 +608,9 @@ def test_a_socket_someone_else_could_have_put_there_gets_nothing(tmp_path: Path,
             where.chmod(0o777)
         elif case == "foreign directory":
             os.chown(where, 65534, 65534)
+        elif case == "hard link":
+            os.link(real, where / "other.sock")
+            path = str(where / "other.sock")
         elif case == "foreign link on the way":
             os.symlink(where, tmp_path / "via")
             os.lchown(tmp_path / "via", 65534, 65534)
@@ -649,3 +655,30 @@ def test_a_lock_file_someone_else_may_hold_is_refused_not_waited_on(tmp_path: Pa
                               env=_env())
     assert done.returncode == 2 and "is not a private file of yours" in done.stderr, done
     assert not path.exists()
+
+
+@pytest.mark.parametrize("foreign", [pytest.param(True, marks=ROOT_ONLY), False])
+def test_a_socket_at_the_path_that_never_accepts_does_not_hold_the_start(tmp_path: Path, foreign: bool) -> None:
+    # A listener whose queue is full: a blocking connect to it never returns. Another user's (in a sticky /tmp any
+    # user may bind our name first) held root's `execbox serve` start forever, lock held; so did a wedged one of ours.
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as wedged:
+        wedged.bind(str(path))
+        wedged.listen(0)
+        queued = []
+        with contextlib.suppress(BlockingIOError):
+            while len(queued) < 16:  # fill the queue; nobody accepts
+                client = socket.socket(socket.AF_UNIX)
+                queued.append(client)
+                client.setblocking(False)
+                client.connect(str(path))
+        if foreign:
+            os.chown(path, 65534, 65534)
+        try:
+            done = subprocess.run([EXECBOX, "serve", "--socket", str(path)], capture_output=True, text=True,
+                                  timeout=60, env=_env())
+        finally:
+            for client in queued:
+                client.close()
+    assert done.returncode == 2, done
+    assert ("is uid 65534's socket" if foreign else "accepts nothing") in done.stderr, done.stderr

@@ -86,9 +86,9 @@ def socket_dir(path: str) -> tuple[int, str]:
     """A descriptor (O_PATH) of the directory holding the socket ``path`` names, and its name there, when only this
     user or root can have made every step of the way to it: each directory on the way (links followed) is owned by
     one of them and writable by no one else unless sticky (in /tmp another user may add a name, never replace
-    ours), each link is owned by one of them, and the socket itself (not a link) is this user's, mode 0600 or
-    less. Else UntrustedSocket: root's environment went to any root-owned socket another user pointed a link in
-    a shared directory at (that listener's peer uid was root's too)."""
+    ours), each link is owned by one of them, and the socket itself (not a link, nor one of several hard links)
+    is this user's, mode 0600 or less. Else UntrustedSocket: root's environment went to any root-owned socket
+    another user pointed a link in a shared directory at (that listener's peer uid was root's too)."""
     uid = os.getuid()
     if not path.startswith("/"):
         path = os.getcwd() + "/" + path
@@ -129,6 +129,8 @@ def socket_dir(path: str) -> tuple[int, str]:
             raise UntrustedSocket(f"it is uid {st.st_uid}'s, not yours")
         if st.st_mode & 0o077:
             raise UntrustedSocket(f"other users may use it (mode {stat.S_IMODE(st.st_mode):04o})")
+        if st.st_nlink != 1:  # a server binds one name: another is a hard link, which another user may have made
+            raise UntrustedSocket(f"it has {st.st_nlink} names (hard links)")
     except BaseException:
         if fd >= 0:
             os.close(fd)

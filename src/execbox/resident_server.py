@@ -151,8 +151,13 @@ def _listen_locked(path: str) -> tuple[socket.socket, int]:
     else:
         if not stat.S_ISSOCK(st.st_mode):
             raise ServeError(f"{path} exists and is not a socket; give `execbox serve` another path")
+        if st.st_uid != os.getuid():  # not probed: its listener could hold the connect below forever
+            raise ServeError(f"{path} is uid {st.st_uid}'s socket, not yours; give `execbox serve` another path")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            # Not blocking: a listener whose queue is full (one that never accepts) holds a blocking connect forever;
+            # a Unix socket's connect then fails at once (EAGAIN) instead.
+            probe.setblocking(False)
             probe.connect(path)
         except ConnectionRefusedError:
             try:
@@ -161,6 +166,9 @@ def _listen_locked(path: str) -> tuple[socket.socket, int]:
                 pass  # another server starting at the same path took it away first
             except OSError as exc:
                 raise ServeError(f"cannot replace the dead server's socket {path}: {exc.strerror}") from exc
+        except BlockingIOError as exc:
+            raise ServeError(f"a server listens at {path} but accepts nothing (its queue is full); stop it first, "
+                             "or give another path") from exc
         except OSError as exc:
             raise ServeError(f"cannot check the socket {path}: {exc.strerror or exc}") from exc
         else:
