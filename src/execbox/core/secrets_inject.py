@@ -241,7 +241,8 @@ def json_forms(value: str) -> set[str]:
     ``json.dumps`` (with and without ``ensure_ascii``) and JavaScript's are among them."""
     chars = set(value)
     forms = set()
-    for slash, upper, ascii_only, html, short in itertools.product(*[(False, True)] * 4, _JSON_SHORT_SETS):
+    for (slash, upper, ascii_only, html), short in itertools.product(itertools.product((False, True), repeat=4),
+                                                                     _JSON_SHORT_SETS):
         u = "\\u{:04X}" if upper else "\\u{:04x}"
         table: dict[int, str] = {}
         for ch in chars:
