@@ -74,6 +74,14 @@ def test_only_regular_files_of_bounded_size(tmp_path: Path) -> None:
         packages.read_requirements(tmp_path / "missing.txt")
 
 
+def test_a_directory_or_an_unreadable_file_is_a_config_error_and_leaks_no_descriptor(tmp_path: Path) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    for path, why in ((tmp_path, "not a regular file"), (Path("/proc/self/mem"), "cannot read")):
+        with pytest.raises(ConfigError, match=why):  # not IsADirectoryError, or OSError: EIO
+            packages.read_requirements(path)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_a_name_pip_takes_for_an_archive_file_is_refused_given_alone_too() -> None:
     for name in ("evil.tar.gz", "evil.whl", "evil.tar", "evil.zip; python_version > '3'"):
         with pytest.raises(ConfigError, match="archive"):

@@ -155,10 +155,15 @@ def read_requirements(path: Path) -> list[str]:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO does not hang us
     except OSError as exc:
         raise ConfigError(f"cannot read the requirements file {path}: {exc.strerror or exc}") from None
-    with open(fd, "rb") as fh:
+    try:  # checked before open(): a directory's descriptor made open() raise, and leak it
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ConfigError(f"the requirements file {path} is not a regular file")
-        data = fh.read(MAX_REQUIREMENTS_FILE + 1)
+        with open(fd, "rb", closefd=False) as fh:
+            data = fh.read(MAX_REQUIREMENTS_FILE + 1)
+    except OSError as exc:  # EIO and the like (/proc/self/mem is a regular file)
+        raise ConfigError(f"cannot read the requirements file {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_REQUIREMENTS_FILE:
         raise ConfigError(f"the requirements file {path} is larger than {MAX_REQUIREMENTS_FILE} bytes")
     try:
