@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from execbox.testing.checks import Check, run_check
-from tests.core.stuck_backends import DISTRIBUTION
+from tests.core import stuck_backends
 
 SCRIPT = Path(sys.executable).with_name("execbox")
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,13 +24,10 @@ RUN_LIVENESS_S, DOCTOR_LIVENESS_S = 120, 900
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """A process whose installed distributions include the stuck backends' (an entry point in the execbox group)."""
-    info = tmp_path / "site" / f"{DISTRIBUTION.replace('-', '_')}-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DISTRIBUTION}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[execbox]\nstuck = tests.core.stuck_backends\n")
+    installed = stuck_backends.site(tmp_path)
     (tmp_path / "home").mkdir()
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("CODE_EXEC_", "EXECBOX_"))}
-    return {**clean, "HOME": str(tmp_path / "home"), "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{ROOT}",
+    return {**clean, "HOME": str(tmp_path / "home"), "PYTHONPATH": f"{installed}{os.pathsep}{ROOT}",
             "CODE_EXEC_BACKEND_GRACE_SEC": "1", "CODE_EXEC_OPEN_TIMEOUT_SEC": "2", "CODE_EXEC_MAX_TIMEOUT_SEC": "1"}
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import subprocess
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 import anyio
@@ -114,3 +115,12 @@ BACKENDS = (StuckExec, StuckOpen, StuckFiles, StuckClose, PipeHolder)
 def execbox_register_backends(register: Callable[[type], None]) -> None:
     for cls in BACKENDS:
         register(cls)
+
+
+def site(root: Path) -> Path:
+    """A directory for another process's PYTHONPATH in which this plugin is an installed distribution."""
+    info = root / "site" / f"{DISTRIBUTION.replace('-', '_')}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DISTRIBUTION}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[execbox]\nstuck = {__name__}\n")
+    return info.parent
