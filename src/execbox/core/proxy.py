@@ -94,12 +94,12 @@ CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUND
 NO_PROXY = "localhost,127.0.0.1,::1"
 
 # Runs inside the sandbox as ``python3 -I -S -c FORWARDER SOCKET -- COMMAND...``: built-in modules only
-# (_socket and _thread, not socket and threading, whose imports would cost every run tens of ms; any python3
-# since 3.6). Binds a free port on the sandbox's loopback, puts it in the proxy variables, and becomes the
-# command; a double-forked grandchild (not a child of the command, so a shell's `wait` never waits for it)
-# relays each connection to SOCKET until the command's process is gone.
+# (_socket, not socket, whose import would cost every run tens of ms; any python3 since 3.6). Binds a free
+# port on the sandbox's loopback, puts it in the proxy variables, and becomes the command; a double-forked
+# grandchild (not a child of the command, so a shell's `wait` never waits for it) relays each connection to
+# SOCKET until the command's process is gone.
 FORWARDER = r"""
-import _socket, _thread, os, select, sys
+import _socket, os, select, sys
 path, argv = sys.argv[1], sys.argv[3:]
 listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
 listener.bind(("127.0.0.1", 0))
@@ -123,60 +123,102 @@ null = os.open(os.devnull, os.O_RDWR)
 for fd in (0, 1, 2):
     os.dup2(null, fd)
 
-def pump(src, dst, done):
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-        dst.shutdown(_socket.SHUT_WR)
-    except OSError:
-        for s in (src, dst):
-            try:
-                s.shutdown(_socket.SHUT_RDWR)
-            except OSError:
-                pass
-    if done is not None:
-        done.release()
+# One thread relays every connection (poll), so no number of connections can run the sandbox's pids limit
+# out, and no error ends the loop: a connection that fails is closed alone. At most LIMIT are open at once
+# (the proxy refuses more than MAX_CONNECTIONS anyway); beyond that, new ones wait in the listen queue.
+LIMIT, HELD = 240, 1 << 18
+IN, OUT, GONE = select.POLLIN, select.POLLOUT, select.POLLHUP | select.POLLERR | select.POLLNVAL
+poller = select.poll()
+conns = {}  # fd -> [socket, the peer's fd, bytes to send to it, still reading from it, still polled]
 
-def relay(fd):
+def close(fd):
+    for f in (fd, conns[fd][1]):
+        c = conns.pop(f, None)
+        if c is not None:
+            if c[4]:
+                poller.unregister(f)
+            c[0].close()
+
+def update(fd):
+    c = conns[fd]
+    if c[4]:
+        poller.modify(fd, (IN if c[3] and len(conns[c[1]][2]) < HELD else 0) | (OUT if c[2] else 0))
+
+def step(fd, ev):
+    c = conns[fd]
+    sock, other = c[0], conns[c[1]]
+    if ev & OUT and c[2]:
+        del c[2][:sock.send(c[2])]
+        if not c[2] and not other[3]:
+            sock.shutdown(_socket.SHUT_WR)  # its peer sent everything: pass the end on
+    if ev & (IN | GONE) and c[3]:
+        data = sock.recv(65536)
+        if data:
+            other[2] += data
+        else:
+            c[3] = False
+            if not other[2]:
+                other[0].shutdown(_socket.SHUT_WR)
+    elif ev & GONE and c[4]:  # hung up, nothing more to read from it: stop polling it
+        poller.unregister(fd)
+        c[4] = False
+    # done: both ends sent everything and got it, or one hung up and what it sent was delivered
+    if (not c[3] and not other[3] and not c[2] and not other[2] or not c[4] and not other[2]
+            or not other[4] and not c[2]):
+        close(fd)
+    else:
+        update(fd)
+        update(c[1])
+
+def accept():
+    fd = listener._accept()[0]
     conn = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, fd)
     up = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
+        up.settimeout(10)
         up.connect(path)
-        back = _thread.allocate_lock()
-        back.acquire()
-        _thread.start_new_thread(pump, (up, conn, back))
-        pump(conn, up, None)
-        back.acquire()
     except OSError:
-        pass
-    conn.close()
-    up.close()
+        conn.close()
+        up.close()
+        return
+    for s, peer in ((conn, up), (up, conn)):
+        s.setblocking(False)
+        conns[s.fileno()] = [s, peer.fileno(), bytearray(), True, True]
+        poller.register(s.fileno(), IN)
 
 try:
     watch = os.pidfd_open(command)
+    poller.register(watch, IN)
 except (AttributeError, OSError):
     watch = None
+poller.register(listener.fileno(), IN)
+listening = True
 while True:
-    waiting = [listener] + ([watch] if watch is not None else [])
-    ready = select.select(waiting, [], [], None if watch is not None else 0.5)[0]
-    if watch is not None and watch in ready:
-        os._exit(0)
-    if watch is None:
-        try:
-            os.kill(command, 0)
-        except ProcessLookupError:
-            os._exit(0)
-        except OSError:
-            pass
-    if listener in ready:
-        try:
-            fd = listener._accept()[0]
-        except OSError:
-            continue
-        _thread.start_new_thread(relay, (fd,))
+    try:
+        if listening != (len(conns) < 2 * LIMIT):
+            listening = not listening
+            poller.modify(listener.fileno(), IN if listening else 0)
+        ready = poller.poll(None if watch is not None else 500)
+        if watch is None:
+            try:
+                os.kill(command, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except OSError:
+                pass
+        for fd, ev in ready:
+            if fd == watch:
+                os._exit(0)
+            if fd == listener.fileno():
+                if ev & IN and listening:
+                    accept()
+            elif fd in conns:
+                try:
+                    step(fd, ev)
+                except OSError:
+                    close(fd)
+    except Exception:
+        select.select([], [], [], 0.05)  # out of file descriptors, say: a connection closing will end it
 """
 
 
@@ -406,6 +448,7 @@ class EgressProxy:
         self._closed = False
         self._lock = threading.Lock()
         self._open: set[asyncio.StreamWriter] = set()
+        self._clients = 0  # connections from the sandbox now open (MAX_CONNECTIONS; each may have one upstream)
         self._servers: set[asyncio.AbstractServer] = set()
         self.directory = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{owner_tag()}-")
         self.ca_file: str | None = None
@@ -543,8 +586,9 @@ class EgressProxy:
     async def _serve(self, run: ProxyRun, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         run.writers.add(writer)
         self._open.add(writer)
+        self._clients += 1
         try:
-            if len(self._open) > MAX_CONNECTIONS:
+            if self._clients > MAX_CONNECTIONS:
                 self._record(run, _Attempt("", 0, reason=f"refused: more than {MAX_CONNECTIONS} connections open"))
                 await answer(writer, 503, f"more than {MAX_CONNECTIONS} connections open through this sandbox's "
                                            "proxy")
@@ -568,6 +612,7 @@ class EgressProxy:
         finally:
             run.writers.discard(writer)
             self._open.discard(writer)
+            self._clients -= 1
             writer.transport.abort()
 
     async def _dispatch(self, run: ProxyRun, raw: bytes, reader: asyncio.StreamReader,
