@@ -89,7 +89,7 @@ def test_a_name_pip_takes_for_an_archive_file_is_refused_given_alone_too() -> No
 
 
 @pytest.mark.parametrize("requirement", ["rich===1.tar.gz", "rich[x]===1.ZIP ; python_version > '3'",
-                                         "rich ===1.tgz\t"])
+                                         "rich ===1.tgz\t", "rich===1.zip[x]"])
 def test_an_arbitrary_equality_version_pip_takes_for_an_archive_file_is_refused(
         requirement: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # '===' takes any version string, so the requirement's end is the archive's suffix, as pip tests it

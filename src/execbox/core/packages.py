@@ -134,10 +134,12 @@ def check_requirements(requirements: Sequence[str]) -> list[str]:
         if req.url:
             raise ConfigError(f"refused requirement {text[:200]!r}: a URL requirement; give a name and version "
                               "from the index")
-        # The name, or the whole requirement before its marker as pip tests it: rich===1.tar.gz (the arbitrary
-        # equality operator takes any version) was the file /rich===1.tar.gz to pip.
-        if req.name.lower().endswith(_ARCHIVE_SUFFIXES) or text.split(";")[0].strip().lower().endswith(
-                _ARCHIVE_SUFFIXES):
+        # The name, or the whole requirement before its marker less a trailing [extras], as pip tests it:
+        # rich===1.tar.gz (the arbitrary equality operator takes any version) was the file /rich===1.tar.gz to pip.
+        end = text.split(";")[0].strip().lower()
+        if end.endswith("]") and "[" in end:  # no regex: the arbitrary version may be 1 MiB of brackets
+            end = end[:end.rindex("[")]
+        if req.name.lower().endswith(_ARCHIVE_SUFFIXES) or end.endswith(_ARCHIVE_SUFFIXES):
             raise ConfigError(f"refused requirement {text[:200]!r}: pip takes that name for a local archive file; "
                               "give a name and version from the index")
         checked.append(text)
