@@ -134,7 +134,10 @@ LINE_ALPHABET = st.sampled_from(list("abcz09-_.[],;<>=!~@:/\\#$ \t\"'()*%+?&") +
 @settings(max_examples=400, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.one_of(st.text(LINE_ALPHABET, max_size=40), st.text(max_size=40),
                  st.builds(lambda a, b: a + b, st.sampled_from(["rich", "-", "--", "./", "x @ ", "rich==1 "]),
-                           st.text(LINE_ALPHABET, max_size=30))))
+                           st.text(LINE_ALPHABET, max_size=30)),
+                 st.builds(lambda a, b, c: a + b + c, st.sampled_from(["rich===", "rich[x] ===", "x.tar"]),
+                           st.text(LINE_ALPHABET, max_size=8),
+                           st.sampled_from(["", ".zip", ".tar.gz", ".whl", "[x]", ".tgz[y]", ".ZIP ; os_name=='x'"]))))
 def test_any_line_is_refused_or_a_plain_requirement(tmp_path: Path, line: str) -> None:
     try:
         checked = packages.read_requirements(reqs_file(tmp_path, line + "\n"))
