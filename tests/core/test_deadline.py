@@ -101,6 +101,32 @@ async def test_a_warm_member_whose_exec_never_returns_raises() -> None:
     _names(exc, "stuck_exec", "exec")
 
 
+async def test_a_warm_member_that_never_opens_is_a_refill_error_and_the_run_opens_its_own() -> None:
+    async with AsyncRunner(_settings("stuck_open", pool_size=1)) as runner:
+        with anyio.fail_after(LIVENESS_S):
+            await runner.warm()
+            while "stuck_open" not in runner.pool.errors:
+                await anyio.sleep(0.05)
+            assert "did not return from open_session" in runner.pool.errors["stuck_open"]
+            with pytest.raises(BackendTimeoutError) as exc:
+                await runner.run("true", timeout=1)
+    _names(exc, "stuck_open", "open_session")
+
+
+async def test_a_used_member_whose_close_never_returns_does_not_stop_the_runner() -> None:
+    async with AsyncRunner(_settings("stuck_close", pool_size=1)) as runner:
+        with anyio.fail_after(LIVENESS_S):
+            while await runner.warm() < 1:
+                await anyio.sleep(0.02)
+            first = await runner.run("echo one", timeout=1)
+            assert first.pooled and first.stdout == "one\n"
+            while "stuck_close" not in runner.pool.errors:  # removed in the background, given up on after the grace
+                await anyio.sleep(0.05)
+            assert "did not return from close" in runner.pool.errors["stuck_close"]
+            second = await runner.run("echo two", timeout=1)  # the runner's background work still runs
+            assert second.stdout == "two\n"
+
+
 async def test_run_cell_on_a_backend_whose_exec_never_returns_ends() -> None:
     # The interpreter's supervisor is one exec that lasts the sandbox's life: bounded by that life and the grace.
     async with AsyncRunner(_settings("stuck_exec")) as runner:
