@@ -375,12 +375,15 @@ class Interceptor:
                         up_writer: asyncio.StreamWriter) -> None:
         """TLS to the code with our certificate, TLS to the host verified, and the plaintext relayed with the
         placeholders of this host's secrets swapped for their values (and back in what returns)."""
+        from execbox.core.proxy import TLS_FAILED, TLS_HINT, HeadError, answer, parse_head
+
         secrets: list[EgressSecret] = run.secrets.for_destination(host, port)
         try:
             await writer.start_tls(self.server_context(host.lower().rstrip(".")),
                                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
         except (OSError, ssl.SSLError, TimeoutError) as exc:
-            attempt.reason += f"; the sandbox's TLS handshake failed ({exc}): does its client trust SSL_CERT_FILE?"
+            attempt.reason += (f"; {TLS_FAILED} in the sandbox ({exc}): its client must trust the bundle "
+                               f"SSL_CERT_FILE names, which holds this sandbox's CA for {host}")
             up_writer.transport.abort()
             return
         try:
@@ -388,15 +391,14 @@ class Interceptor:
                                       ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             attempt.allowed = False
-            attempt.reason = f"the TLS certificate of {host}:{port} did not verify ({exc}); nothing was sent"
+            attempt.reason = (f"{TLS_FAILED} with {host}:{port}: its certificate did not verify ({exc}); "
+                              f"nothing was sent. {TLS_HINT}")
             up_writer.transport.abort()
             return
         # One request per connection, to this host, asking for a plain response, its body framed exactly
         # (Content-Length or chunked, read here) and nothing read from the code after it: the value is swapped back
         # only where it returns as bytes, so a compressed or partial reflection, or a second request smuggled
         # behind the first (to another tenant of the same front-end), would hand it to the code.
-        from execbox.core.proxy import HeadError, answer, parse_head
-
         try:
             raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT_S)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError, ssl.SSLError):

@@ -92,6 +92,10 @@ _HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "proxy
 CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
                 "NPM_CONFIG_CAFILE", "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO")
 NO_PROXY = "localhost,127.0.0.1,::1"
+#: In every attempt's reason where a TLS handshake failed (``with_egress`` makes a note of each).
+TLS_FAILED = "the TLS handshake failed"
+TLS_HINT = ("If this network inspects TLS (a corporate proxy), set CODE_EXEC_CA_BUNDLE to a PEM bundle of its CA: "
+            "the sandbox and the proxy then trust it")
 
 # Runs inside the sandbox as ``python3 -I -S -c FORWARDER SOCKET -- COMMAND...``: built-in modules only
 # (_socket, not socket, whose import would cost every run tens of ms; any python3 since 3.6). Binds a free
@@ -778,10 +782,13 @@ def provider_allowlist_for(settings: Settings, backend: str) -> ProviderAllowlis
 
 
 def with_egress(result: ExecResult, attempts: list[EgressAttempt], dropped: int) -> ExecResult:
-    """``result`` carrying its run's attempts (and a note when more were made than kept)."""
+    """``result`` carrying its run's attempts, and notes: when more were made than kept, and each destination
+    whose TLS handshake failed (where an allowed attempt alone would leave the code's error unexplained)."""
     notes = list(result.notes)
     if dropped:
         notes.append(f"egress: {dropped} more connection attempts than the {MAX_RECORDS} listed in egress")
+    failed = {(a.host, a.port): a.reason for a in attempts if TLS_FAILED in a.reason}
+    notes += [f"egress: {host}:{port}: {reason}" for (host, port), reason in list(failed.items())[:5]]
     return result.model_copy(update={"egress": attempts, "notes": notes})
 
 
@@ -843,13 +850,16 @@ async def _copy_chunked(reader: Any, writer: asyncio.StreamWriter, attempt: _Att
             return
 
 
-async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, attempt: _Attempt, way: str) -> bool:
-    """Copy until EOF (then half-close ``dst``); False when a side failed."""
+async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, attempt: _Attempt, way: str,
+                watch: _TlsClient | None = None) -> bool:
+    """Copy until EOF (then half-close ``dst``); False when a side failed. ``watch`` sees what is copied."""
     try:
         while True:
             data = await src.read(_CHUNK)
             if not data:
                 break
+            if watch is not None:
+                watch.feed(data)
             _send(dst, data, attempt, way)
             await dst.drain()
         if dst.can_write_eof():
@@ -861,8 +871,10 @@ async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, attempt: _
 
 async def _relay(attempt: _Attempt, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> None:
-    """Both ways until both ends are done; a failure on one side closes both."""
-    out = asyncio.ensure_future(_pump(reader, up_writer, attempt, "sent"))
+    """Both ways until both ends are done; a failure on one side closes both. A TLS handshake the sandbox's client
+    refused is said on the attempt (``_TlsClient``)."""
+    hello = _TlsClient()
+    out = asyncio.ensure_future(_pump(reader, up_writer, attempt, "sent", hello))
     back = asyncio.ensure_future(_pump(up_reader, writer, attempt, "received"))
     try:
         for done in asyncio.as_completed([out, back]):
@@ -872,6 +884,41 @@ async def _relay(attempt: _Attempt, reader: asyncio.StreamReader, writer: asynci
         up_writer.transport.abort()
         writer.transport.abort()
         await asyncio.gather(out, back, return_exceptions=True)
+        if hello.refused:
+            attempt.reason += (f"; {TLS_FAILED} in the sandbox: its client sent an alert instead of finishing it, most "
+                               f"often a certificate it does not trust. {TLS_HINT}")
+
+
+class _TlsClient:
+    """What a client sends at the start of a tunnel, read as TLS records: after its ClientHello (and a
+    ChangeCipherSpec), a client that accepts the server's certificate sends its Finished, one that refuses it an
+    alert instead (a plain one, or in TLS 1.3 an encrypted record of exactly 19 bytes: 2 of alert, 1 of type, a
+    16-byte tag). Only that one record is judged; nothing is judged on a tunnel that is not TLS."""
+
+    def __init__(self) -> None:
+        self.refused = False
+        self._judged = False
+        self._hello = False
+        self._buf = b""
+        self._skip = 0
+
+    def feed(self, data: bytes) -> None:
+        if self._judged:
+            return
+        self._buf += data
+        while not self._judged:
+            dropped = min(self._skip, len(self._buf))
+            self._buf, self._skip = self._buf[dropped:], self._skip - dropped
+            if self._skip or len(self._buf) < 5:
+                return
+            kind, length = self._buf[0], int.from_bytes(self._buf[3:5], "big")
+            if not self._hello:
+                self._hello = kind == 22
+                self._judged = not self._hello
+            elif kind != 20:
+                self.refused = kind == 21 or (kind == 23 and length == 19)
+                self._judged = True
+            self._buf, self._skip = self._buf[5:], length
 
 
 _DENIED = "X-Execbox-Egress: denied\r\n"

@@ -38,6 +38,9 @@ def exec_result(result: ExecResult) -> CallToolResult:
         "limit": result.limit, "explanation": result.explanation, "retryable": result.retryable,
         "duration_s": result.duration_s, "backend": result.backend, "notes": list(result.notes),
     }
+    if result.egress:  # network mode proxy: every connection the code made, allowed or not (the first 100)
+        data["egress"] = [{"host": a.host, "port": a.port, "allowed": a.allowed, "reason": a.reason,
+                           "bytes_sent": a.bytes_sent, "bytes_received": a.bytes_received} for a in result.egress[:100]]
     denied = [a for a in result.egress if not a.allowed]
     if denied:
         data["egress_denied"] = [{"host": a.host, "port": a.port, "reason": a.reason} for a in denied[:20]]
@@ -46,6 +49,9 @@ def exec_result(result: ExecResult) -> CallToolResult:
         lines.append(f"{result.explanation} (retrying can help: {'yes' if result.retryable else 'no'})")
     lines += [f"note: {note}" for note in result.notes]
     lines += [f"egress denied: {a['host']}:{a['port']} ({a['reason']})" for a in data.get("egress_denied", [])]
+    allowed = sorted({f"{a.host}:{a.port}" for a in result.egress if a.allowed})
+    if allowed:
+        lines.append(f"egress allowed: {', '.join(allowed[:20])}" + (" ..." if len(allowed) > 20 else ""))
     lines += ["stdout:" + ("\n" + result.stdout if result.stdout else " (empty)"),
               "stderr:" + ("\n" + result.stderr if result.stderr else " (empty)")]
     return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structured_content=data)
