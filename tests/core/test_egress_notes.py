@@ -123,3 +123,15 @@ def test_the_mcp_tool_result_carries_the_run_s_egress() -> None:
         ("pypi.org", True, 20), ("evil.example", False, 0)]
     text = result.content[0].text  # type: ignore[union-attr]
     assert "egress allowed: pypi.org:443" in text and "egress denied: evil.example:443" in text
+
+
+@pytest.mark.parametrize("stderr", ["urllib.error.URLError: <urlopen error [Errno 99] Cannot assign requested address>",
+                                    "curl: (7) Failed to connect to localhost port 8000: Couldn't connect to server",
+                                    "OSError: [Errno 101] Network is unreachable"])
+def test_a_connection_that_never_reached_the_proxy_is_explained(stderr: str) -> None:
+    """NO_PROXY=localhost,... sends those to the sandbox's own loopback, and code ignoring the proxy variables
+    has no route: neither leaves an attempt, so the note says why egress does not list it."""
+    notes = with_egress(ExecResult(exit_code=1, stderr=stderr), [], 0).notes
+    assert notes == [px.UNPROXIED_NOTE] and "NO_PROXY" in notes[0] and "loopback" in notes[0]
+    assert with_egress(ExecResult(exit_code=0, stderr=stderr), [], 0).notes == []
+    assert with_egress(ExecResult(exit_code=1, stderr="Traceback: KeyError"), [], 0).notes == []

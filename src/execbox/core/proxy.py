@@ -92,6 +92,14 @@ _HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "proxy
 CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
                 "NPM_CONFIG_CAFILE", "GIT_SSL_CAINFO", "CARGO_HTTP_CAINFO")
 NO_PROXY = "localhost,127.0.0.1,::1"
+# What a connection that never reached the proxy fails with (it leaves no attempt): errno texts of Linux and
+# the messages of curl and node for them.
+_UNPROXIED_ERRORS = ("Cannot assign requested address", "Connection refused", "Network is unreachable",
+                     "Couldn't connect to server", "ECONNREFUSED", "ENETUNREACH", "EADDRNOTAVAIL")
+UNPROXIED_NOTE = ("egress: a connection failed without reaching the egress proxy, so egress does not list it: "
+                  f"{NO_PROXY} (NO_PROXY) are the sandbox's own loopback, where only what the code itself serves "
+                  "listens (nothing of this host's; docker's has no ::1), and code that ignores HTTP_PROXY and "
+                  "HTTPS_PROXY has no route anywhere")
 #: In every attempt's reason where a TLS handshake failed (``with_egress`` makes a note of each).
 TLS_FAILED = "the TLS handshake failed"
 TLS_HINT = ("If this network inspects TLS (a corporate proxy), set CODE_EXEC_CA_BUNDLE to a PEM bundle of its CA: "
@@ -789,6 +797,8 @@ def with_egress(result: ExecResult, attempts: list[EgressAttempt], dropped: int)
         notes.append(f"egress: {dropped} more connection attempts than the {MAX_RECORDS} listed in egress")
     failed = {(a.host, a.port): a.reason for a in attempts if TLS_FAILED in a.reason}
     notes += [f"egress: {host}:{port}: {reason}" for (host, port), reason in list(failed.items())[:5]]
+    if result.exit_code != 0 and any(text in result.stderr for text in _UNPROXIED_ERRORS):
+        notes.append(UNPROXIED_NOTE)
     return result.model_copy(update={"egress": attempts, "notes": notes})
 
 
