@@ -25,8 +25,8 @@ of the encoding that depends on the value alone: at most one character at either
 bits of the neighbouring bytes, is left); lower- and upper-case hex; URL encoding (``quote`` with and
 without ``/`` kept, ``quote_plus``, JavaScript's ``encodeURIComponent``; upper- and lower-case escapes);
 JSON string escaping as common encoders write it (``json_forms``: ``\\/`` or ``/``, ``\\uXXXX`` in lower or upper
-hex, non-ASCII escaped or as UTF-8, Go's ``\\u003c`` for ``<>&``, control characters short, as ``\\u00XX``, or
-short only for ``\\n\\r\\t`` as Go before 1.22 wrote them)
+hex, non-ASCII escaped or as UTF-8, Go's ``\\u003c`` for ``<>&``, .NET's ``\\u002B`` for ``+`` and ``\\u0022`` for
+``"``, control characters short, as ``\\u00XX``, or short only for ``\\n\\r\\t`` as Go before 1.22 wrote them)
 and Python's ``repr``. Not covered: base64 wrapped over lines, other encodings (base32, gzip, ...),
 transformations (reversed, split, XOR-ed), a value the code changed.
 
@@ -229,29 +229,33 @@ _JSON_SHORT = {"\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 #: Which control characters get their short escape: all five (most encoders), ``\n\r\t`` only (Go before 1.22
 #: wrote ``\b`` and ``\f`` as ``\u0008`` and ``\u000c``), none.
 _JSON_SHORT_SETS = ("\b\f\n\r\t", "\n\r\t", "")
-_JSON_HTML = "<>&\u2028\u2029"  # what Go's encoding/json escapes by default, beyond the control characters
+#: What an encoder escapes as ``\uXXXX`` beyond the control characters: nothing more; ``<>&`` and U+2028/9 (Go's
+#: encoding/json, Rails); the HTML-sensitive ``<>&'"+``` (.NET's System.Text.Json by default, ``"`` as ``\u0022``).
+_JSON_HTML_SETS = ("", "<>&\u2028\u2029", "<>&'\"+`")
 
 
 def json_forms(value: str) -> set[str]:
     """``value`` inside a JSON string, as common encoders write it. Each form applies one style to the whole
     value, a combination of five choices (``/`` as ``\\/``, as PHP writes it; ``\\u`` hex in upper case;
-    non-ASCII and DEL escaped; ``<>&`` and U+2028/9 escaped, as Go does; which of ``\\b\\f\\n\\r\\t`` are short,
-    the others ``\\u00XX``, ``_JSON_SHORT_SETS``): 48 forms at most whatever the value's length (a form per
-    character's choice would be exponential in it); ``"`` and ``\\`` are always ``\\"`` and ``\\\\``. Python's
-    ``json.dumps`` (with and without ``ensure_ascii``) and JavaScript's are among them."""
+    non-ASCII and DEL escaped; which others are escaped, ``_JSON_HTML_SETS``; which of ``\\b\\f\\n\\r\\t`` are
+    short, the others ``\\u00XX``, ``_JSON_SHORT_SETS``): 72 forms at most whatever the value's length (a form per
+    character's choice would be exponential in it); ``\\`` is always ``\\\\``, ``"`` is ``\\"`` unless escaped as
+    ``\\u0022``. Python's ``json.dumps`` (with and without ``ensure_ascii``), JavaScript's, Go's and .NET's are among
+    them."""
     chars = set(value)
     forms = set()
-    for (slash, upper, ascii_only, html), short in itertools.product(itertools.product((False, True), repeat=4),
-                                                                     _JSON_SHORT_SETS):
+    seen: set[frozenset[tuple[int, str]]] = set()
+    for (slash, upper, ascii_only), html, short in itertools.product(itertools.product((False, True), repeat=3),
+                                                                     _JSON_HTML_SETS, _JSON_SHORT_SETS):
         u = "\\u{:04X}" if upper else "\\u{:04x}"
         table: dict[int, str] = {}
         for ch in chars:
             code = ord(ch)
-            if ch in '"\\':
+            if ch == "\\" or (ch == '"' and ch not in html):
                 table[code] = "\\" + ch
             elif ch in short:
                 table[code] = _JSON_SHORT[ch]
-            elif code < 0x20 or (html and ch in _JSON_HTML) or (ascii_only and code > 0x7E):
+            elif code < 0x20 or ch in html or (ascii_only and code > 0x7E):
                 if code > 0xFFFF:  # outside the BMP: a UTF-16 surrogate pair
                     code -= 0x10000
                     table[ord(ch)] = u.format(0xD800 + (code >> 10)) + u.format(0xDC00 + (code & 0x3FF))
@@ -259,7 +263,10 @@ def json_forms(value: str) -> set[str]:
                     table[code] = u.format(code)
             elif slash and ch == "/":
                 table[code] = "\\/"
-        forms.add(value.translate(table))
+        key = frozenset(table.items())
+        if key not in seen:  # most choices change nothing in a value without the characters they concern
+            seen.add(key)
+            forms.add(value.translate(table))
     return forms
 
 
