@@ -218,3 +218,30 @@ def test_a_host_whose_certificate_does_not_verify_gets_nothing(world: dict[str, 
     assert impostor.seen == []  # type: ignore[attr-defined]
     [attempt] = [a for a in result.egress if a.port == port]
     assert not attempt.allowed and "did not verify" in attempt.reason
+
+
+@pytest.mark.parametrize("backend", ["docker", "bubblewrap"])
+def test_a_secret_s_host_needs_no_allowlist_entry_of_its_own(backend: str, world: dict[str, Any]) -> None:
+    """The README's example set CODE_EXEC_EGRESS_ALLOW too; the secret's host:port is allowed for its run alone
+    (the address entry here only lets the proxy reach this test's loopback listener)."""
+    port = world["ports"]["secret"]
+    value = "sk-live-" + os.urandom(12).hex()
+    settings = Settings.from_env(backend=backend, network="proxy", egress_defaults=False, ca_bundle=world["ca"],
+                                 local=True, egress_allow=[f"127.0.0.1/32:{port}"])
+    code = (f"import os, urllib.request\nreq = urllib.request.Request('https://{SECRET_HOST}:{port}/', "
+            f"headers={{'Authorization': os.environ['{NAME}']}})\n"
+            "print(urllib.request.urlopen(req, timeout=30).status)\n")
+    with Runner(settings) as runner:
+        try:
+            run_blocking(runner.aio.backend(backend).check)
+        except BackendUnavailableError as exc:
+            engine_missing(f"{backend} cannot run here: {exc}")
+        result = runner.run_code(code, backend=backend, timeout=60,
+                                 secrets_at_egress={NAME: (f"{SECRET_HOST}:{port}", value)})
+        bare = runner.run_code(code.replace(f"os.environ['{NAME}']", "'x'"), backend=backend, timeout=60)
+    assert result.stdout == "200\n", result.stderr
+    assert [r["headers"]["Authorization"] for r in world["secret"].seen] == [value]
+    [attempt] = result.egress
+    assert attempt.allowed and NAME in attempt.reason
+    # a run without the secret: the name is not allowed
+    assert bare.exit_code != 0 and [(a.host, a.allowed) for a in bare.egress] == [(SECRET_HOST, False)]
