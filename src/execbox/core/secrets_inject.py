@@ -25,10 +25,10 @@ of the encoding that depends on the value alone: at most one character at either
 bits of the neighbouring bytes, is left); lower- and upper-case hex; URL encoding (``quote`` with and
 without ``/`` kept, ``quote_plus``, JavaScript's ``encodeURIComponent``; upper- and lower-case escapes);
 JSON string escaping as common encoders write it (``json_forms``: ``\\/`` or ``/``, ``\\uXXXX`` in lower or upper
-hex, non-ASCII escaped or as UTF-8, Go's ``\\u003c`` for ``<>&``, .NET's ``\\u002B`` for ``+`` and ``\\u0022`` for
-``"``, control characters short, as ``\\u00XX``, or short only for ``\\n\\r\\t`` as Go before 1.22 wrote them)
-and Python's ``repr``. Not covered: base64 wrapped over lines, other encodings (base32, gzip, ...),
-transformations (reversed, split, XOR-ed), a value the code changed.
+hex, non-ASCII escaped or as UTF-8, Go's ``\\u003c`` for ``<>&``, Gson's ``\\u003d`` for ``=``, .NET's ``\\u002B``
+for ``+`` and ``\\u0022`` for ``"``, control characters short, as ``\\u00XX``, or short only for ``\\n\\r\\t`` as
+Go before 1.22 wrote them) and Python's ``repr``. Not covered: base64 wrapped over lines, other encodings (base32,
+gzip, ...), transformations (reversed, split, XOR-ed), a value the code changed.
 
 Where: in one place every path uses, ``core.output.BoundedCapture.write``: bytes are redacted as they come
 in, before they are streamed (``on_output``) and before the cap decides what is kept, so a secret cut by the
@@ -230,18 +230,19 @@ _JSON_SHORT = {"\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 #: wrote ``\b`` and ``\f`` as ``\u0008`` and ``\u000c``), none.
 _JSON_SHORT_SETS = ("\b\f\n\r\t", "\n\r\t", "")
 #: What an encoder escapes as ``\uXXXX`` beyond the control characters: nothing more; ``<>&`` and U+2028/9 (Go's
-#: encoding/json, Rails); the HTML-sensitive ``<>&'"+``` (.NET's System.Text.Json by default, ``"`` as ``\u0022``).
-_JSON_HTML_SETS = ("", "<>&\u2028\u2029", "<>&'\"+`")
+#: encoding/json, Rails); Gson's default (``=``, so a base64 value's padding, and ``'`` too); the HTML-sensitive
+#: ``<>&'"+``` (.NET's System.Text.Json by default, ``"`` as ``\u0022``).
+_JSON_HTML_SETS = ("", "<>&\u2028\u2029", "<>&='\u2028\u2029", "<>&'\"+`")
 
 
 def json_forms(value: str) -> set[str]:
     """``value`` inside a JSON string, as common encoders write it. Each form applies one style to the whole
     value, a combination of five choices (``/`` as ``\\/``, as PHP writes it; ``\\u`` hex in upper case;
     non-ASCII and DEL escaped; which others are escaped, ``_JSON_HTML_SETS``; which of ``\\b\\f\\n\\r\\t`` are
-    short, the others ``\\u00XX``, ``_JSON_SHORT_SETS``): 72 forms at most whatever the value's length (a form per
+    short, the others ``\\u00XX``, ``_JSON_SHORT_SETS``): 96 forms at most whatever the value's length (a form per
     character's choice would be exponential in it); ``\\`` is always ``\\\\``, ``"`` is ``\\"`` unless escaped as
-    ``\\u0022``. Python's ``json.dumps`` (with and without ``ensure_ascii``), JavaScript's, Go's and .NET's are among
-    them."""
+    ``\\u0022``. Python's ``json.dumps`` (with and without ``ensure_ascii``), JavaScript's, Go's, Gson's and .NET's
+    are among them."""
     chars = set(value)
     forms = set()
     seen: set[frozenset[tuple[int, str]]] = set()
