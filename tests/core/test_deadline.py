@@ -35,6 +35,16 @@ def _settings(backend: str, **kw: object) -> Settings:
                     open_timeout_sec=2.0, **kw)
 
 
+@pytest.fixture(params=["stuck_exec", "pipe_holder"])
+def hung(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """A backend whose exec never returns, and a command for it: on pipe_holder, one that leaves a real setsid
+    grandchild holding the output pipe (killed afterwards by the unique argument of its sleep)."""
+    marker = f"{1000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6:06d}"
+    yield request.param, f"setsid sleep {marker} & echo started"
+    for pid in alive_with(marker, settle_s=0):
+        os.kill(pid, signal.SIGKILL)
+
+
 def _names(exc: pytest.ExceptionInfo[BackendTimeoutError], backend: str, call: str) -> None:
     assert exc.value.backend == backend
     assert f"backend {backend!r} did not return from {call}" in exc.value.message
@@ -48,16 +58,17 @@ async def test_a_one_shot_whose_exec_never_returns_raises_and_is_closed() -> Non
     assert "sandbox closed" in exc.value.message and exc.value.retryable
 
 
-async def test_a_sandbox_whose_exec_never_returns_is_broken_afterwards() -> None:
-    async with AsyncRunner(_settings("stuck_exec")) as runner:
+async def test_a_sandbox_whose_exec_never_returns_is_broken_afterwards(hung: tuple[str, str]) -> None:
+    backend, command = hung
+    async with AsyncRunner(_settings(backend)) as runner:
         with anyio.fail_after(LIVENESS_S):
             async with runner.sandbox() as sb:
                 with pytest.raises(BackendTimeoutError) as exc:
-                    await sb.exec("true", timeout=1)
-                _names(exc, "stuck_exec", "exec")
+                    await sb.exec(command, timeout=1)
+                _names(exc, backend, "exec")
                 with anyio.fail_after(1), pytest.raises(SandboxError, match="broken") as later:
                     await sb.write_file("a", b"x")  # refused at once, not after another bound
-                assert later.value.backend == "stuck_exec"
+                assert later.value.backend == backend
 
 
 @pytest.mark.parametrize("call", ["write_file", "read_file", "list_files"])
@@ -91,14 +102,15 @@ async def test_a_close_that_never_returns_raises() -> None:
     _names(exc, "stuck_close", "close")
 
 
-async def test_a_warm_member_whose_exec_never_returns_raises() -> None:
-    async with AsyncRunner(_settings("stuck_exec", pool_size=1)) as runner:
+async def test_a_warm_member_whose_exec_never_returns_raises(hung: tuple[str, str]) -> None:
+    backend, command = hung
+    async with AsyncRunner(_settings(backend, pool_size=1)) as runner:
         with anyio.fail_after(LIVENESS_S):
             while await runner.warm() < 1:
                 await anyio.sleep(0.02)
             with pytest.raises(BackendTimeoutError) as exc:
-                await runner.run("true", timeout=1)
-    _names(exc, "stuck_exec", "exec")
+                await runner.run(command, timeout=1)
+    _names(exc, backend, "exec")
 
 
 async def test_a_warm_member_that_never_opens_is_a_refill_error_and_the_run_opens_its_own() -> None:
@@ -137,16 +149,12 @@ async def test_run_cell_on_a_backend_whose_exec_never_returns_ends() -> None:
                 assert exc.value.backend == "stuck_exec" and "did not return from exec" in exc.value.message
 
 
-async def test_an_exec_held_open_by_a_setsid_grandchild_raises() -> None:
-    marker = f"{1000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6:06d}"  # sleep's argument, unique
-    try:
-        async with AsyncRunner(_settings("pipe_holder")) as runner:
-            with anyio.fail_after(LIVENESS_S), pytest.raises(BackendTimeoutError) as exc:
-                await runner.run(f"setsid sleep {marker} & echo started", timeout=1)
-        _names(exc, "pipe_holder", "exec")
-    finally:
-        for pid in alive_with(marker, settle_s=0):
-            os.kill(pid, signal.SIGKILL)
+async def test_a_one_shot_held_open_by_a_setsid_grandchild_raises(hung: tuple[str, str]) -> None:
+    backend, command = hung
+    async with AsyncRunner(_settings(backend)) as runner:
+        with anyio.fail_after(LIVENESS_S), pytest.raises(BackendTimeoutError) as exc:
+            await runner.run(command, timeout=1)
+    _names(exc, backend, "exec")
 
 
 def test_the_sync_facade_raises_and_closes() -> None:
