@@ -20,8 +20,8 @@ socket is this user's and private, it connects through the directory it checked,
 
 Lifetimes: a client that dies (SIGKILL included) closes its connection, and the server then hangs up its child's
 process group (SIGHUP, which the CLI handles like Ctrl-C: its sandbox is removed), and kills it ``KILL_GRACE_S``
-later if it is still there. A child gets SIGHUP too when the server dies
-(its parent-death signal). The client forwards SIGINT, SIGTERM and SIGHUP to its child's process group.
+later if it is still there. A child gets SIGHUP too when the server dies (its parent-death signal). The client
+forwards SIGINT, SIGTERM and SIGHUP to its child's process group.
 
 The wire: the client sends a 4-byte length with four descriptors (stdin, stdout, stderr, working directory),
 then that many bytes: the request (``encode_request``: umask, argv and environment, NUL-separated, as the
