@@ -146,3 +146,10 @@ def test_any_line_is_refused_or_a_plain_requirement(tmp_path: Path, line: str) -
         return
     for requirement in checked:
         assert_plain(requirement)
+
+
+def test_a_requirement_longer_than_the_bound_is_refused_before_pip_parses_it() -> None:
+    # pip's parser is quadratic on `rich===[[[...`: such a line kept the host's pip busy until its timeout
+    with pytest.raises(ConfigError, match="longer than"):
+        packages.check_requirements(["rich===" + "[" * (packages.MAX_REQUIREMENT_LENGTH + 1)])
+    assert packages.check_requirements(["rich==13.7.1"]) == ["rich==13.7.1"]

@@ -111,6 +111,9 @@ _ARCHIVE_SUFFIXES = (".zip", ".whl", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tl
                      ".tar.gz", ".tgz", ".tar")
 #: The largest requirements file read (a pinned lock file of a big project is a few tens of KiB).
 MAX_REQUIREMENTS_FILE = 1 << 20
+#: The longest single requirement: pip's own parser is quadratic on some spellings (``rich===[[[...``), so a
+#: 1 MiB line would keep the host's pip busy until its timeout. A name, extras, specifiers and a marker fit.
+MAX_REQUIREMENT_LENGTH = 1000
 
 
 def check_requirements(requirements: Sequence[str]) -> list[str]:
@@ -124,6 +127,9 @@ def check_requirements(requirements: Sequence[str]) -> list[str]:
         if not isinstance(raw, str) or not raw.strip():
             raise ConfigError(f"invalid requirement {raw!r}: give a package name, e.g. 'numpy' or 'pandas>=2'")
         text = raw.strip()
+        if len(text) > MAX_REQUIREMENT_LENGTH:
+            raise ConfigError(f"refused requirement {text[:200]!r}...: longer than {MAX_REQUIREMENT_LENGTH} "
+                              "characters")
         if text.startswith("-") or "/" in text.split(";")[0] or "\\" in text or "\0" in text:
             raise ConfigError(f"refused requirement {text[:200]!r}: only names and versions from the index "
                               "(no options, paths or URLs)")
@@ -200,9 +206,9 @@ def _pip(args: list[str]) -> subprocess.CompletedProcess[str]:
     # Reaped: pip and whatever it starts (a build backend) die with this process, also when it is SIGKILLed; at
     # the timeout the reaper's SIGTERM ends the whole tree (SIGKILL would leave pip to init). In /, whose files only
     # root makes: no name can be a file of the caller's directory to pip (and an empty temporary one would outlive
-    # a SIGKILLed caller).
+    # a SIGKILLed caller). -P: nor is / put on the module search path.
     try:
-        proc = subprocess.Popen(reaped([sys.executable, "-m", "pip", *args]), env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(reaped([sys.executable, "-P", "-m", "pip", *args]), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
                                 cwd="/")
     except FileNotFoundError as exc:
