@@ -190,7 +190,8 @@ def test_an_owner_ended_by_a_signal_leaves_no_container_and_no_workspace(engine:
 
 def test_close_cuts_a_stream_nobody_reads_any_more(runner: Runner, engine: Any) -> None:
     """An exec abandoned while its reader is stuck (an output callback that never returns): close() shuts its
-    stream first. (Without that, this engine held the removal ~20 s, a delay this liveness bound does not catch.)"""
+    stream first. (Without that, this engine held the removal ~20 s, a delay the liveness bound does not catch: the
+    test checks that the stream was cut.)"""
     sb = runner.sandbox("docker").__enter__()
     session = sb.aio._session  # type: ignore[union-attr]
     _, sock_io = session._start_exec(["yes"], {}, "/", session.plan.user)
@@ -200,4 +201,6 @@ def test_close_cuts_a_stream_nobody_reads_any_more(runner: Runner, engine: Any) 
     time.sleep(1)  # the pipe and the socket fill up
     within(lambda: sb.__exit__(None, None, None))
     assert not base.ours(engine)
+    with pytest.raises(BrokenPipeError):  # shut down by close(), not left for the engine's own time-out
+        sock.send(b"x")
     sock.close()
