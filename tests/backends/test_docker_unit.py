@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import struct
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -493,6 +494,31 @@ def test_orphaned_workspaces_are_found_and_removed_but_never_a_live_ones() -> No
     finally:
         for path in (alive, lookalike):
             shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts need root")
+def test_orphaned_workspaces_take_a_mount_point_only_with_roots_image(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # A user may mount (FUSE) on a directory of their own named like a workspace; gc as root must neither unmount
+    # it nor remove what is in it. A sized workspace's mount has root's image beside it. (A tmpfs of uid 4242 here.)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    theirs = str(tmp_path / f"{ds.WORKSPACE_PREFIX}{dead_pid()}-1-{uuid_hex()}")
+    sized = str(tmp_path / f"{ds.WORKSPACE_PREFIX}{dead_pid()}-1-{uuid_hex()}")
+    mounted = []
+    try:
+        for path in (theirs, sized):
+            os.mkdir(path)
+            os.chown(path, 4242, 4242)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,uid=4242", "none", path], check=True)
+            mounted.append(path)
+        Path(theirs + ".disk").write_bytes(b"")
+        os.chown(theirs + ".disk", 4242, 4242)  # an image of theirs proves nothing
+        Path(sized + ".disk").write_bytes(b"")
+        found = ds.orphaned_workspaces(sandbox_uid=65534)
+        assert sized in found and theirs not in found
+    finally:
+        for path in mounted:
+            subprocess.run(["umount", "-l", path], check=False)
 
 
 @pytest.mark.parametrize("path", ["/etc", "/tmp", "/tmp/../etc/execbox-docker-1-1-x", "/var/tmp/execbox-docker-1-1-x"])

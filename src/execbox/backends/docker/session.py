@@ -127,8 +127,8 @@ def orphaned_workspaces(sandbox_uid: int | None = None) -> list[str]:
     """Workspaces (and bare disk images) in the temp dir whose owner process is gone. Judged by the name alone:
     the workspace is the sandbox's to write, an owner file in it too. Only what execbox could have made, never
     a link: directories and images of this user; as root, also directories of ``sandbox_uid`` (root hands each
-    workspace to the sandbox user, and a sized one's mounted root too) and mount points (only root mounts one
-    in the temp dir)."""
+    workspace to the sandbox user, and a sized one's mounted root too) and mount points with root's disk image
+    beside them (a sized workspace of another sandbox uid)."""
     tmp = os.path.realpath(tempfile.gettempdir())
     me = os.geteuid()
     uids = {me, sandbox_uid} if me == 0 and sandbox_uid is not None else {me}
@@ -147,9 +147,20 @@ def orphaned_workspaces(sandbox_uid: int | None = None) -> list[str]:
             if path != base:  # an image whose directory is gone (its directory takes it along otherwise)
                 if stat.S_ISREG(st.st_mode) and st.st_uid == me and not os.path.lexists(base):
                     found.append(base)
-            elif stat.S_ISDIR(st.st_mode) and (st.st_uid in uids or me == 0 and os.path.ismount(path)):
+            elif stat.S_ISDIR(st.st_mode) and (st.st_uid in uids or me == 0 and os.path.ismount(path)
+                                               and _owned_file(path + disk.IMAGE_SUFFIX, me)):
                 found.append(path)
     return found
+
+
+def _owned_file(path: str, uid: int) -> bool:
+    """Is ``path`` a regular file of ``uid`` (never through a link)? A sized workspace's image: its mount point is
+    execbox's only with it, as a user may mount (FUSE) on a directory of their own named like a workspace."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == uid
 
 
 # The watchdog's first stage: standard library only, no site, nothing of execbox until the owner has exited; then
