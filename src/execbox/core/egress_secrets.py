@@ -18,7 +18,8 @@ the host, verified against this host's roots (and CODE_EXEC_CA_BUNDLE), and rela
 nothing after them; then the connection closes), replacing the placeholder by the value in the request's head
 (request line and header fields, where API keys go) and the value by the placeholder in everything that comes
 back (a server echoing the key; a chunked body is de-chunked first, and a start of the value held back is never
-let out as itself, even across a pause: at the end it becomes the placeholder's start). The two have the same
+let out as itself, even across a pause; a start of ``PARTIAL`` bytes or more that stops short of the whole value,
+mid-body or at its end, becomes the placeholder's start). The two have the same
 length, so no length field changes. A secret's host:port counts as allowlisted for its run. Every connection that
 carried a substitution lists the secret's name on its ``EgressAttempt`` (``secrets``), and so in the audit log.
 
@@ -63,6 +64,9 @@ from execbox.core.secrets_inject import R, Secret, check_secrets
 BUNDLE_FILE = "execbox-ca-bundle.pem"
 PLACEHOLDER_PREFIX = "EXECBOX-PLACEHOLDER-"
 HANDSHAKE_TIMEOUT_S = 15.0
+#: The shortest start of a value the swap back replaces by the placeholder's start where the rest of the value does
+#: not follow (a host echoing the key cut short): fewer bytes tell the code little beyond a key's published prefix.
+PARTIAL = 8
 _CHUNK = 1 << 16
 _ALNUM = string.ascii_letters + string.digits
 _HOST_ROOTS = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
@@ -415,7 +419,7 @@ class Interceptor:
         head = parse_head(request)
         in_head = _Swap([(s.placeholder, s.value, s.name) for s in secrets])
         in_body = _Swap([(s.placeholder, s.value, s.name) for s in secrets if s.body])
-        incoming = _Swap([(s.value, s.placeholder, "") for s in secrets])
+        incoming = _Swap([(s.value, s.placeholder, "") for s in secrets], partial=PARTIAL)
         try:
             _put(up_writer, in_head.whole(request), attempt, "sent")
             if any("100-continue" in v.lower() for v in parse_head(raw).values("expect")):
@@ -519,8 +523,8 @@ async def relay_body(src: Any, dst: asyncio.StreamWriter, length: int | None, sw
                      way: str) -> None:
     """A body of ``length`` bytes (-1: chunked, None: until the connection closes) through ``swap``: a chunked
     one is de-chunked, swapped, and sent as chunks of what the swap let out (trailers dropped). A partial match
-    held back is never let out as it is, even when the source pauses: only once the stream shows it is no match,
-    or at the body's end as the same prefix of its replacement (``_Swap.end``)."""
+    held back is never let out as it is, even when the source pauses; one of ``PARTIAL`` bytes or more that turns
+    out no whole match, or is cut by the body's end, as the same start of the placeholder (``_Swap``)."""
     from execbox.core.proxy import read_chunk_end, read_chunk_size
 
     chunked = length == -1
@@ -561,42 +565,73 @@ def _put(dst: asyncio.StreamWriter, data: bytes, attempt: Any, way: str) -> None
 
 class _Swap:
     """Same-length replacement in a byte stream that arrives in pieces: holds back only an end that could be the
-    start of a pattern, until more bytes show whether it is one (``end`` at the stream's end)."""
+    start of a pattern, until more bytes show whether it is one (``end`` at the stream's end). With ``partial``, a
+    start of a pattern at least that long (or the whole, if shorter) that stops short of it is replaced too, by the
+    same start of its replacement: a host echoing a key cut short ("invalid key sk-live-0123...") gives the code
+    no more of the value than its first ``partial - 1`` bytes."""
 
-    def __init__(self, table: list[tuple[bytes, bytes, str]]) -> None:
+    def __init__(self, table: list[tuple[bytes, bytes, str]], partial: int = 0) -> None:
         self.table = table
+        self.partial = partial
         self.used: set[str] = set()
         self._buf = b""
         self._longest = max((len(old) for old, _, _ in table), default=0)
 
+    def _least(self, old: bytes) -> int:
+        return min(len(old), self.partial) if self.partial else len(old)
+
     def feed(self, data: bytes) -> bytes:
         if not self.table:
             return data
-        buf = self._buf + data
-        for old, new, name in self.table:
-            if old in buf:
-                buf = buf.replace(old, new)
-                if name:
-                    self.used.add(name)
-        cut = len(buf)
-        for pos in range(max(0, len(buf) - self._longest + 1), len(buf)):
-            tail = buf[pos:]
+        buf, out, at = self._buf + data, bytearray(), 0
+        while True:
+            found: tuple[int, int, bytes, bytes, str] | None = None  # the leftmost, longest (partial) match
+            for old, new, name in self.table:
+                pos = buf.find(old[:self._least(old)], at)
+                if pos < 0:
+                    continue
+                size = _common(buf, pos, old)
+                if found is None or (pos, -size) < (found[0], -found[1]):
+                    found = (pos, size, old, new, name)
+            if found is None:
+                break
+            pos, size, old, new, name = found
+            if pos + size == len(buf) and size < len(old):
+                break  # it may yet complete: held back below
+            out += buf[at:pos] + new[:size]
+            if size == len(old) and name:
+                self.used.add(name)
+            at = pos + size
+        rest = buf[at:]
+        cut = len(rest)
+        for pos in range(max(0, len(rest) - self._longest + 1), len(rest)):
+            tail = rest[pos:]
             if any(old.startswith(tail) for old, _, _ in self.table):
                 cut = pos
                 break
-        self._buf = buf[cut:]
-        return buf[:cut]
+        self._buf = rest[cut:]
+        return bytes(out + rest[:cut])
 
     def end(self) -> bytes:
         """What is held back, at the stream's end: a start of a pattern that never completed, given as the same
-        start of its replacement (a value's first bytes come back as the placeholder's, never as themselves)."""
+        start of its replacement when it is one ``partial`` replaces (a value's first bytes come back as the
+        placeholder's, never as themselves), otherwise as it is."""
         tail, self._buf = self._buf, b""
-        new = next((new for old, new, _ in self.table if old.startswith(tail)), tail)
+        new = next((new for old, new, _ in self.table
+                    if self.partial and old.startswith(tail) and len(tail) >= self._least(old)), tail)
         return new[:len(tail)]
 
     def whole(self, data: bytes) -> bytes:
         """``data`` complete in itself (a head)."""
         return self.feed(data) + self.end()
+
+
+def _common(buf: bytes, pos: int, old: bytes) -> int:
+    """How many bytes of ``old`` ``buf`` holds from ``pos`` on."""
+    size, most = 0, min(len(old), len(buf) - pos)
+    while size < most and buf[pos + size] == old[size]:
+        size += 1
+    return size
 
 
 def _host_roots() -> bytes:

@@ -1,0 +1,41 @@
+"""Red team of the egress proxy's fixes for issue 25 (B2-B5): what the code can still do, attacking as the
+sandboxed code would, against upstreams this test starts on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from tests.backends.test_secrets_egress import SECRET_HOST
+from tests.core.test_egress_heads import VALUE, header, through, world
+
+__all__ = ["world"]  # the fixture, used here
+
+
+def _get(placeholder: bytes) -> bytes:
+    return b"GET / HTTP/1.1\r\nHost: " + SECRET_HOST.encode() + b"\r\nAuthorization: " + placeholder + b"\r\n\r\n"
+
+
+def test_a_reflection_cut_short_mid_body_gives_the_placeholder_s_start(world: dict[str, Any]) -> None:
+    """A host that echoes the key truncated ("invalid key sk-live-0123...", then more text): the start of the value
+    was let out as itself once the next byte showed it was no whole match."""
+    def truncated(lines: list[bytes], body: bytes, tls: socket.socket) -> None:
+        text = b'{"error": "invalid key ' + header(lines, b"authorization")[:30] + b'..."}'
+        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(text), text))
+
+    proxy, run, server, placeholder = world["start"](truncated)
+    answer = through(proxy, run, server.port, _get(placeholder))
+    proxy.finish_run(run)
+    assert VALUE[:9].encode() not in answer
+    assert answer.endswith(b'{"error": "invalid key ' + placeholder[:30] + b'..."}')
+
+
+def test_a_body_ending_like_the_value_s_first_bytes_comes_back_as_it_is(world: dict[str, Any]) -> None:
+    """A start of the value too short to tell anything (the value begins with s) is not rewritten at the end."""
+    def plain(lines: list[bytes], body: bytes, tls: socket.socket) -> None:
+        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nthis: sk")
+
+    proxy, run, server, placeholder = world["start"](plain)
+    answer = through(proxy, run, server.port, _get(placeholder))
+    proxy.finish_run(run)
+    assert answer.endswith(b"\r\n\r\nthis: sk")
