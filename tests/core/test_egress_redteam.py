@@ -6,6 +6,9 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+import pytest
+
+from execbox.core.proxy import HeadError, parse_head
 from tests.backends.test_secrets_egress import SECRET_HOST
 from tests.core.test_egress_heads import VALUE, header, through, world
 
@@ -39,3 +42,13 @@ def test_a_body_ending_like_the_value_s_first_bytes_comes_back_as_it_is(world: d
     answer = through(proxy, run, server.port, _get(placeholder))
     proxy.finish_run(run)
     assert answer.endswith(b"\r\n\r\nthis: sk")
+
+
+def test_transfer_encoding_on_http_1_0_is_refused() -> None:
+    """RFC 9112 6.1: an HTTP/1.0 recipient may ignore Transfer-Encoding and read the chunked body as the next
+    request (with +body, the value swapped into it, to another virtual host)."""
+    with pytest.raises(HeadError, match="HTTP/1.0"):
+        parse_head(b"POST / HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
+    with pytest.raises(HeadError, match="HTTP/1.0"):
+        parse_head(b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", response=True)
+    assert parse_head(b"POST / HTTP/1.0\r\nHost: a\r\nContent-Length: 2\r\n\r\n").length == 2

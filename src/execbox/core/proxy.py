@@ -278,7 +278,8 @@ def parse_head(data: bytes, *, response: bool = False) -> Head:
     """The head ``data`` (up to and with its empty line), parsed as strictly as RFC 9112 allows, or HeadError:
     a CR or LF outside a CRLF, a NUL or other control byte, a folded line, a start line that is not exactly
     ``METHOD SP TARGET SP HTTP/1.x`` (``HTTP/1.x SP STATUS SP REASON``), a malformed field, a Content-Length
-    with a Transfer-Encoding, two different Content-Lengths, a transfer coding other than ``chunked``. One
+    with a Transfer-Encoding, two different Content-Lengths, a transfer coding other than ``chunked`` or in an
+    HTTP/1.0 message. One
     recipient reading lines otherwise (a bare LF as a line end, say) would see other requests than the proxy
     checked. (Which Host a request may name is its caller's to judge: ``egress_secrets.plain_request``.)"""
     if not data.endswith(b"\r\n\r\n"):
@@ -315,6 +316,9 @@ def parse_head(data: bytes, *, response: bool = False) -> Head:
     if lengths and codings:
         raise HeadError("both Content-Length and Transfer-Encoding")
     if codings:
+        if (first if response else third) == "HTTP/1.0":  # RFC 9112 6.1: its framing is faulty
+            raise HeadError("a Transfer-Encoding in an HTTP/1.0 message (its recipient may read the body as the next "
+                            "message)")
         if [c.lower() for c in codings] != ["chunked"]:
             raise HeadError(f"a transfer coding other than chunked ({', '.join(codings)[:60]})")
         return Head(head.start, head.fields, -1)
