@@ -6,6 +6,7 @@ Each is an ordinary local session (``HostWorkspaceSession``) with one call stuck
     stuck_open     open_session never returns
     stuck_files    write_file, read_file and list_files never return
     stuck_close    close removes the workspace, then never returns
+    slow_open      open_session takes 3 s, deaf to cancellation, then returns its session (kept in OPENED)
     pipe_holder    exec reads the command's stdout to its end, ignoring the deadline: a real setsid grandchild
                    that keeps the pipe open (``sleep`` behind ``setsid``) keeps it from ever returning
 
@@ -15,6 +16,7 @@ They are NOT sandboxes: never use them outside these tests.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import threading
 from collections.abc import Callable
@@ -67,6 +69,23 @@ class StuckOpen(StuckBackend):
         await stuck()
 
 
+#: The sessions slow_open opened, late.
+OPENED: list[Session] = []
+
+
+class SlowOpen(StuckBackend):
+    name = "slow_open"
+
+    async def open_session(self, spec: plugin.SessionSpec) -> plugin.Session:
+        started = asyncio.get_running_loop().run_in_executor(None, RELEASE.wait, 3.0)
+        try:
+            await asyncio.shield(started)
+        except asyncio.CancelledError:
+            await started  # deaf to cancellation: it opens all the same
+        OPENED.append(Session(prefix="execbox-stuck-"))
+        return OPENED[-1]
+
+
 class FilesSession(Session):
     async def write_file(self, path: str, data: bytes) -> None:
         await stuck()
@@ -108,7 +127,7 @@ class PipeHolder(StuckBackend):
     session = PipeSession
 
 
-BACKENDS = (StuckExec, StuckOpen, StuckFiles, StuckClose, PipeHolder)
+BACKENDS = (StuckExec, StuckOpen, SlowOpen, StuckFiles, StuckClose, PipeHolder)
 
 
 @plugin.hookimpl

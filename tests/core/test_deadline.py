@@ -95,6 +95,18 @@ async def test_an_open_that_never_returns_raises_for_a_one_shot_and_a_sandbox() 
             assert runner.slots.in_use == 0  # the sandbox's slot was given back
 
 
+async def test_a_sandbox_that_opens_after_its_bound_is_closed_when_it_does() -> None:
+    stuck_backends.OPENED.clear()
+    async with AsyncRunner(_settings("slow_open")) as runner:
+        with anyio.fail_after(LIVENESS_S):
+            with pytest.raises(BackendTimeoutError) as exc:
+                await runner.run("true", timeout=1)
+            _names(exc, "slow_open", "open_session")
+            while not stuck_backends.OPENED or stuck_backends.OPENED[0].root is None \
+                    or os.path.exists(stuck_backends.OPENED[0].root):
+                await anyio.sleep(0.05)  # opened 3 s in, then removed: nobody will use it
+
+
 async def test_a_close_that_never_returns_raises() -> None:
     async with AsyncRunner(_settings("stuck_close")) as runner:
         with anyio.fail_after(LIVENESS_S), pytest.raises(BackendTimeoutError) as exc:

@@ -287,15 +287,20 @@ def broken(session: Session) -> str | None:
     return _broken.get(session)
 
 
+def _forget(done: asyncio.Future[Any]) -> None:
+    _abandoned.discard(done)
+    if not done.cancelled():
+        done.exception()  # retrieved: nobody else will
+
+
 def _abandon(task: asyncio.Future[Any], late: Callable[[Any], Awaitable[object]] | None = None) -> None:
     def ended(done: asyncio.Future[Any]) -> None:
-        _abandoned.discard(done)
-        if done.cancelled() or done.exception() is not None:  # retrieved: nobody else will
-            return
-        if late is not None:  # e.g. a sandbox that opened after all: nobody will use it, so it is closed
+        _forget(done)
+        if late is not None and not done.cancelled() and done.exception() is None:
+            # e.g. a sandbox that opened after all: nobody will use it, so it is closed
             cleanup = asyncio.ensure_future(late(done.result()))
             _abandoned.add(cleanup)
-            cleanup.add_done_callback(ended)
+            cleanup.add_done_callback(_forget)
 
     task.cancel()
     _abandoned.add(task)
