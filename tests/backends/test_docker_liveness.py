@@ -30,6 +30,7 @@ from execbox.core.owner import owner_id
 from execbox.runner import run_blocking
 from tests.backends import test_docker as base
 from tests.backends import test_docker_boundary as boundary
+from tests.backends.test_docker_unit import dead_pid
 from tests.support.pool import wait_ready
 
 pytestmark = pytest.mark.engine
@@ -132,10 +133,11 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return str(tmp_path)
 
 
-def start_owner(*args: str) -> tuple[subprocess.Popen[str], str, str]:
+def start_owner(*args: str, python: list[str] | None = None) -> tuple[subprocess.Popen[str], str, str]:
     """A Python program with a docker sandbox open: (its process, the container id, the workspace). Under a
     hostname of its own, as in test_docker_boundary: no other execbox process's sweep takes its container."""
-    argv = boundary.under_own_hostname(f"execbox-owner-{uuid.uuid4().hex[:8]}", [sys.executable, "-c", OWNER, *args])
+    argv = boundary.under_own_hostname(f"execbox-owner-{uuid.uuid4().hex[:8]}",
+                                       [*(python or [sys.executable, "-c"]), OWNER, *args])
     owner = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert owner.stdout is not None
     line = within(owner.stdout.readline)
@@ -186,6 +188,39 @@ def test_an_owner_ended_by_a_signal_leaves_no_container_and_no_workspace(engine:
         assert time.monotonic() < deadline, f"left {BOUND_S} s after the owner died: {container_id}, {workspace}"
         time.sleep(0.2)
     assert not os.path.lexists(workspace + ".disk") and not mounted(workspace)
+
+
+def test_the_watchdog_imports_execbox_from_where_its_owner_did(engine: Any, private_tmp: str) -> None:
+    """An owner whose execbox is found only through a path it added at run time (here: the base interpreter, the
+    venv's paths added by the program): the watchdog's second stage once ran with the interpreter's own path and
+    could not import execbox, and nothing was removed."""
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    if subprocess.run([base_python, "-c", "import execbox"], capture_output=True).returncode == 0:
+        pytest.skip("the base interpreter imports execbox by itself")
+    added = [path for path in sys.path if os.path.isabs(path)]
+    owner, container_id, workspace = start_owner(python=[
+        base_python, "-c", f"import sys; sys.path[:0] = {added!r}; exec(sys.argv.pop(1))"])
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + BOUND_S
+    while engine.containers.list(all=True, filters={"id": container_id}) or os.path.lexists(workspace):
+        assert time.monotonic() < deadline, f"left {BOUND_S} s after the owner died: {container_id}, {workspace}"
+        time.sleep(0.2)
+
+
+def test_the_watchdog_takes_only_what_the_orphan_scan_would(private_tmp: str) -> None:
+    """Named with a dead owner's prefix but not execbox's (another user's directory, a link): left alone."""
+    prefix = f"{ds.WORKSPACE_PREFIX}{dead_pid()}-1-"
+    ours, theirs, link = (os.path.join(private_tmp, prefix + name) for name in ("ours", "theirs", "link"))
+    for path in (ours, theirs):
+        os.mkdir(path)
+        Path(path, "f").write_text("x")
+    os.symlink(theirs, link)
+    if os.geteuid() == 0:
+        os.chown(theirs, 4242, 4242)
+    within(lambda: ds.reap_owner(private_tmp, prefix, "no-such-host:1:1", "65534"))
+    assert not os.path.lexists(ours) and os.path.islink(link)
+    assert os.path.exists(os.path.join(theirs, "f")) == (os.geteuid() == 0)
 
 
 def test_close_cuts_a_stream_nobody_reads_any_more(runner: Runner, engine: Any) -> None:

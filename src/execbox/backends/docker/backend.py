@@ -370,7 +370,7 @@ class DockerBackend(ExecutionBackend):
             raise ConfigError(f"the docker backend cannot enforce network mode {spec.network!r}",
                               backend="docker", env_var="CODE_EXEC_NETWORK")
         self.workspace_access()
-        watch_owner()
+        watch_owner(parse_user(self.user)[0])
         session = DockerSession(self, spec, self.plan(spec))
         try:
             await anyio.to_thread.run_sync(session.prepare)

@@ -168,7 +168,7 @@ def _owned_file(path: str, uid: int) -> bool:
 # one idle process. pidfd: woken by the exit itself (polling where the kernel has none).
 _WATCHDOG = """
 import os, select, sys, time
-pid, started, tmp, prefix, owner = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+pid, started = int(sys.argv[1]), sys.argv[2]
 def start_time():
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -184,20 +184,25 @@ if fd is None:
         time.sleep(1)
 elif start_time() == started:
     select.select([fd], [], [])
-if any(name.startswith(prefix) for name in os.listdir(tmp)):
-    os.execv(sys.executable, [sys.executable, "-c", "import sys; from execbox.backends.docker.session import "
-                              "reap_owner; reap_owner(*sys.argv[1:])", owner, tmp, prefix])
+if any(name.startswith(sys.argv[4]) for name in os.listdir(sys.argv[3])):
+    os.execv(sys.executable, [sys.executable, "-I", "-c", "import sys; sys.path[:] = sys.argv[5:]; from execbox."
+                              "backends.docker.session import reap_owner; reap_owner(*sys.argv[1:5])", *sys.argv[3:]])
 """
 _watchdogs: dict[int, subprocess.Popen[bytes]] = {}  # owner pid -> its watchdog (a forked child needs its own)
 _watch_lock = threading.Lock()
 
 
-def watch_owner() -> None:
+def watch_owner(sandbox_uid: int) -> None:
     """Start, once per process, the watchdog that removes this process's containers and workspaces when it ends
     however it ends: SIGKILL, SIGTERM or SIGHUP with their default action, a crash. The keep-alive in the
     container cannot see the caller; a host process can. It runs in a session of its own (a signal to the
     caller's process group does not reach it), without the caller's stdio (whoever reads the caller's output to
-    its end is not held up) and in /. Where it cannot start, the next sweep or gc removes what is left."""
+    its end is not held up) and in /. Where it cannot start, the next sweep or gc removes what is left.
+
+    Its second stage imports execbox isolated (-I: no PYTHON* variable, no user site, not /) from this process's
+    own import path, its absolute entries (a relative one was this process's working directory): an execbox
+    found only through a path the caller added at run time is found too. It takes the workspaces the orphan scan
+    would, with ``sandbox_uid`` the first sandbox's user (a later one with another user is left to gc)."""
     pid = os.getpid()
     with _watch_lock:
         if pid in _watchdogs or not sys.executable:
@@ -207,15 +212,17 @@ def watch_owner() -> None:
         with contextlib.suppress(OSError):
             _watchdogs[pid] = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(pid), tag.split("-", 1)[1], tmp,
-                 f"{WORKSPACE_PREFIX}{tag}-", owner_id()],
+                 f"{WORKSPACE_PREFIX}{tag}-", owner_id(), str(sandbox_uid),
+                 *(path for path in sys.path if os.path.isabs(path))],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True, cwd="/")
 
 
-def reap_owner(owner: str, tmp: str, prefix: str) -> None:
+def reap_owner(tmp: str, prefix: str, owner: str, sandbox_uid: str) -> None:
     """The watchdog's second stage, once ``owner`` has exited: remove its containers (by their owner label) and
-    then its workspaces (``prefix``: by their name) in ``tmp``, twice: a container the engine was still creating
-    as the owner died is there a moment later."""
+    then its workspaces in ``tmp`` (named with ``prefix``, and only what the orphan scan takes: never a link,
+    another user's directory or mount), twice: a container the engine was still creating as the owner died is
+    there a moment later."""
     import docker
 
     from execbox.backends.docker.engine import connect
@@ -233,10 +240,9 @@ def reap_owner(owner: str, tmp: str, prefix: str) -> None:
                 for item in client.api.containers(all=True, filters={"label": f"{L_OWNER}={owner}"}):
                     with contextlib.suppress(docker.errors.APIError):
                         client.api.remove_container(item["Id"], force=True)
-        with contextlib.suppress(OSError):
-            for name in os.listdir(tmp):
-                if name.startswith(prefix):
-                    remove_workspace(os.path.join(tmp, name.removesuffix(disk.IMAGE_SUFFIX)))
+        for path in orphaned_workspaces(int(sandbox_uid)):
+            if os.path.basename(path).startswith(prefix):
+                remove_workspace(path)
 
 
 @dataclass
