@@ -3,12 +3,19 @@ sandboxed code would, against upstreams this test starts on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from execbox.core.proxy import HeadError, parse_head
+from execbox.core.egress import EgressPolicy
+from execbox.core.proxy import EgressProxy, HeadError, parse_head
 from tests.backends.test_secrets_egress import SECRET_HOST
 from tests.core.test_egress_heads import VALUE, header, through, world
 
@@ -52,3 +59,69 @@ def test_transfer_encoding_on_http_1_0_is_refused() -> None:
     with pytest.raises(HeadError, match="HTTP/1.0"):
         parse_head(b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", response=True)
     assert parse_head(b"POST / HTTP/1.0\r\nHost: a\r\nContent-Length: 2\r\n\r\n").length == 2
+
+
+# --- the in-sandbox forwarder: one connection that never reads its responses stops no other -------------------
+
+_BIG = 64 << 20
+
+
+class _Big(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        size = _BIG if self.path == "/big" else 2
+        self.send_response(200)
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            block = b"x" * (1 << 20) if size > 2 else b"ok"
+            for _ in range(max(1, size >> 20)):
+                self.wfile.write(block)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+SLOW_READER = """
+import os, socket, time
+host, port = os.environ["HTTP_PROXY"][len("http://"):].rsplit(":", 1)
+stuck = []
+for _ in range(3):  # responses of 64 MiB each, never read
+    s = socket.create_connection((host, int(port)), timeout=30)
+    s.sendall(b"GET http://127.0.0.1:{port}/big HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+    stuck.append(s)
+time.sleep(2)  # long enough for their buffers to fill
+s = socket.create_connection((host, int(port)), timeout=30)
+s.sendall(b"GET http://127.0.0.1:{port}/small HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+got = b""
+while True:
+    data = s.recv(65536)
+    if not data:
+        break
+    got += data
+print(got.split(b"\\r\\n\\r\\n", 1)[1].decode())
+"""
+
+
+@pytest.fixture
+def big() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Big)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_connections_that_never_read_their_responses_stop_no_other(big: int) -> None:
+    proxy = EgressProxy(EgressPolicy.build([f"127.0.0.1/32:{big}"], defaults=False))
+    try:
+        run = proxy.start_run()
+        argv = [part.replace(run.sandbox_socket, run.host_socket) for part in
+                EgressProxy.command(run, [sys.executable, "-c", SLOW_READER.replace("{port}", str(big))])]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        proxy.finish_run(run)
+    finally:
+        proxy.close()
+    assert done.stdout.strip() == "ok", done.stderr
