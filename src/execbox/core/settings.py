@@ -136,7 +136,8 @@ class Settings(EnvSettings):
         "GitHub, crates.io, the Go proxy, RubyGems, Maven Central, Debian) on ports 80 and 443")
     egress_secrets: Annotated[list[str], NoDecode] = setting(
         "CODE_EXEC_EGRESS_SECRETS", [], "network mode `proxy`: comma list of `NAME=host[:port]`: the sandbox's NAME "
-        "holds a placeholder, and the proxy puts execbox's own `$NAME` into HTTPS requests to that host only")
+        "holds a placeholder, and the proxy puts execbox's own `$NAME` into the heads of HTTPS requests to that host "
+        "only (`NAME=host[:port]+body`: into their bodies too)")
     ca_bundle: Path | None = setting(
         "CODE_EXEC_CA_BUNDLE", None, "network mode `proxy`: a PEM file of CA certificates the sandbox trusts instead "
         "of its own (a TLS-inspecting proxy); SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT, ... point at it")
