@@ -48,6 +48,7 @@ import contextvars
 import datetime
 import ipaddress
 import os
+import re
 import secrets as random
 import ssl
 import string
@@ -576,6 +577,9 @@ class _Swap:
         self.used: set[str] = set()
         self._buf = b""
         self._longest = max((len(old) for old, _, _ in table), default=0)
+        starts = sorted({old[:self._least(old)] for old, _, _ in table}, key=len, reverse=True)
+        self._starts = re.compile(b"|".join(map(re.escape, starts))) if partial and table else None
+        self._cut = [(old[:self._least(old)], self._least(old), old, new) for old, new, _ in table]
 
     def _least(self, old: bytes) -> int:
         return min(len(old), self.partial) if self.partial else len(old)
@@ -583,24 +587,21 @@ class _Swap:
     def feed(self, data: bytes) -> bytes:
         if not self.table:
             return data
-        buf, out, at = self._buf + data, bytearray(), 0
-        while True:
-            found: tuple[int, int, bytes, bytes, str] | None = None  # the leftmost, longest (partial) match
-            for old, new, name in self.table:
-                pos = buf.find(old[:self._least(old)], at)
-                if pos < 0:
-                    continue
-                size = _common(buf, pos, old)
-                if found is None or (pos, -size) < (found[0], -found[1]):
-                    found = (pos, size, old, new, name)
-            if found is None:
-                break
-            pos, size, old, new, name = found
-            if pos + size == len(buf) and size < len(old):
+        buf = self._buf + data
+        for old, new, name in self.table:  # whole patterns first, in C
+            if old in buf:
+                buf = buf.replace(old, new)
+                if name:
+                    self.used.add(name)
+        out: list[bytes] = []
+        at = 0
+        while self._starts is not None and (found := self._starts.search(buf, at)) is not None:
+            pos = found.start()  # a start cut short (or by this piece's end): the longest there
+            size, whole, new = max((_common(buf, pos, old, least), len(old), new)
+                                   for start, least, old, new in self._cut if buf.startswith(start, pos))
+            if pos + size == len(buf) and size < whole:
                 break  # it may yet complete: held back below
-            out += buf[at:pos] + new[:size]
-            if size == len(old) and name:
-                self.used.add(name)
+            out += (buf[at:pos], new[:size])
             at = pos + size
         rest = buf[at:]
         cut = len(rest)
@@ -610,7 +611,7 @@ class _Swap:
                 cut = pos
                 break
         self._buf = rest[cut:]
-        return bytes(out + rest[:cut])
+        return b"".join(out) + rest[:cut]
 
     def end(self) -> bytes:
         """What is held back, at the stream's end: a start of a pattern that never completed, given as the same
@@ -626,12 +627,19 @@ class _Swap:
         return self.feed(data) + self.end()
 
 
-def _common(buf: bytes, pos: int, old: bytes) -> int:
-    """How many bytes of ``old`` ``buf`` holds from ``pos`` on."""
-    size, most = 0, min(len(old), len(buf) - pos)
-    while size < most and buf[pos + size] == old[size]:
-        size += 1
-    return size
+def _common(buf: bytes, pos: int, old: bytes, low: int) -> int:
+    """How many bytes of ``old`` ``buf`` holds from ``pos`` on, knowing it holds ``low`` (slices compared in C,
+    halving; most often the next byte differs)."""
+    high = min(len(old), len(buf) - pos)
+    if low < high and buf[pos + low] != old[low]:
+        return low
+    while low < high:
+        mid = (low + high + 1) // 2
+        if buf[pos:pos + mid] == old[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def _host_roots() -> bytes:
