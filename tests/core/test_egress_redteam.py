@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,6 +50,44 @@ def test_a_body_ending_like_the_value_s_first_bytes_comes_back_as_it_is(world: d
     answer = through(proxy, run, server.port, _get(placeholder))
     proxy.finish_run(run)
     assert answer.endswith(b"\r\n\r\nthis: sk")
+
+
+def _chunk_extension(auth: bytes, tls: socket.socket) -> None:
+    tls.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2;k=" + auth + b"\r\nok\r\n0\r\n\r\n")
+
+
+def _informational_first(auth: bytes, tls: socket.socket) -> None:
+    tls.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: " + auth + b"\r\n\r\n")
+    tls.sendall(b"HTTP/1.1 200 " + auth[:20] + b"\r\nContent-Length: 2\r\n\r\nok")
+
+
+def _head_split_by_a_pause(auth: bytes, tls: socket.socket) -> None:
+    tls.sendall(b"HTTP/1.1 200 OK\r\nX-Echo: " + auth[:15])
+    time.sleep(0.5)
+    tls.sendall(auth[15:] + b"\r\nContent-Length: 2\r\n\r\nok")
+
+
+def _both_lengths(auth: bytes, tls: socket.socket) -> None:
+    tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + b"%x\r\n%b\r\n0\r\n\r\n" % (len(auth), auth))
+
+
+def _huge_chunk(auth: bytes, tls: socket.socket) -> None:
+    tls.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffff\r\n" + auth[:30])
+    tls.close()
+
+
+@pytest.mark.parametrize("reflect", [_chunk_extension, _informational_first, _head_split_by_a_pause,
+                                     _both_lengths, _huge_chunk])
+def test_other_reflections_never_carry_the_value_back(world: dict[str, Any], reflect: Any) -> None:
+    """Held on today's code: a chunk extension (dropped when re-chunked), a 1xx head and a status line (swapped
+    whole), a head paused half-way (read whole), both lengths (withheld), a chunk cut short (its start swapped)."""
+    proxy, run, server, placeholder = world["start"](
+        lambda lines, body, tls: reflect(header(lines, b"authorization"), tls))
+    answer = through(proxy, run, server.port, _get(placeholder))
+    proxy.finish_run(run)
+    assert VALUE[:9].encode() not in answer and VALUE[-9:].encode() not in answer
+    assert header(server.requests[0][0], b"authorization") == VALUE.encode()
 
 
 def test_transfer_encoding_on_http_1_0_is_refused() -> None:
