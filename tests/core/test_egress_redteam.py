@@ -164,3 +164,13 @@ def test_connections_that_never_read_their_responses_stop_no_other(big: int) -> 
     finally:
         proxy.close()
     assert done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.parametrize("name", [b"Content_Length", b"transfer_encoding", b"Transfer_Encoding"])
+def test_a_field_named_like_a_framing_one_with_underscores_is_refused(name: bytes) -> None:
+    """Servers that read _ as - in field names (CGI-style mapping) would frame the body by it where the proxy framed
+    it by the real one: the rest of the body read as a second request (with +body, the value swapped into it)."""
+    with pytest.raises(HeadError, match="framing"):
+        parse_head(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n" + name + b": chunked\r\n\r\n")
+    assert parse_head(b"GET / HTTP/1.1\r\nHost: a\r\nX_Forwarded_For: b\r\n\r\n").values("x_forwarded_for") == ["b"]
+

@@ -279,7 +279,7 @@ def parse_head(data: bytes, *, response: bool = False) -> Head:
     a CR or LF outside a CRLF, a NUL or other control byte, a folded line, a start line that is not exactly
     ``METHOD SP TARGET SP HTTP/1.x`` (``HTTP/1.x SP STATUS SP REASON``), a malformed field, a Content-Length
     with a Transfer-Encoding, two different Content-Lengths, a transfer coding other than ``chunked`` or in an
-    HTTP/1.0 message. One
+    HTTP/1.0 message, a field named like either with ``_`` for ``-``. One
     recipient reading lines otherwise (a bare LF as a line end, say) would see other requests than the proxy
     checked. (Which Host a request may name is its caller's to judge: ``egress_secrets.plain_request``.)"""
     if not data.endswith(b"\r\n\r\n"):
@@ -308,6 +308,9 @@ def parse_head(data: bytes, *, response: bool = False) -> Head:
         value = value.strip(b" \t")
         if not sep or not _TOKEN.match(name) or not _FIELD_VALUE.match(value):
             raise HeadError(f"a malformed header line ({name[:40].decode('latin-1')!r})")
+        if b"_" in name and name.replace(b"_", b"-").lower() in (b"content-length", b"transfer-encoding"):
+            # a server mapping _ to - (as CGI names do) would frame the body by it
+            raise HeadError(f"a header named like a framing one ({name.decode('latin-1')!r})")
         fields.append((name.decode("latin-1"), value.decode("latin-1")))
     first, second, third = (p.decode("latin-1") for p in parts)
     head = Head((first, second, third), tuple(fields), 0)
