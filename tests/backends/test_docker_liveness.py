@@ -223,6 +223,24 @@ def test_the_watchdog_takes_only_what_the_orphan_scan_would(private_tmp: str) ->
     assert os.path.exists(os.path.join(theirs, "f")) == (os.geteuid() == 0)
 
 
+def test_a_child_forked_while_the_watchdog_starts_starts_its_own() -> None:
+    """Another thread holds the watchdog's lock (starting the parent's) as this one forks: the child, whose first
+    sandbox starts its own watchdog, once waited on that lock forever."""
+    with ds._watch_lock:
+        child = os.fork()
+        if child == 0:  # pragma: no cover (the child)
+            ds.watch_owner(os.geteuid())
+            os._exit(0 if os.getpid() in ds._watchdogs else 1)
+    deadline = time.monotonic() + BOUND_S
+    while (status := os.waitpid(child, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            pytest.fail(f"the child still waited on the lock {BOUND_S} s later")
+        time.sleep(0.1)
+    assert os.waitstatus_to_exitcode(status[1]) == 0
+
+
 def test_close_cuts_a_stream_nobody_reads_any_more(runner: Runner, engine: Any) -> None:
     """An exec abandoned while its reader is stuck (an output callback that never returns): close() shuts its
     stream first. (Without that, this engine held the removal ~20 s, a delay the liveness bound does not catch: the

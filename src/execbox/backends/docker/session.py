@@ -192,6 +192,15 @@ _watchdogs: dict[int, subprocess.Popen[bytes]] = {}  # owner pid -> its watchdog
 _watch_lock = threading.Lock()
 
 
+def _new_watch_lock() -> None:
+    # A child forked while another thread held the lock (starting the watchdog) would wait on it forever.
+    global _watch_lock
+    _watch_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_watch_lock)
+
+
 def watch_owner(sandbox_uid: int) -> None:
     """Start, once per process, the watchdog that removes this process's containers and workspaces when it ends
     however it ends: SIGKILL, SIGTERM or SIGHUP with their default action, a crash. The keep-alive in the
