@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from execbox.core import egress_secrets as es
+from execbox.core import proxy as px
 from execbox.core.egress import EgressPolicy
 from execbox.core.proxy import EgressProxy, HeadError, parse_head
 from tests.backends.test_secrets_egress import SECRET_HOST
@@ -174,3 +176,69 @@ def test_a_field_named_like_a_framing_one_with_underscores_is_refused(name: byte
         parse_head(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n" + name + b": chunked\r\n\r\n")
     assert parse_head(b"GET / HTTP/1.1\r\nHost: a\r\nX_Forwarded_For: b\r\n\r\n").values("x_forwarded_for") == ["b"]
 
+
+
+# --- exhausting the proxy: every read from the sandbox is bounded ----------------------------------------------
+
+
+def test_silent_and_dribbling_heads_are_cut_and_connections_beyond_the_cap_refused(
+        big: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held on today's code: slowloris heads end at HEAD_TIMEOUT_S (a total, not per byte), a connection past
+    MAX_CONNECTIONS gets a 503 at once, and once the held ones are cut a request gets through."""
+    monkeypatch.setattr(px, "HEAD_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(px, "MAX_CONNECTIONS", 20)
+    proxy = EgressProxy(EgressPolicy.build([f"127.0.0.1/32:{big}"], defaults=False))
+    held: list[socket.socket] = []
+    try:
+        run = proxy.start_run()
+        for _ in range(20):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(30)
+            s.connect(run.host_socket)
+            held.append(s)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as extra:
+            extra.settimeout(30)
+            extra.connect(run.host_socket)
+            assert extra.recv(100).startswith(b"HTTP/1.1 503")
+        start = time.monotonic()
+        while time.monotonic() - start < 4:  # one byte a half second: the head never completes in time
+            held[0].send(b"G")
+            time.sleep(0.5)
+            with contextlib.suppress(BlockingIOError):
+                held[0].setblocking(False)
+                if held[0].recv(100) == b"":
+                    break
+                held[0].setblocking(True)
+        for s in held:
+            s.setblocking(True)
+            assert s.recv(100) == b""  # cut, well within the 30 s timeout
+        answer = b""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)
+            s.connect(run.host_socket)
+            s.sendall(f"GET http://127.0.0.1:{big}/small HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            while data := s.recv(65536):
+                answer += data
+        proxy.finish_run(run)
+    finally:
+        for s in held:
+            s.close()
+        proxy.close()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"\r\n\r\nok")
+
+
+def test_an_intercepted_connection_that_dribbles_its_head_is_cut_with_nothing_sent(
+        world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(es, "HANDSHAKE_TIMEOUT_S", 2.0)
+    proxy, run, server, placeholder = world["start"]()
+
+    def dribble(tls: Any) -> None:
+        with contextlib.suppress(OSError):  # cut half-way
+            for byte in b"\r\nAuthorization: " + placeholder:
+                tls.sendall(bytes([byte]))
+                time.sleep(0.1)
+
+    answer = through(proxy, run, server.port, b"GET / HTTP/1.1\r\nHost: " + SECRET_HOST.encode(), dribble)
+    [attempt], _ = proxy.finish_run(run)
+    assert answer == b"" and server.requests == [] and server.raw == b""
+    assert not attempt.allowed and "no request head" in attempt.reason
