@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from execbox import ExecResult, Runner, Settings
+from execbox import ExecResult, Runner, SandboxError, Settings
 from execbox.backends.docker import session as ds
 from execbox.backends.docker.stream import hijacked
 from execbox.core import disk
@@ -92,6 +92,20 @@ def test_endless_output_of_a_later_exec_in_a_session_times_out(runner: Runner) -
         assert sb.exec("true").exit_code == 0
         timed_out(within(lambda: sb.exec("yes hello", timeout=2)), "hello\nhello\n")
         assert within(lambda: sb.exec("echo ok")).stdout == "ok\n"
+
+
+def test_a_kill_that_does_not_come_back_breaks_the_session_with_a_typed_error(
+        runner: Runner, engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should the kill at a deadline not finish (here: it is said not to), the container is killed and every
+    later exec is a SandboxError saying so; the sandbox still closes and its container goes."""
+    with runner.sandbox("docker") as sb:
+        session = sb.aio._session  # type: ignore[union-attr]
+        monkeypatch.setattr(session, "_quick_exec", lambda argv, user: None)
+        timed_out(within(lambda: sb.exec("yes hello", timeout=2)), "hello\nhello\n")
+        with pytest.raises(SandboxError, match="broken: the kill at a deadline did not finish"):
+            within(lambda: sb.exec("echo no"))
+        assert engine.api.inspect_container(session._keeper_id)["State"]["Running"] is False
+    assert not base.ours(engine)
 
 
 def test_endless_output_in_a_one_shot_times_out(runner: Runner) -> None:
