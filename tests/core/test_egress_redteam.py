@@ -3,6 +3,7 @@ sandboxed code would, against upstreams this test starts on 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.server
 import socket
@@ -242,3 +243,30 @@ def test_an_intercepted_connection_that_dribbles_its_head_is_cut_with_nothing_se
     [attempt], _ = proxy.finish_run(run)
     assert answer == b"" and server.requests == [] and server.raw == b""
     assert not attempt.allowed and "no request head" in attempt.reason
+
+
+def test_a_placeholder_split_by_chunk_framing_is_still_caught_on_plain_http() -> None:
+    """The guard looked at the body as it came, framing included, so a placeholder split over two chunks (which the
+    upstream joins) went out unseen and the attempt read allowed."""
+    secrets = es.RunSecrets(es.check({"K": ("api.example.com", VALUE)}))
+    placeholder = secrets.secrets[0].placeholder
+    attempt = px._Attempt("elsewhere.example", 80, allowed=True, reason="allowlisted")
+    sent: list[bytes] = []
+
+    class Writer:
+        def write(self, data: bytes) -> None:
+            sent.append(data)
+
+        async def drain(self) -> None:
+            pass
+
+    async def go() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"5\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n" % (placeholder[:5], len(placeholder) - 5, placeholder[5:]))
+        reader.feed_eof()
+        await px._copy_chunked(es.GuardedReader(reader, secrets, attempt), Writer(), attempt)  # type: ignore[arg-type]
+
+    with pytest.raises(ConnectionAbortedError):
+        asyncio.run(go())
+    assert not attempt.allowed and "exfiltration attempt" in attempt.reason and attempt.secrets == ["K"]
+    assert placeholder[5:] not in b"".join(sent)

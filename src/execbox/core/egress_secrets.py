@@ -259,25 +259,28 @@ class GuardedReader:
         self._attempt = attempt
         self._tail = b""
 
-    def _check(self, data: bytes) -> bytes:
-        window = self._tail + data
+    def _check(self, data: bytes, framing: bool = False) -> bytes:
+        # A chunked body's framing (its lines, read by readuntil and readexactly) is judged on its own, outside the
+        # window of data: a placeholder split over two chunks is whole again upstream.
+        window = data if framing else self._tail + data
         hit = self._secrets.carried(window)
         if hit is not None:
             self._attempt.allowed = False
             self._attempt.reason = exfiltration(hit, "the request body")
             self._attempt.secrets = [*getattr(self._attempt, "secrets", []), hit.name]
             raise ConnectionAbortedError(self._attempt.reason)
-        self._tail = window[-(self._secrets.longest - 1):] if self._secrets.longest > 1 else b""
+        if not framing:
+            self._tail = window[-(self._secrets.longest - 1):] if self._secrets.longest > 1 else b""
         return data
 
     async def read(self, n: int = -1) -> bytes:
         return self._check(await self._reader.read(n))
 
     async def readuntil(self, separator: bytes = b"\n") -> bytes:
-        return self._check(await self._reader.readuntil(separator))
+        return self._check(await self._reader.readuntil(separator), framing=True)
 
     async def readexactly(self, n: int) -> bytes:
-        return self._check(await self._reader.readexactly(n))
+        return self._check(await self._reader.readexactly(n), framing=True)
 
     def at_eof(self) -> bool:
         return self._reader.at_eof()
