@@ -31,8 +31,8 @@ def installed(only_local_builtin: None, fake_dists: FakeDistributions) -> Iterat
 
 
 def _settings(backend: str, **kw: object) -> Settings:
-    return Settings(backend=backend, shell_backend=backend, network="none", backend_grace_sec=1.0,
-                    open_timeout_sec=2.0, **kw)
+    bounds: dict[str, object] = {"backend_grace_sec": 1.0, "open_timeout_sec": 2.0, **kw}
+    return Settings(backend=backend, shell_backend=backend, network="none", **bounds)
 
 
 @pytest.fixture(params=["stuck_exec", "pipe_holder"])
@@ -179,3 +179,16 @@ def test_the_sync_facade_raises_and_closes() -> None:
 
 def test_the_kit_exports_the_error() -> None:
     assert plugin.BackendTimeoutError is BackendTimeoutError and issubclass(BackendTimeoutError, SandboxError)
+
+
+async def test_a_sandbox_that_opens_after_its_caller_was_cancelled_is_closed() -> None:
+    # The caller is cancelled while the open runs; the open, deaf to cancellation, comes back 3 s in, within the
+    # grace the caller's clean-up waits for it: what it opened is nobody's and must be closed, not dropped.
+    stuck_backends.OPENED.clear()
+    async with AsyncRunner(_settings("slow_open", backend_grace_sec=10.0, open_timeout_sec=20.0)) as runner:
+        with anyio.fail_after(LIVENESS_S):
+            with anyio.move_on_after(0.5):
+                await runner.run("true", timeout=1)
+            assert stuck_backends.OPENED, "the cancelled caller waited for the open within the grace"
+            while stuck_backends.OPENED[0].root is None or os.path.exists(stuck_backends.OPENED[0].root):
+                await anyio.sleep(0.05)

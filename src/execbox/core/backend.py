@@ -316,8 +316,8 @@ async def bounded(call: Awaitable[T], seconds: float, *, backend: ExecutionBacke
     may ignore cancellation, or block in a thread): ``session``, if given, is closed under its own bound and marked
     broken (``broken``), ``late`` gets what the call returns if it ever does (a sandbox opened too late is closed),
     and BackendTimeoutError names the backend and the call. A caller cancelled meanwhile cancels the call and waits
-    for it (its clean-up: the sandbox's processes killed) at most CODE_EXEC_BACKEND_GRACE_SEC. Costs a task and a
-    timer per call (a few microseconds)."""
+    for it (its clean-up: the sandbox's processes killed) at most CODE_EXEC_BACKEND_GRACE_SEC; what it returns all
+    the same goes to ``late`` too. Costs a task and a timer per call (a few microseconds)."""
     task = asyncio.ensure_future(call)
     try:
         done, _ = await asyncio.wait((task,), timeout=seconds)
@@ -326,11 +326,12 @@ async def bounded(call: Awaitable[T], seconds: float, *, backend: ExecutionBacke
             task.cancel()
             with anyio.CancelScope(shield=True):
                 await asyncio.wait((task,), timeout=backend.settings.backend_grace_sec)
-        if task.done():
-            if not task.cancelled():
-                task.exception()  # retrieved: the caller's cancellation is what propagates
-        else:
+        if not task.done():
             _abandon(task, late)
+        elif not task.cancelled() and task.exception() is None and late is not None:
+            # It returned all the same (a sandbox opened as the caller went): nobody will use it, so it is closed.
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):  # the cancellation propagates
+                await late(task.result())
         raise
     if done:
         return task.result()
