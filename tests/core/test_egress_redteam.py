@@ -270,3 +270,69 @@ def test_a_placeholder_split_by_chunk_framing_is_still_caught_on_plain_http() ->
         asyncio.run(go())
     assert not attempt.allowed and "exfiltration attempt" in attempt.reason and attempt.secrets == ["K"]
     assert placeholder[5:] not in b"".join(sent)
+
+
+PROXIES = """
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from execbox.core.egress import EgressPolicy
+from execbox.core.proxy import EgressProxy
+proxies = [EgressProxy(EgressPolicy.build(["127.0.0.1/32:{port}"], defaults=False)) for _ in range(2)]
+print(" ".join(p.start_run().host_socket for p in proxies), flush=True)
+sys.stdin.readline()  # the sandboxes' code holds its connections now
+opened = []
+try:
+    while len(opened) < 64:
+        opened.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+print("can open", len(opened), "files", flush=True)
+for p in proxies:
+    p.close()
+"""
+
+
+def test_sandboxes_cannot_take_every_descriptor_of_the_caller() -> None:
+    """Each proxy admits 256 connections from its sandbox, each with an upstream: two descriptors apiece, so two
+    sandboxes' code could take 1024 of the caller's, the soft limit of many systems, and every other open of the
+    caller failed (EMFILE). Here the caller's limit is 256 and two sandboxes try to hold 150 tunnels each: the caller
+    must keep room for 64 files of its own, and the connections past its share get a 503."""
+    upstream = socket.create_server(("127.0.0.1", 0), backlog=512)
+    kept: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                kept.append(upstream.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = upstream.getsockname()[1]
+    child = subprocess.Popen([sys.executable, "-c", PROXIES.replace("{port}", str(port))], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    held: list[socket.socket] = []
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        paths = child.stdout.readline().split()
+        answers = []
+        for path in paths:
+            for _ in range(150):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(30)
+                s.connect(path)
+                with contextlib.suppress(OSError):  # refused at once: the proxy may be gone before it is asked
+                    s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+                answers.append(s.recv(12))
+                held.append(s)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        said = child.stdout.readline().strip()
+    finally:
+        for s in held:
+            s.close()
+        child.kill()
+        child.wait(30)
+        upstream.close()
+        for s in kept:
+            s.close()
+    assert said == "can open 64 files"
+    assert b"HTTP/1.1 200" in answers and b"HTTP/1.1 503" in answers

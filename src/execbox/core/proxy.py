@@ -27,7 +27,8 @@ Each run gets its own socket (``start_run``), so records are per exec even when 
 once, and ``finish_run`` closes that socket and every connection still open through it. ``close`` stops
 the thread and removes the directory. The directory is named after its owner process, so gc removes one
 a killed caller left (``sweep_orphans``). Everything read from the sandbox is bounded: a request head
-(64 KiB, 30 s), open connections (256 per proxy), records (1000 per run; the rest counted). Every HTTP head
+(64 KiB, 30 s), open connections (256 per proxy, and a quarter of the process's file limit over all its
+proxies), records (1000 per run; the rest counted). Every HTTP head
 read, from the sandbox or from upstream, is parsed strictly (``parse_head``): a head one party would read
 otherwise than another (a bare LF as a line end, two lengths) is refused, never passed on.
 
@@ -42,6 +43,7 @@ import contextlib
 import ipaddress
 import os
 import re
+import resource
 import socket
 import stat
 import tempfile
@@ -606,11 +608,17 @@ class EgressProxy:
         run.writers.add(writer)
         self._open.add(writer)
         self._clients += 1
+        admitted = _admit()
         try:
             if self._clients > MAX_CONNECTIONS:
                 self._record(run, _Attempt("", 0, reason=f"refused: more than {MAX_CONNECTIONS} connections open"))
                 await answer(writer, 503, f"more than {MAX_CONNECTIONS} connections open through this sandbox's "
                                            "proxy")
+                return
+            if not admitted:
+                self._record(run, _Attempt("", 0, reason=f"refused: {_process_cap()} connections from sandboxes "
+                                                          "open in this process (a quarter of its file limit)"))
+                await answer(writer, 503, "too many connections open through this process's egress proxies")
                 return
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
@@ -632,6 +640,8 @@ class EgressProxy:
             run.writers.discard(writer)
             self._open.discard(writer)
             self._clients -= 1
+            if admitted:
+                _release()
             writer.transport.abort()
 
     async def _dispatch(self, run: ProxyRun, raw: bytes, reader: asyncio.StreamReader,
@@ -784,6 +794,35 @@ class EgressProxy:
             run.writers.discard(up_writer)
             self._open.discard(up_writer)
             up_writer.transport.abort()
+
+
+# Connections from sandboxes open through every proxy of this process: each costs two of its file descriptors (its
+# own and its upstream's), so several sandboxes' code at MAX_CONNECTIONS each could take them all (EMFILE for
+# everything else the caller does, on systems whose soft limit is 1024).
+_process_lock = threading.Lock()
+_process_open = 0
+
+
+def _process_cap() -> int:
+    """How many connections from sandboxes this process's proxies admit at once: a quarter of its file limit (so
+    half of its descriptors at most), never fewer than 16."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1 << 30 if soft == resource.RLIM_INFINITY else max(16, soft // 4)
+
+
+def _admit() -> bool:
+    global _process_open
+    with _process_lock:
+        if _process_open >= _process_cap():
+            return False
+        _process_open += 1
+        return True
+
+
+def _release() -> None:
+    global _process_open
+    with _process_lock:
+        _process_open -= 1
 
 
 def provider_allowlist_for(settings: Settings, backend: str) -> ProviderAllowlist:
