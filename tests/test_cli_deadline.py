@@ -4,6 +4,7 @@ box, naming the claims that failed. The backend is a plugin installed as a real 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -66,3 +67,14 @@ def test_a_check_past_its_time_box_fails_and_is_left_behind() -> None:
     verdict = run_check(Check("slow", "a slow claim", lambda kit: time.sleep(30)), None, time_box_s=0.5)  # type: ignore[arg-type]
     assert verdict.status == "fail" and "time box of 0.5 s" in verdict.message and "a slow claim" in verdict.message
     assert time.monotonic() - started < 25  # liveness: not the 30 s the check would take
+
+
+def test_backends_lists_a_backend_whose_check_never_returns(env: dict[str, str], tmp_path: Path) -> None:
+    # Its check blocks in a thread that cancellation cannot reach: a time box by cancellation alone waits for ever.
+    done = subprocess.run([str(SCRIPT), "backends", "--json"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=RUN_LIVENESS_S)
+    assert done.returncode == 0, done.stderr
+    rows = {row["name"]: row for row in json.loads(done.stdout)}
+    assert rows["stuck_probe"]["available"] is False
+    assert "did not answer within" in rows["stuck_probe"]["reason"]
+    assert rows["stuck_exec"]["available"] is True

@@ -21,7 +21,9 @@ import anyio
 import click
 
 from execbox.core import audit as audit_log
+from execbox.core.backend import bounded
 from execbox.core.errors import (
+    BackendTimeoutError,
     BackendUnavailableError,
     ConfigError,
     ExecboxError,
@@ -317,13 +319,13 @@ async def _probe(runner: AsyncRunner, name: str) -> dict[str, Any]:
     try:
         backend = runner.backend(name)
         row["notes"] = backend.notes()
-        with anyio.fail_after(CHECK_TIMEOUT_S):
-            caps = await backend.check()
+        # The runner's bound, not a cancel scope: a check blocked in a thread does not hear a cancellation.
+        caps = await bounded(backend.check(), CHECK_TIMEOUT_S, backend=backend, doing="its availability check")
         row["available"] = True
         row["capabilities"] = caps.model_dump(mode="json")
         row["details"] = backend.details()
         row["notes"] = backend.notes()
-    except TimeoutError:
+    except BackendTimeoutError:
         row["reason"] = f"the availability check did not answer within {CHECK_TIMEOUT_S:g}s"
     except BackendUnavailableError as exc:
         row["reason"], row["fix"] = exc.reason, exc.fix

@@ -198,7 +198,7 @@ class AsyncRunner:
         name = name or (self.settings.session_backend if session else self.settings.backend)
         if name != "auto":
             backend = self.backend(name)
-            return backend, await backend.check()
+            return backend, await _check(backend)
         tried: list[str] = []
         probe = ExecRequest(argv=["true"], network=self.settings.network)
         for candidate in self.auto_candidates():
@@ -208,7 +208,7 @@ class AsyncRunner:
                 if not (verdict.sandbox or candidate == LOCAL_FALLBACK):
                     tried.append(f"- {candidate}: configured here, it is not a sandbox ({verdict.reason})")
                     continue
-                return backend, await backend.check()
+                return backend, await _check(backend)
             except BackendUnavailableError as exc:
                 if exc.env_var and exc.env_var in os.environ:
                     # The operator configured this backend (CODE_EXEC_DOCKER_RUNTIME, ...): falling back to a
@@ -425,7 +425,7 @@ class AsyncRunner:
         self.guard.check_verdict(impl, resolved)  # cheap refusals first, before the backend is probed
         self.guard.check_secrets(impl)
         with backend_errors(impl.name):
-            caps = await impl.check()  # for auto, select() just checked it: this is the cached answer
+            caps = await _check(impl)  # for auto, select() just checked it: this is the cached answer
         self.guard.check_policy(impl, caps, resolved, asked)
         if session and not caps.persistent_sessions:
             raise UnsupportedPolicyError(
@@ -502,6 +502,12 @@ async def _open(backend: ExecutionBackend, spec: SessionSpec) -> Session:
     with backend_errors(backend.name):
         return await bounded(backend.open_session(spec), backend.settings.open_timeout_sec, backend=backend,
                              doing="open_session", late=lambda late: close_bounded(late, backend))
+
+
+async def _check(backend: ExecutionBackend) -> Capabilities:
+    """What the backend enforces here (its check: cached, or a probe), within CODE_EXEC_OPEN_TIMEOUT_SEC."""
+    return await bounded(backend.check(), backend.settings.open_timeout_sec, backend=backend,
+                         doing="its availability check")
 
 
 def _files_s(backend: ExecutionBackend) -> float:

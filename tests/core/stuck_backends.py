@@ -4,6 +4,7 @@ Each is an ordinary local session (``HostWorkspaceSession``) with one call stuck
 
     stuck_exec     exec blocks in a worker thread that cancellation cannot reach (no abandon_on_cancel)
     stuck_open     open_session never returns
+    stuck_probe    probe (the availability check behind check()) never returns
     stuck_files    write_file, read_file and list_files never return
     stuck_close    close removes the workspace, then never returns
     slow_open      open_session takes 3 s, deaf to cancellation, then returns its session (kept in OPENED)
@@ -69,6 +70,13 @@ class StuckOpen(StuckBackend):
         await stuck()
 
 
+class StuckProbe(StuckBackend):
+    name = "stuck_probe"
+
+    async def probe(self) -> plugin.Capabilities:
+        await stuck()
+
+
 #: The sessions slow_open opened, late.
 OPENED: list[Session] = []
 
@@ -127,7 +135,7 @@ class PipeHolder(StuckBackend):
     session = PipeSession
 
 
-BACKENDS = (StuckExec, StuckOpen, SlowOpen, StuckFiles, StuckClose, PipeHolder)
+BACKENDS = (StuckExec, StuckOpen, StuckProbe, SlowOpen, StuckFiles, StuckClose, PipeHolder)
 
 
 @plugin.hookimpl

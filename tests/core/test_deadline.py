@@ -192,3 +192,16 @@ async def test_a_sandbox_that_opens_after_its_caller_was_cancelled_is_closed() -
             assert stuck_backends.OPENED, "the cancelled caller waited for the open within the grace"
             while stuck_backends.OPENED[0].root is None or os.path.exists(stuck_backends.OPENED[0].root):
                 await anyio.sleep(0.05)
+
+
+async def test_a_check_that_never_returns_raises_for_a_one_shot_and_a_sandbox() -> None:
+    # The runner checks the backend before every sandbox it opens: that call is a backend call like any other.
+    async with AsyncRunner(_settings("stuck_probe")) as runner:
+        with anyio.fail_after(LIVENESS_S):
+            with pytest.raises(BackendTimeoutError) as exc:
+                await runner.run("true", timeout=1)
+            _names(exc, "stuck_probe", "its availability check")
+            with pytest.raises(BackendTimeoutError) as exc:
+                async with runner.sandbox():
+                    pass
+            _names(exc, "stuck_probe", "its availability check")
