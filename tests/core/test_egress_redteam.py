@@ -336,3 +336,12 @@ def test_sandboxes_cannot_take_every_descriptor_of_the_caller() -> None:
             s.close()
     assert said == "can open 64 files"
     assert b"HTTP/1.1 200" in answers and b"HTTP/1.1 503" in answers
+
+
+@pytest.mark.parametrize("value", [VALUE + "\r\nHost: evil.example", VALUE + "\n", "\x1b" + VALUE, VALUE + "\x7f"])
+def test_a_value_a_request_head_cannot_carry_is_refused(value: str) -> None:
+    """Swapped into the head, a CR or LF in the value would split it where the code put the placeholder: the proxy
+    itself would send the bare LF it refuses from the code."""
+    with pytest.raises(ValueError, match="control character"):
+        es.check({"K": ("api.example.com", value)})
+    assert es.check({"K": ("api.example.com", VALUE + "\t+/=é")})["K"][2].reveal().endswith("é")

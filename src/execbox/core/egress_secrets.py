@@ -73,6 +73,9 @@ _ALNUM = string.ascii_letters + string.digits
 _HOST_ROOTS = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
 
 
+# What no request head may carry (a field value is HT, SP, visible ASCII and bytes from 0x80).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
 #: What a caller gives: ``{NAME: (host or "host:port", value or Secret)}``.
 Given = Mapping[str, tuple[str, "Secret | str"]]
 
@@ -147,6 +150,10 @@ def check(given: Mapping[str, Any]) -> dict[str, tuple[str, int, Secret]]:
         hosts[name] = parse_destination(spec)
         values[name] = pair[1]
     checked = check_secrets(values)
+    for name, secret in checked.items():
+        if _CONTROL.search(secret.reveal()):
+            raise ValueError(f"secrets_at_egress[{name!r}]: its value holds a control character (CR, LF, ESC, ...), "
+                             "which the request head it is swapped into cannot carry (a CR or LF would split it)")
     return {name: (*hosts[name], InBody(secret.reveal(), origin=secret.origin) if name in bodies else secret)
             for name, secret in checked.items()}
 
