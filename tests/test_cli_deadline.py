@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -78,3 +79,26 @@ def test_backends_lists_a_backend_whose_check_never_returns(env: dict[str, str],
     assert rows["stuck_probe"]["available"] is False
     assert "did not answer within" in rows["stuck_probe"]["reason"]
     assert rows["stuck_exec"]["available"] is True
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_run_stopped_while_its_backend_is_stuck_leaves_nothing(env: dict[str, str], tmp_path: Path,
+                                                                 stop: signal.Signals) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = subprocess.Popen([str(SCRIPT), "run", "--backend", "stuck_exec", "--", "true"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**env, "TMPDIR": str(scratch), "CODE_EXEC_MAX_TIMEOUT_SEC": "600"})
+    try:
+        deadline = time.monotonic() + RUN_LIVENESS_S
+        while not list(scratch.glob("execbox-stuck-*")):  # its sandbox is open and its exec stuck
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(stop)
+        _, err = proc.communicate(timeout=RUN_LIVENESS_S)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode != 0 and "Traceback" not in err, err
+    assert not list(scratch.glob("execbox-stuck-*"))
