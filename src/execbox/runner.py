@@ -850,14 +850,18 @@ class AsyncSandbox:
         redactor = self._redactor()
         if redactor is not None:
             (on_stdout, on_stderr), finish = secrets_inject.redacted_callbacks(redactor, on_stdout, on_stderr)
-        with secrets_inject.redacting(redactor):  # the interpreter's errors quote what the code left, too
-            result = await deliver(lambda out: kernel.run_cell(code, timeout=timeout_s, live=out), on_stdout,
-                                   on_stderr)
+        fields = audit_log.exec_fields(backend, resolved, [], session=self.id, oneshot=False)
+        try:
+            with secrets_inject.redacting(redactor):  # the interpreter's errors quote what the code left, too
+                result = await deliver(lambda out: kernel.run_cell(code, timeout=timeout_s, live=out), on_stdout,
+                                       on_stderr)
+        except BaseException as exc:  # recorded as an exec that raised is (a stuck backend, a broken sandbox)
+            await self.runner.audit.arecord("cell.error", **fields, **audit_log.error_fields(exc))
+            raise
         if redactor is not None:
             await finish()
             result = secrets_inject.redact_model(result, redactor)
-        note = await self.runner.audit.arecord("cell", **audit_log.exec_fields(
-            backend, resolved, [], session=self.id, oneshot=False), **_cell_fields(result, self.runner.audit))
+        note = await self.runner.audit.arecord("cell", **fields, **_cell_fields(result, self.runner.audit))
         # Said as exec says it (core.results): a cell's timeout cut to the maximum.
         notes = [clamp_note(timeout, backend.settings.max_timeout_sec), note]
         return result.model_copy(update={"notes": [*result.notes, *(n for n in notes if n)]})
