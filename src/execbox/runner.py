@@ -178,7 +178,7 @@ class AsyncRunner:
         backends, self._backends = list(self._backends.values()), {}
         with anyio.CancelScope(shield=True):
             for backend in backends:
-                await backend.aclose()
+                await bounded(backend.aclose(), backend.settings.backend_grace_sec, backend=backend, doing="aclose")
 
     @property
     def registry(self) -> Registry:

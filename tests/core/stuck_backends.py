@@ -5,6 +5,7 @@ Each is an ordinary local session (``HostWorkspaceSession``) with one call stuck
     stuck_exec     exec blocks in a worker thread that cancellation cannot reach (no abandon_on_cancel)
     stuck_open     open_session never returns
     stuck_probe    probe (the availability check behind check()) never returns
+    stuck_aclose   aclose (the release of what the instance holds, when the runner closes) never returns
     stuck_files    write_file, read_file and list_files never return
     stuck_close    close removes the workspace, then never returns
     slow_open      open_session takes 3 s, deaf to cancellation, then returns its session (kept in OPENED)
@@ -77,6 +78,13 @@ class StuckProbe(StuckBackend):
         await stuck()
 
 
+class StuckAclose(StuckBackend):
+    name = "stuck_aclose"
+
+    async def aclose(self) -> None:
+        await stuck()
+
+
 #: The sessions slow_open opened, late.
 OPENED: list[Session] = []
 
@@ -135,7 +143,7 @@ class PipeHolder(StuckBackend):
     session = PipeSession
 
 
-BACKENDS = (StuckExec, StuckOpen, StuckProbe, SlowOpen, StuckFiles, StuckClose, PipeHolder)
+BACKENDS = (StuckExec, StuckOpen, StuckProbe, StuckAclose, SlowOpen, StuckFiles, StuckClose, PipeHolder)
 
 
 @plugin.hookimpl

@@ -234,3 +234,10 @@ async def test_a_cell_on_a_stuck_backend_is_recorded_as_a_cell_error() -> None:
     (rec,) = [r for r in audit.records(Path(settings.audit_log or "")) if r["event"].startswith("cell")]
     assert rec["event"] == "cell.error" and rec["oneshot"] is False and rec["backend"] == "stuck_exec"
     assert rec["error"]["type"] == type(exc.value).__name__ and rec["error"]["message"] == exc.value.message
+
+
+async def test_a_runner_whose_backend_never_releases_closes_with_the_typed_error() -> None:
+    with anyio.fail_after(LIVENESS_S), pytest.raises(BackendTimeoutError) as exc:
+        async with AsyncRunner(_settings("stuck_aclose")) as runner:
+            assert (await runner.run("echo ok", timeout=1)).stdout == "ok\n"
+    _names(exc, "stuck_aclose", "aclose")
