@@ -102,3 +102,11 @@ def test_a_run_stopped_while_its_backend_is_stuck_leaves_nothing(env: dict[str, 
         proc.wait()
     assert proc.returncode != 0 and "Traceback" not in err, err
     assert not list(scratch.glob("execbox-stuck-*"))
+
+
+def test_gc_on_a_backend_whose_gc_never_returns_ends_and_says_so(env: dict[str, str], tmp_path: Path) -> None:
+    done = subprocess.run([str(SCRIPT), "gc", "--backend", "stuck_gc", "--json"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=RUN_LIVENESS_S)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert "backend 'stuck_gc' did not return from gc" in report["skipped"]["stuck_gc"]

@@ -529,7 +529,9 @@ def gc(only: str | None, as_json: bool) -> None:
                 # No check() first: a backend's own start-up sweep would remove the orphans before gc counts them.
                 backend = runner.backend(name)
                 backend.require_sdk()
-                removed[name] = await backend.gc()
+                # Bounded as an open is (CODE_EXEC_OPEN_TIMEOUT_SEC): a gc that never returns is skipped, said.
+                removed[name] = await bounded(backend.gc(), backend.settings.open_timeout_sec, backend=backend,
+                                              doing="gc")
             except BackendUnavailableError as exc:
                 skipped[name] = exc.reason
             except ExecboxError as exc:  # e.g. a backend setting is invalid: that backend only

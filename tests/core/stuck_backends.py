@@ -5,6 +5,7 @@ Each is an ordinary local session (``HostWorkspaceSession``) with one call stuck
     stuck_exec     exec blocks in a worker thread that cancellation cannot reach (no abandon_on_cancel)
     stuck_open     open_session never returns
     stuck_probe    probe (the availability check behind check()) never returns
+    stuck_gc       gc never returns
     stuck_aclose   aclose (the release of what the instance holds, when the runner closes) never returns
     stuck_files    write_file, read_file and list_files never return
     stuck_close    close removes the workspace, then never returns
@@ -78,6 +79,13 @@ class StuckProbe(StuckBackend):
         await stuck()
 
 
+class StuckGc(StuckBackend):
+    name = "stuck_gc"
+
+    async def gc(self) -> list[str]:
+        await stuck()
+
+
 class StuckAclose(StuckBackend):
     name = "stuck_aclose"
 
@@ -143,7 +151,7 @@ class PipeHolder(StuckBackend):
     session = PipeSession
 
 
-BACKENDS = (StuckExec, StuckOpen, StuckProbe, StuckAclose, SlowOpen, StuckFiles, StuckClose, PipeHolder)
+BACKENDS = (StuckExec, StuckOpen, StuckProbe, StuckGc, StuckAclose, SlowOpen, StuckFiles, StuckClose, PipeHolder)
 
 
 @plugin.hookimpl
