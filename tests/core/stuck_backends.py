@@ -10,6 +10,7 @@ Each is an ordinary local session (``HostWorkspaceSession``) with one call stuck
     stuck_files    write_file, read_file and list_files never return
     stuck_close    close removes the workspace, then never returns
     slow_open      open_session takes 3 s, deaf to cancellation, then returns its session (kept in OPENED)
+    dataclass_ok   an honest backend whose session is a dataclass (so, unhashable): nothing stuck
     pipe_holder    exec reads the command's stdout to its end, ignoring the deadline: a real setsid grandchild
                    that keeps the pipe open (``sleep`` behind ``setsid``) keeps it from ever returning
 
@@ -20,6 +21,7 @@ They are NOT sandboxes: never use them outside these tests.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import threading
 from collections.abc import Callable
@@ -146,12 +148,41 @@ class PipeSession(Session):
         return plugin.ExecResult(exit_code=proc.returncode, stdout=out.decode(), stderr=err.decode())
 
 
+@dataclasses.dataclass
+class DataSession(plugin.Session):
+    workspace: str = ""
+
+    def __post_init__(self) -> None:
+        self.inner = plugin.HostWorkspaceSession(prefix="execbox-stuck-")
+        self.workspace = self.inner.workspace
+
+    async def exec(self, request: plugin.ExecSpec) -> plugin.ExecResult:
+        return await self.inner.exec(request)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await self.inner.write_file(path, data)
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        return await self.inner.read_file(path, max_bytes)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class DataclassOk(StuckBackend):
+    name = "dataclass_ok"
+
+    async def open_session(self, spec: plugin.SessionSpec) -> plugin.Session:
+        return DataSession()
+
+
 class PipeHolder(StuckBackend):
     name = "pipe_holder"
     session = PipeSession
 
 
-BACKENDS = (StuckExec, StuckOpen, StuckProbe, StuckGc, StuckAclose, SlowOpen, StuckFiles, StuckClose, PipeHolder)
+BACKENDS = (StuckExec, StuckOpen, StuckProbe, StuckGc, StuckAclose, SlowOpen, StuckFiles, StuckClose, DataclassOk,
+            PipeHolder)
 
 
 @plugin.hookimpl

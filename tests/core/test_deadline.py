@@ -241,3 +241,13 @@ async def test_a_runner_whose_backend_never_releases_closes_with_the_typed_error
         async with AsyncRunner(_settings("stuck_aclose")) as runner:
             assert (await runner.run("echo ok", timeout=1)).stdout == "ok\n"
     _names(exc, "stuck_aclose", "aclose")
+
+
+async def test_a_session_that_cannot_be_hashed_is_served() -> None:
+    # A plugin's session may be a dataclass (eq without hash): the runner's broken mark must not need its hash.
+    async with AsyncRunner(_settings("dataclass_ok")) as runner:
+        with anyio.fail_after(LIVENESS_S):
+            assert (await runner.run("echo one", timeout=5)).stdout == "one\n"
+            async with runner.sandbox() as sb:
+                await sb.write_file("a", b"two")
+                assert (await sb.exec("cat a", timeout=5)).stdout == "two"

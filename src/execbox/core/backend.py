@@ -15,7 +15,6 @@ import os
 import posixpath
 import threading
 import time
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -88,6 +87,9 @@ class Session(ABC):
     host_owner: tuple[int, int] | None = None
     #: What the sandbox was opened with; set by the runner right after ``open_session``.
     session_spec: SessionSpec | None = None
+    #: Why the runner gave up on this sandbox (see ``broken``); an attribute, not a table keyed by the session,
+    #: which a plugin's session (a dataclass, say) need not be hashable for.
+    _runner_broken: str | None = None
 
     @abstractmethod
     async def exec(self, spec: ExecSpec) -> ExecResult:
@@ -278,13 +280,11 @@ class ExecutionBackend(ABC):
 
 #: Calls given up on, kept referenced until they end (a backend may ignore cancellation for ever).
 _abandoned: set[asyncio.Future[Any]] = set()
-#: Sessions whose call overran its bound, and why: closed once already, and broken for any later call.
-_broken: weakref.WeakKeyDictionary[Session, str] = weakref.WeakKeyDictionary()
 
 
 def broken(session: Session) -> str | None:
     """Why this session is broken (a call on it overran its bound and it was closed), or None."""
-    return _broken.get(session)
+    return session._runner_broken
 
 
 def _forget(done: asyncio.Future[Any]) -> None:
@@ -351,10 +351,9 @@ async def close_bounded(session: Session, backend: ExecutionBackend, *, reason: 
     """Close ``session``, shielded from the caller's cancellation and given up after CODE_EXEC_BACKEND_GRACE_SEC
     (BackendTimeoutError). With ``reason`` (a call on it overran), the session is marked broken and a failing close
     is not raised: the overrun is what the caller hears. A session closed that way is not closed again."""
-    if session in _broken:
+    if session._runner_broken is not None:
         return
-    if reason is not None:
-        _broken[session] = reason
+    session._runner_broken = reason
     seconds = backend.settings.backend_grace_sec
     task = asyncio.ensure_future(session.close())
     with anyio.CancelScope(shield=True):
@@ -367,7 +366,7 @@ async def close_bounded(session: Session, backend: ExecutionBackend, *, reason: 
                 task.result()
         return
     _abandon(task)
-    _broken.setdefault(session, f"backend {backend.name!r} did not close it within {seconds:g} s")
+    session._runner_broken = reason or f"backend {backend.name!r} did not close it within {seconds:g} s"
     if reason is None:
         raise BackendTimeoutError(f"backend {backend.name!r} did not return from close within {seconds:g} s; the close "
                                   "was abandoned (what it leaves, its gc removes). Report it to its maintainers",
