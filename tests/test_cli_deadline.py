@@ -110,3 +110,15 @@ def test_gc_on_a_backend_whose_gc_never_returns_ends_and_says_so(env: dict[str, 
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert "backend 'stuck_gc' did not return from gc" in report["skipped"]["stuck_gc"]
+
+
+def test_doctor_self_check_on_a_backend_whose_check_never_returns_fails_it(env: dict[str, str],
+                                                                            tmp_path: Path) -> None:
+    done = subprocess.run([str(SCRIPT), "doctor", "--self-check", "--backend", "stuck_probe"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=RUN_LIVENESS_S)
+    verdicts = [line for line in done.stdout.splitlines()
+                if line.startswith(("self-check stuck_probe: pass", "self-check stuck_probe: fail",
+                                    "self-check stuck_probe: skip"))]
+    assert len(verdicts) == 1 and verdicts[0].startswith("self-check stuck_probe: fail available: "), done.stdout
+    assert "did not return from its availability check" in verdicts[0]
+    assert done.returncode == 1, done.stderr

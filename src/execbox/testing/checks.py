@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from execbox import (
+    BackendTimeoutError,
     BackendUnavailableError,
     Capabilities,
     ExecResult,
@@ -104,7 +105,8 @@ class Kit:
         """What ``backend`` claims on this machine (its ``check()``); Unavailable when it cannot run here."""
         impl = runner.aio.backend(backend)
         try:
-            caps = run_blocking(impl.check)
+            # Through the runner, under its bound: a check that never returns is a BackendTimeoutError, not a hang.
+            caps = run_blocking(functools.partial(runner.aio.select, backend))[1]
         except BackendUnavailableError as exc:
             raise Unavailable(f"backend {backend} cannot run here: {exc}") from exc
         kit = cls(runner, backend, caps)
@@ -1531,6 +1533,9 @@ def self_check(backend_name: str, settings: Settings | None = None, *, checks: I
         kit = Kit.open(runner, backend_name)
     except Unavailable as exc:
         reached(CheckResult("available", f"backend {backend_name} can run here", "skip", str(exc)))
+        return results
+    except BackendTimeoutError as exc:
+        reached(CheckResult("available", f"backend {backend_name} can run here", "fail", exc.message))
         return results
     for name in names:
         reached(run_check(CHECKS[name], kit, time_box_s))
