@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pip._internal.req.constructors import install_req_from_line
 
@@ -95,6 +95,15 @@ def test_an_arbitrary_equality_version_pip_takes_for_an_archive_file_is_refused(
     # '===' takes any version string, so the requirement's end is the archive's suffix, as pip tests it
     monkeypatch.chdir("/")  # where the host's pip runs
     assert install_req_from_line(requirement).link is not None  # pip: the local file /rich===1.tar.gz
+    with pytest.raises(ConfigError, match=r"archive|arbitrary equality \(===\)"):
+        packages.check_requirements([requirement])
+
+
+def test_a_local_version_pip_takes_for_an_archive_file_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # '1.0+x.tar.gz' is a valid version (its local label may hold dots), and the end is an archive's suffix
+    monkeypatch.chdir("/")
+    requirement = "rich==1.0+x.tar.gz"
+    assert install_req_from_line(requirement).link is not None
     with pytest.raises(ConfigError, match="archive"):
         packages.check_requirements([requirement])
 
@@ -138,6 +147,7 @@ LINE_ALPHABET = st.sampled_from(list("abcz09-_.[],;<>=!~@:/\\#$ \t\"'()*%+?&") +
                  st.builds(lambda a, b, c: a + b + c, st.sampled_from(["rich===", "rich[x] ===", "x.tar"]),
                            st.text(LINE_ALPHABET, max_size=8),
                            st.sampled_from(["", ".zip", ".tar.gz", ".whl", "[x]", ".tgz[y]", ".ZIP ; os_name=='x'"]))))
+@example(line="0===[:]")  # ours took it, pip's own parser did not (arbitrary equality: refused now)
 def test_any_line_is_refused_or_a_plain_requirement(tmp_path: Path, line: str) -> None:
     try:
         checked = packages.read_requirements(reqs_file(tmp_path, line + "\n"))

@@ -137,6 +137,10 @@ def check_requirements(requirements: Sequence[str]) -> list[str]:
             req = Requirement(text)
         except InvalidRequirement as exc:
             raise ConfigError(f"invalid requirement {text[:200]!r}: {exc}") from None
+        if any(spec.operator == "===" for spec in req.specifier):
+            # Arbitrary equality takes any string as a version, which pip's own parser reads otherwise than ours
+            # (rich===1.tar.gz was a local archive to it, rich===[:] no requirement at all): refused outright.
+            raise ConfigError(f"refused requirement {text[:200]!r}: arbitrary equality (===); pin with == instead")
         if req.url:
             raise ConfigError(f"refused requirement {text[:200]!r}: a URL requirement; give a name and version "
                               "from the index")
