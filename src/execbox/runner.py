@@ -753,6 +753,11 @@ class AsyncSandbox:
                 await self.runner.audit.arecord("sandbox.close", session=self.id,
                                                 backend=self.backend.name if self.backend else None)
 
+    @property
+    def broken(self) -> str | None:
+        """Why this sandbox is broken (a backend call on it overran its bound, and it was closed), or None."""
+        return None if self._session is None else broken(self._session)
+
     def _live(self) -> tuple[ExecutionBackend, Session]:
         if self._session is None or self.backend is None:
             raise SandboxError("this sandbox is not open (closed already, or never entered): use it as "

@@ -25,8 +25,9 @@ def test_tool_calls_on_a_backend_that_never_returns_come_back_as_errors(tmp_path
     async def main() -> None:
         async with Client(stdio(server), elicitation_callback=Asked()) as client:
             with anyio.fail_after(LIVENESS_S):
+                # The second shell call gets a fresh sandbox (stuck again), not the broken one for the session's life.
                 for tool, args in (("run_command", {"command": "true"}), ("shell", {"command": "true"}),
-                                   ("run_command", {"command": "echo again"})):
+                                   ("run_command", {"command": "echo again"}), ("shell", {"command": "true"})):
                     result = await client.call_tool(tool, args)
                     assert result.is_error and result.structured_content is not None, text(result)
                     error = result.structured_content["error"]

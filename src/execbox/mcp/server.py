@@ -257,6 +257,10 @@ class McpApp:
 
     async def _close_scope(self, scope: SessionScope) -> None:
         scope.closed = True
+        await self._close_scope_sandbox(scope)
+
+    @staticmethod
+    async def _close_scope_sandbox(scope: SessionScope) -> None:
         sandbox, scope.sandbox = scope.sandbox, None
         if sandbox is not None:
             with anyio.CancelScope(shield=True):
@@ -267,6 +271,10 @@ class McpApp:
         async with scope.lock:
             if scope.closed:
                 raise SandboxError("this MCP session has ended; its sandbox is gone")
+            if scope.sandbox is not None and scope.sandbox.broken is not None:
+                # A backend call overran its bound (the call's BackendTimeoutError said the sandbox was closed):
+                # the session goes on in a fresh one rather than failing every call until it ends.
+                await self._close_scope_sandbox(scope)
             if scope.sandbox is None:
                 s = self.settings
                 impl, caps = await self.runner.select(postures.persistent_backend(s))
