@@ -4,6 +4,8 @@ and the sandbox it broke is closed and refuses later calls at once. One-shot, sa
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import uuid
@@ -251,3 +253,26 @@ async def test_a_session_that_cannot_be_hashed_is_served() -> None:
             async with runner.sandbox() as sb:
                 await sb.write_file("a", b"two")
                 assert (await sb.exec("cat a", timeout=5)).stdout == "two"
+
+
+
+async def test_a_sandbox_whose_exec_outlives_its_callers_cancellation_is_broken(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The caller gave up (its own deadline); the backend ignored the cancellation for the whole grace: the sandbox
+    # is in no known state, with that call still running in it. It is closed, and later calls refused at once.
+    async def deaf(self: stuck_backends.ExecSession, request: plugin.ExecSpec) -> plugin.ExecResult:
+        waiting = asyncio.get_running_loop().run_in_executor(None, stuck_backends.RELEASE.wait, 5.0)  # past the grace
+        while not waiting.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(waiting)
+        raise plugin.SandboxError("released")
+
+    monkeypatch.setattr(stuck_backends.ExecSession, "exec", deaf)
+    async with AsyncRunner(_settings("stuck_exec")) as runner:
+        with anyio.fail_after(LIVENESS_S):
+            async with runner.sandbox() as sb:
+                with anyio.move_on_after(0.5):
+                    await sb.exec("true", timeout=30)
+                with anyio.fail_after(1), pytest.raises(SandboxError, match="broken") as later:
+                    await sb.write_file("a", b"x")
+                assert "cancellation" in later.value.message and later.value.backend == "stuck_exec"

@@ -316,8 +316,9 @@ async def bounded(call: Awaitable[T], seconds: float, *, backend: ExecutionBacke
     may ignore cancellation, or block in a thread): ``session``, if given, is closed under its own bound and marked
     broken (``broken``), ``late`` gets what the call returns if it ever does (a sandbox opened too late is closed),
     and BackendTimeoutError names the backend and the call. A caller cancelled meanwhile cancels the call and waits
-    for it (its clean-up: the sandbox's processes killed) at most CODE_EXEC_BACKEND_GRACE_SEC; what it returns all
-    the same goes to ``late`` too. Costs a task and a timer per call (a few microseconds)."""
+    for it (its clean-up: the sandbox's processes killed) at most CODE_EXEC_BACKEND_GRACE_SEC, then abandons it and
+    closes ``session`` as above; what it returns all the same goes to ``late`` too. Costs a task and a timer per
+    call (a few microseconds)."""
     task = asyncio.ensure_future(call)
     try:
         done, _ = await asyncio.wait((task,), timeout=seconds)
@@ -328,6 +329,9 @@ async def bounded(call: Awaitable[T], seconds: float, *, backend: ExecutionBacke
                 await asyncio.wait((task,), timeout=backend.settings.backend_grace_sec)
         if not task.done():
             _abandon(task, late)
+            if session is not None:  # deaf to cancellation for the whole grace: still running in it, state unknown
+                await close_bounded(session, backend, reason=f"backend {backend.name!r} did not end {doing} within "
+                                    f"{backend.settings.backend_grace_sec:g} s of its caller's cancellation")
         elif not task.cancelled() and task.exception() is None and late is not None:
             # It returned all the same (a sandbox opened as the caller went): nobody will use it, so it is closed.
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):  # the cancellation propagates
