@@ -293,7 +293,23 @@ def _forget(done: asyncio.Future[Any]) -> None:
         done.exception()  # retrieved: nobody else will
 
 
-def _abandon(task: asyncio.Future[Any], late: Callable[[Any], Awaitable[object]] | None = None) -> None:
+def _start(call: Awaitable[T]) -> tuple[asyncio.Future[T], anyio.CancelScope]:
+    """``call`` as a task of its own, and the scope that cancels it. Cancelled through an anyio scope, not
+    ``task.cancel()``: a backend's shielded clean-up (a worker thread still creating a sandbox, which
+    lifecycle.create_cleanly then removes) is waited for, where a bare asyncio cancel raises at once and leaves
+    the thread to remove what it made later, after the caller has gone on (or exited)."""
+    scope = anyio.CancelScope()
+
+    async def run() -> T:
+        with scope:
+            return await call
+        raise asyncio.CancelledError  # the scope took the cancellation: the call did not return
+
+    return asyncio.ensure_future(run()), scope
+
+
+def _abandon(task: asyncio.Future[Any], scope: anyio.CancelScope,
+             late: Callable[[Any], Awaitable[object]] | None = None) -> None:
     def ended(done: asyncio.Future[Any]) -> None:
         _forget(done)
         if late is not None and not done.cancelled() and done.exception() is None:
@@ -302,7 +318,7 @@ def _abandon(task: asyncio.Future[Any], late: Callable[[Any], Awaitable[object]]
             _abandoned.add(cleanup)
             cleanup.add_done_callback(_forget)
 
-    task.cancel()
+    scope.cancel()
     _abandoned.add(task)
     task.add_done_callback(ended)
 
@@ -319,16 +335,16 @@ async def bounded(call: Awaitable[T], seconds: float, *, backend: ExecutionBacke
     for it (its clean-up: the sandbox's processes killed) at most CODE_EXEC_BACKEND_GRACE_SEC, then abandons it and
     closes ``session`` as above; what it returns all the same goes to ``late`` too. Costs a task and a timer per
     call (a few microseconds)."""
-    task = asyncio.ensure_future(call)
+    task, scope = _start(call)
     try:
         done, _ = await asyncio.wait((task,), timeout=seconds)
     except BaseException:
         if not task.done():
-            task.cancel()
+            scope.cancel()
             with anyio.CancelScope(shield=True):
                 await asyncio.wait((task,), timeout=backend.settings.backend_grace_sec)
         if not task.done():
-            _abandon(task, late)
+            _abandon(task, scope, late)
             if session is not None:  # deaf to cancellation for the whole grace: still running in it, state unknown
                 await close_bounded(session, backend, reason=f"backend {backend.name!r} did not end {doing} within "
                                     f"{backend.settings.backend_grace_sec:g} s of its caller's cancellation")
@@ -339,7 +355,7 @@ async def bounded(call: Awaitable[T], seconds: float, *, backend: ExecutionBacke
         raise
     if done:
         return task.result()
-    _abandon(task, late)
+    _abandon(task, scope, late)
     what = f"backend {backend.name!r} did not return from {doing} within {seconds:g} s"
     if session is not None:
         await close_bounded(session, backend, reason=what)
@@ -359,7 +375,7 @@ async def close_bounded(session: Session, backend: ExecutionBackend, *, reason: 
         return
     session._runner_broken = reason
     seconds = backend.settings.backend_grace_sec
-    task = asyncio.ensure_future(session.close())
+    task, scope = _start(session.close())
     with anyio.CancelScope(shield=True):
         done, _ = await asyncio.wait((task,), timeout=seconds)
     if done:
@@ -369,7 +385,7 @@ async def close_bounded(session: Session, backend: ExecutionBackend, *, reason: 
             with contextlib.suppress(Exception):
                 task.result()
         return
-    _abandon(task)
+    _abandon(task, scope)
     session._runner_broken = reason or f"backend {backend.name!r} did not close it within {seconds:g} s"
     if reason is None:
         raise BackendTimeoutError(f"backend {backend.name!r} did not return from close within {seconds:g} s; the close "
