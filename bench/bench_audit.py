@@ -26,7 +26,7 @@ from unittest import mock
 from _common import median_ms  # bench/_common.py (run from the repo: python bench/NAME.py)
 
 from execbox import Runner, Settings
-from execbox.core import audit
+from execbox.audit import log as audit
 
 EXEC_FIELDS = {  # the shape of a real exec record
     "session": "0123456789abcdef", "oneshot": True, "backend": "local_subprocess", "started": audit.now_iso(),

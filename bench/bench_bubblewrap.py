@@ -26,9 +26,9 @@ from _common import median_ms  # bench/_common.py (run from the repo: python ben
 
 from execbox import Limits, Runner, Settings
 from execbox.backends import bubblewrap as bw
-from execbox.core import disk
-from execbox.core.backend import SessionSpec
-from execbox.core.models import ExecSpec
+from execbox.contract.backend import SessionSpec
+from execbox.contract.models import ExecSpec
+from execbox.kit.files import disk
 from execbox.runner import run_blocking
 
 

@@ -17,7 +17,7 @@ import tracemalloc
 from _common import median_ms  # bench/_common.py (run from the repo: python bench/NAME.py)
 
 from execbox import Runner, Settings
-from execbox.core.output import BoundedCapture
+from execbox.contract.output import BoundedCapture
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ from _common import (
 
 from execbox import Runner, Settings
 from execbox.backends import docker_image
-from execbox.core import disk
+from execbox.kit.files import disk
 from execbox.testing import PeakRss
 
 
@@ -36,7 +36,7 @@ def cancel_ms(client) -> float:
     """Cancel a running `sleep` once its container runs; the time until the engine no longer lists it."""
     from execbox import AsyncRunner
     from execbox.backends.docker import L_OWNER
-    from execbox.core.owner import owner_id
+    from execbox.kit.ownership import owner_id
 
     def ours(**filters) -> list:
         return client.containers.list(all=True, filters={"label": f"{L_OWNER}={owner_id()}", **filters})

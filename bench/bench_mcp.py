@@ -21,7 +21,7 @@ import anyio
 from mcp import Client, StdioServerParameters
 
 from execbox import AsyncRunner, Settings
-from execbox.core.review import ReviewRequest
+from execbox.contract.review import ReviewRequest
 from execbox.guard.commands import review
 
 

@@ -35,7 +35,7 @@ import anyio
 from execbox import AsyncRunner, Runner, Settings
 from execbox.backends import docker_image
 from execbox.backends.docker.hardening import seccomp_profile
-from execbox.core.owner import owner_id
+from execbox.kit.ownership import owner_id
 
 REPO = Path(__file__).resolve().parents[1]
 PEER_VENV = REPO / ".bench-peer" / "venv"  # .bench-peer/ is git-ignored

@@ -20,7 +20,7 @@ import time
 from _common import median_ms  # bench/_common.py (run from the repo: python bench/NAME.py)
 
 from execbox import Runner, Settings
-from execbox.core.secrets_inject import Redactor
+from execbox.secrets.values import Redactor
 
 KEY = "sk-proj-9fQ2xLm7Tz0aBcD3kP"
 MIB = 1 << 20

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's variable tables come from the settings models (execbox.core.settings.settings_table).
+"""The README's variable tables come from the settings models (execbox.config.settings.settings_table).
 
     scripts/readme_settings.py          rewrite every <!-- settings:NAME --> ... <!-- /settings --> block
     scripts/readme_settings.py --check  exit 1 (naming the blocks) when the README is out of date
@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from execbox.core.settings import EnvSettings, Settings, settings_table
+from execbox.config.settings import EnvSettings, Settings, settings_table
 from execbox.registry import get_registry
 
 README = Path(__file__).resolve().parents[1] / "README.md"

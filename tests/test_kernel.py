@@ -1,7 +1,7 @@
 """run_cell (issue 15): a persistent Python interpreter per session, on docker and bubblewrap: state across
 cells, timeouts that keep or lose the state (and say which), a memory limit that kills the interpreter and
 not the session, rich outputs as MIME bundles, matplotlib figures as PNG, network none; and the host side
-(core/kernel.py CellParser) holding its bounds against whatever the sandbox sends."""
+(kernel/client.py CellParser) holding its bounds against whatever the sandbox sends."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from execbox import CellResult, Limits, Runner, Sandbox, Settings
-from execbox.core.errors import BackendUnavailableError
-from execbox.core.kernel import CellParser
-from execbox.core.models import ExecResult
+from execbox.contract.models import ExecResult
+from execbox.errors import BackendUnavailableError
+from execbox.kernel.client import CellParser
 from execbox.runner import run_blocking
 from execbox.testing import PeakRss, engine_missing
 from tests.backends.test_files_docker_bubblewrap import data_image  # noqa: F401 - a fixture, shared
@@ -320,7 +320,7 @@ def test_a_cancelled_cell_is_interrupted_and_the_next_one_runs(sandbox: Sandbox)
 def test_cells_are_in_the_audit_log_as_hashes_and_outcomes() -> None:
     import hashlib
 
-    from execbox.core import audit as audit_log
+    from execbox.audit import log as audit_log
 
     code = "print('secret-ish output')\n{'a': 1}"
     with Runner(Settings(local=True, network="host")) as runner, runner.sandbox("local_subprocess") as sb:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from pydantic import AliasChoices
 
 from execbox import resident, resident_server
-from execbox.core.settings import Settings
+from execbox.config.settings import Settings
 from tests.backends.test_docker import engine  # noqa: F401 - fixture
 from tests.support.containers import containers_of
 from tests.support.waiting import wait_until

@@ -29,7 +29,7 @@ BUILTINS = ["bubblewrap", "daytona", "docker", "local_subprocess", "modal", "sin
 # Never needed to run a command on a local backend, or to start the CLI.
 HEAVY = ["docker", "paramiko", "cryptography", "invoke", "execbox.backends.ssh", "execbox.backends.bubblewrap",
          "execbox.backends.modal", "execbox.backends.daytona", "execbox.backends.vercel_sandbox",
-         "execbox.backends.singularity", "execbox.core.kernel", "execbox.mcp"]
+         "execbox.backends.singularity", "execbox.kernel.client", "execbox.mcp"]
 
 
 def _fresh(code: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> list[str]:
@@ -51,7 +51,7 @@ def test_importing_execbox_imports_none_of_its_parts() -> None:
         import json, sys
         import execbox
         from execbox import hookimpl  # what a plugin module imports
-        print(json.dumps([m for m in ("execbox.runner", "execbox.core.models", "pydantic") if m in sys.modules]))
+        print(json.dumps([m for m in ("execbox.runner", "execbox.contract.models", "pydantic") if m in sys.modules]))
     """)
     assert loaded == []
 
@@ -62,9 +62,9 @@ def test_a_public_name_loads_its_module_on_first_use() -> None:
         import json, sys
         import execbox
         execbox.Runner
-        print(json.dumps([m for m in ("execbox.runner", "execbox.core.models") if m in sys.modules]))
+        print(json.dumps([m for m in ("execbox.runner", "execbox.contract.models") if m in sys.modules]))
     """)
-    assert loaded == ["execbox.runner", "execbox.core.models"]
+    assert loaded == ["execbox.runner", "execbox.contract.models"]
 
 
 def test_a_lazy_name_whose_module_fails_says_why(tmp_path: Path) -> None:

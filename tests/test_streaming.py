@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 from execbox import ExecResult, OutputEvent, Runner, Settings
-from execbox.core.errors import BackendUnavailableError
-from execbox.core.hostsession import HostWorkspaceSession
-from execbox.core.output import BoundedCapture, LiveOutput, stream_events
+from execbox.contract.output import BoundedCapture, LiveOutput, stream_events
+from execbox.errors import BackendUnavailableError
+from execbox.kit.sessions.host import HostWorkspaceSession
 from execbox.runner import run_blocking
 from execbox.testing import PeakRss, engine_missing
 

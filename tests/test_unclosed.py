@@ -59,7 +59,7 @@ def test_a_forgotten_docker_sandbox_and_pool_leave_no_container(engine: Any) -> 
 FORKS = textwrap.dedent("""
     import os, sys
     from execbox import Runner, Settings
-    from execbox.core.errors import SandboxError
+    from execbox.errors import SandboxError
     settings = Settings(backend="local_subprocess", local=True, network="host", pool_size=int(sys.argv[1]))
     with Runner(settings) as runner, runner.sandbox() as sandbox:
         print(sandbox.exec("pwd").stdout.strip(), flush=True)

@@ -17,8 +17,24 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
-    from execbox.core.errors import (
+    from execbox.config.settings import Settings
+    from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, Verdict
+    from execbox.contract.hookspecs import PluginWarning, hookimpl
+    from execbox.contract.models import (
+        Capabilities,
+        CellError,
+        CellResult,
+        DisplayData,
+        EgressAttempt,
+        ExecRequest,
+        ExecResult,
+        FileInfo,
+        Limits,
+        Mount,
+        Transfer,
+    )
+    from execbox.contract.output import OutputEvent
+    from execbox.errors import (
         BackendTimeoutError,
         BackendUnavailableError,
         BusyError,
@@ -34,39 +50,23 @@ if TYPE_CHECKING:
         UnsupportedPolicyError,
         WorkspacePathError,
     )
-    from execbox.core.hookspecs import PluginWarning, hookimpl
-    from execbox.core.models import (
-        Capabilities,
-        CellError,
-        CellResult,
-        DisplayData,
-        EgressAttempt,
-        ExecRequest,
-        ExecResult,
-        FileInfo,
-        Limits,
-        Mount,
-        Transfer,
-    )
-    from execbox.core.output import OutputEvent
-    from execbox.core.secrets_inject import Secret
-    from execbox.core.settings import Settings
     from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox, run_blocking
+    from execbox.secrets.values import Secret
 
 # Each public name and the module it lives in, imported on first use (PEP 562): `import execbox.cli` or a plugin's
 # `from execbox import hookimpl` loads only what it names, not the runner, every model and their dependencies.
 _LAZY = {
-    **dict.fromkeys(["ExecutionBackend", "Session", "SessionSpec", "Verdict"], "execbox.core.backend"),
+    **dict.fromkeys(["ExecutionBackend", "Session", "SessionSpec", "Verdict"], "execbox.contract.backend"),
     **dict.fromkeys(["BackendTimeoutError", "BackendUnavailableError", "BusyError", "ConfigError", "ExecboxError",
                      "FileTooLargeError", "NotASandboxError", "PluginError", "RefusedError", "SandboxError",
                      "SecretFileError", "TransferTooLargeError", "UnsupportedPolicyError", "WorkspacePathError"],
-                    "execbox.core.errors"),
-    **dict.fromkeys(["PluginWarning", "hookimpl"], "execbox.core.hookspecs"),
+                    "execbox.errors"),
+    **dict.fromkeys(["PluginWarning", "hookimpl"], "execbox.contract.hookspecs"),
     **dict.fromkeys(["Capabilities", "CellError", "CellResult", "DisplayData", "EgressAttempt", "ExecRequest",
-                     "ExecResult", "FileInfo", "Limits", "Mount", "Transfer"], "execbox.core.models"),
-    "OutputEvent": "execbox.core.output",
-    "Secret": "execbox.core.secrets_inject",
-    "Settings": "execbox.core.settings",
+                     "ExecResult", "FileInfo", "Limits", "Mount", "Transfer"], "execbox.contract.models"),
+    "OutputEvent": "execbox.contract.output",
+    "Secret": "execbox.secrets.values",
+    "Settings": "execbox.config.settings",
     **dict.fromkeys(["AsyncRunner", "AsyncSandbox", "Runner", "Sandbox", "run_blocking"], "execbox.runner"),
 }
 

@@ -20,9 +20,12 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 import anyio
 import click
 
-from execbox.core import audit as audit_log
-from execbox.core.backend import bounded
-from execbox.core.errors import (
+from execbox.audit import log as audit_log
+from execbox.config.settings import EnvSettings, Settings
+from execbox.contract.backend import bounded
+from execbox.contract.models import NETWORK_MODES, ExecRequest, ExecResult, Language, Mount
+from execbox.contract.output import OutputEvent, stream_events
+from execbox.errors import (
     BackendTimeoutError,
     BackendUnavailableError,
     ConfigError,
@@ -30,16 +33,13 @@ from execbox.core.errors import (
     RefusedError,
     WorkspacePathError,
 )
-from execbox.core.models import NETWORK_MODES, ExecRequest, ExecResult, Language, Mount
-from execbox.core.output import OutputEvent, stream_events
-from execbox.core.secrets_inject import Secret
-from execbox.core.settings import EnvSettings, Settings
-from execbox.core.workspace import normalize, safe_write
+from execbox.kit.files.workspace import normalize, safe_write
 from execbox.registry import get_registry
 from execbox.runner import AsyncRunner, Runner, run_blocking
+from execbox.secrets.values import Secret
 
 if TYPE_CHECKING:
-    from execbox.core.backend import ExecutionBackend
+    from execbox.contract.backend import ExecutionBackend
 
 T = TypeVar("T")
 EXIT_TIMEOUT, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = 124, 125, 126, 2
@@ -387,7 +387,7 @@ def _guard_verdict(runner: AsyncRunner, backend: ExecutionBackend, row: dict[str
         runner.guard.check_verdict(backend, request)
         runner.guard.check_secrets(backend)
         if row["available"]:
-            from execbox.core.models import Capabilities
+            from execbox.contract.models import Capabilities
 
             runner.guard.check_policy(backend, Capabilities(**row["capabilities"]), request, set())
     except RefusedError as exc:

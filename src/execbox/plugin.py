@@ -48,24 +48,11 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
 
 from __future__ import annotations
 
-from execbox.core import disk, egress, packages, probecache, proxy, remote, seccomp_policy, transfer
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict
-from execbox.core.envpolicy import filter_env, host_env, sandbox_env
-from execbox.core.errors import (
-    BackendTimeoutError,
-    BackendUnavailableError,
-    ConfigError,
-    ExecboxError,
-    FileTooLargeError,
-    NotASandboxError,
-    SandboxError,
-    UnsupportedPolicyError,
-    WorkspacePathError,
-)
-from execbox.core.hookspecs import PluginWarning, hookimpl
-from execbox.core.hostsession import HostWorkspaceSession, sweep_orphaned_workspaces
-from execbox.core.lifecycle import create_cleanly
-from execbox.core.models import (
+from execbox.config.settings import EnvSettings as BackendSettings
+from execbox.config.settings import Settings, comma_list, setting
+from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, Verdict
+from execbox.contract.hookspecs import PluginWarning, hookimpl
+from execbox.contract.models import (
     Capabilities,
     CellError,
     CellResult,
@@ -80,8 +67,25 @@ from execbox.core.models import (
     NetworkMode,
     Transfer,
 )
-from execbox.core.output import BoundedCapture, OnOutput, OutputEvent
-from execbox.core.owner import (
+from execbox.contract.output import BoundedCapture, OnOutput, OutputEvent
+from execbox.contract.results import TIMEOUT_EXIT_CODE, build_result, failed_to_start
+from execbox.errors import (
+    BackendTimeoutError,
+    BackendUnavailableError,
+    ConfigError,
+    ExecboxError,
+    FileTooLargeError,
+    NotASandboxError,
+    SandboxError,
+    UnsupportedPolicyError,
+    WorkspacePathError,
+)
+from execbox.kit import packages, probecache
+from execbox.kit.files import disk, transfer
+from execbox.kit.files.transfer import TransferLimits
+from execbox.kit.files.workspace import normalize, remove_tree, safe_read, safe_write
+from execbox.kit.lifecycle import create_cleanly
+from execbox.kit.ownership import (
     OWNER_FILE,
     name_owner,
     orphaned,
@@ -91,7 +95,7 @@ from execbox.core.owner import (
     owner_tag,
     pid_alive,
 )
-from execbox.core.procs import (
+from execbox.kit.processes import (
     ARMED,
     CommandEnv,
     ProcessOutcome,
@@ -102,12 +106,13 @@ from execbox.core.procs import (
     start_process,
     stop_process,
 )
-from execbox.core.remote import RemoteSession
-from execbox.core.results import TIMEOUT_EXIT_CODE, build_result, failed_to_start
-from execbox.core.settings import EnvSettings as BackendSettings
-from execbox.core.settings import Settings, comma_list, setting
-from execbox.core.transfer import TransferLimits
-from execbox.core.workspace import normalize, remove_tree, safe_read, safe_write
+from execbox.kit.proxy import server as proxy
+from execbox.kit.sessions import remote
+from execbox.kit.sessions.host import HostWorkspaceSession, sweep_orphaned_workspaces
+from execbox.kit.sessions.remote import RemoteSession
+from execbox.policy import egress
+from execbox.policy import seccomp as seccomp_policy
+from execbox.policy.env import filter_env, host_env, sandbox_env
 
 # 1.1: streaming (OnOutput, OutputEvent, Capabilities.streaming), run_cell's models. 1.2: files (Session.list_files /
 # upload / download with defaults, host_workspace, transfer, TransferLimits, FileInfo, Transfer), Mount and

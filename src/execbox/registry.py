@@ -18,10 +18,10 @@ from importlib.metadata import entry_points
 
 import pluggy
 
-from execbox.core import hookspecs
-from execbox.core.backend import ExecutionBackend
-from execbox.core.errors import BackendUnavailableError, ConfigError, ExecboxError, PluginError
-from execbox.core.hookspecs import PluginWarning
+from execbox.contract import hookspecs
+from execbox.contract.backend import ExecutionBackend
+from execbox.contract.hookspecs import PluginWarning
+from execbox.errors import BackendUnavailableError, ConfigError, ExecboxError, PluginError
 
 ENTRY_POINT_GROUP = "execbox"
 BUILTIN_DISTRIBUTION = "execbox"

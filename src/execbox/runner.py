@@ -24,19 +24,10 @@ import anyio.abc
 from anyio.from_thread import BlockingPortal
 from pydantic import ValidationError
 
-from execbox.core import audit as audit_log
-from execbox.core import egress_secrets, packages, secrets_inject, transfer
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec, bounded, broken, close_bounded
-from execbox.core.envpolicy import filter_env
-from execbox.core.errors import (
-    BackendUnavailableError,
-    ConfigError,
-    ExecboxError,
-    SandboxError,
-    UnsupportedPolicyError,
-    WorkspacePathError,
-)
-from execbox.core.models import (
+from execbox.audit import log as audit_log
+from execbox.config.settings import Settings
+from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, bounded, broken, close_bounded
+from execbox.contract.models import (
     ISOLATION_STRENGTH,
     Capabilities,
     CellResult,
@@ -50,18 +41,30 @@ from execbox.core.models import (
     NetworkMode,
     Transfer,
 )
-from execbox.core.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
+from execbox.contract.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
+from execbox.contract.results import clamp_note, explain
 from execbox.core.pool import WarmPool
-from execbox.core.results import clamp_note, explain
 from execbox.core.scheduler import Slots, default_max_concurrent
-from execbox.core.settings import Settings
-from execbox.core.workspace import is_directory_error, normalize
+from execbox.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    ExecboxError,
+    SandboxError,
+    UnsupportedPolicyError,
+    WorkspacePathError,
+)
 from execbox.guard.guard import Guard
 from execbox.guard.mounts import admit_upload
+from execbox.kit import packages
+from execbox.kit.files import transfer
+from execbox.kit.files.workspace import is_directory_error, normalize
+from execbox.kit.proxy import secrets as egress_secrets
+from execbox.policy.env import filter_env
 from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
+from execbox.secrets import values as secrets_inject
 
 if TYPE_CHECKING:
-    from execbox.core.kernel import Kernel
+    from execbox.kernel.client import Kernel
 
 T = TypeVar("T")
 LOCAL_FALLBACK = "local_subprocess"
@@ -830,7 +833,7 @@ class AsyncSandbox:
 
     async def run_cell(self, code: str, *, timeout: float | None = None, on_stdout: OnText | None = None,
                        on_stderr: OnText | None = None) -> CellResult:
-        """Run Python in this sandbox's persistent interpreter (core/kernel.py): variables, imports and open files
+        """Run Python in this sandbox's persistent interpreter (kernel/client.py): variables, imports and open files
         persist from cell to cell; the last expression's value and display()ed objects come back as MIME bundles,
         matplotlib figures as PNG. A cell past its timeout is interrupted (KeyboardInterrupt, state kept) or, if
         it does not stop, its interpreter is killed: the result then says ``state_lost``, never silently."""
@@ -843,7 +846,7 @@ class AsyncSandbox:
                 exc, request, backend=backend.name, session=self.id, oneshot=False))
             raise
         if self._kernel is None:
-            from execbox.core.kernel import Kernel  # only sandboxes that run cells need the kernel's client
+            from execbox.kernel.client import Kernel  # only sandboxes that run cells need the kernel's client
 
             assert resolved.limits and resolved.max_output_bytes and self.capabilities
             self._kernel = Kernel(functools.partial(_session_exec, backend, session), workspace=session.workspace,

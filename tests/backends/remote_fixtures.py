@@ -125,7 +125,7 @@ def assert_settings_read_on_use(backend_cls: type, settings_cls: type, monkeypat
     import anyio
 
     from execbox import Settings
-    from execbox.core.errors import ConfigError
+    from execbox.errors import ConfigError
     from execbox.plugin import setting
 
     class WithAStrictKnob(settings_cls):  # type: ignore[misc,valid-type]
@@ -151,9 +151,9 @@ def check_session_file_calls(sdk: str, backend: str, service: Any) -> None:
     import anyio
 
     from execbox import Settings
-    from execbox.core.backend import SessionSpec
-    from execbox.core.errors import WorkspacePathError
-    from execbox.core.models import ExecSpec, Limits
+    from execbox.contract.backend import SessionSpec
+    from execbox.contract.models import ExecSpec, Limits
+    from execbox.errors import WorkspacePathError
     from execbox.runner import AsyncRunner
 
     def path_checks() -> int:

@@ -19,8 +19,8 @@ import pytest
 
 from execbox import Limits, NotASandboxError, Runner, Settings, WorkspacePathError
 from execbox.backends import bubblewrap as bw
-from execbox.core.errors import BackendUnavailableError, UnsupportedPolicyError
-from execbox.core.models import Capabilities
+from execbox.contract.models import Capabilities
+from execbox.errors import BackendUnavailableError, UnsupportedPolicyError
 from execbox.plugin import OWNER_FILE, orphaned_dirs, owner_id, owner_tag
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
@@ -523,7 +523,7 @@ def test_cancelled_open_session_leaves_no_directory(runner: Runner, caps: Capabi
     as asyncio.timeout does: it does not wait for the thread) must not leak it."""
     import asyncio
 
-    from execbox.core.backend import SessionSpec
+    from execbox.contract.backend import SessionSpec
 
     backend = runner.aio.backend("bubblewrap")
     started, release = threading.Event(), threading.Event()
@@ -565,7 +565,7 @@ def test_missing_bwrap_is_unavailable_with_the_fix(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize("value", ["0:0", "1000:0", "root", "-1:5"])
 def test_root_or_garbage_host_user_is_a_config_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
-    from execbox.core.errors import ConfigError
+    from execbox.errors import ConfigError
 
     monkeypatch.setenv("CODE_EXEC_BWRAP_USER", value)
     with pytest.raises(ConfigError, match="CODE_EXEC_BWRAP_USER"):
@@ -574,7 +574,7 @@ def test_root_or_garbage_host_user_is_a_config_error(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize("path", ["/", "/home/me", "/root", "/run/docker.sock", "/var", "/etc", "relative"])
 def test_extra_binds_cannot_expose_host_secrets(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
-    from execbox.core.errors import ConfigError
+    from execbox.errors import ConfigError
 
     monkeypatch.setenv("CODE_EXEC_BWRAP_RO_BINDS", path)
     with pytest.raises(ConfigError, match="CODE_EXEC_BWRAP_RO_BINDS"):

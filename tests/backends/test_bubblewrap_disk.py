@@ -18,9 +18,9 @@ import pytest
 
 from execbox import Limits, Runner, Settings
 from execbox.backends import bubblewrap as bw
-from execbox.core import disk
-from execbox.core.errors import BackendUnavailableError, SandboxError, UnsupportedPolicyError
-from execbox.core.models import Capabilities
+from execbox.contract.models import Capabilities
+from execbox.errors import BackendUnavailableError, SandboxError, UnsupportedPolicyError
+from execbox.kit.files import disk
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
 

@@ -18,7 +18,7 @@ import pytest
 from execbox import Limits, Runner, Settings
 from execbox.backends import _bwrap_launch as launch
 from execbox.backends import bubblewrap as bw
-from execbox.core.errors import BackendUnavailableError
+from execbox.errors import BackendUnavailableError
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
 

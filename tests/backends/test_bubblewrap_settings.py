@@ -14,7 +14,7 @@ import pytest
 
 from execbox import Runner, Settings
 from execbox.backends import bubblewrap as bw
-from execbox.core.errors import BackendUnavailableError, ConfigError
+from execbox.errors import BackendUnavailableError, ConfigError
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
 

@@ -11,9 +11,9 @@ import anyio
 import pytest
 
 from execbox import Runner, Settings
-from execbox.core.backend import SessionSpec
-from execbox.core.errors import BackendUnavailableError, ConfigError, UnsupportedPolicyError
-from execbox.core.models import Limits
+from execbox.contract.backend import SessionSpec
+from execbox.contract.models import Limits
+from execbox.errors import BackendUnavailableError, ConfigError, UnsupportedPolicyError
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
     check_session_file_calls,
@@ -231,7 +231,7 @@ def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_gc_deletes_orphans_only(daytona_fake) -> None:
     import daytona
 
-    from execbox.core import remote as _remote
+    from execbox.kit.sessions import remote as _remote
 
     client = daytona.Daytona()
 

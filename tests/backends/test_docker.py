@@ -35,7 +35,7 @@ from execbox.backends import docker_image
 from execbox.backends.docker import backend as db
 from execbox.backends.docker import engine as de
 from execbox.backends.docker import session as ds
-from execbox.core.owner import owner_id
+from execbox.kit.ownership import owner_id
 from execbox.runner import run_blocking
 from execbox.testing import PeakRss, engine_missing
 from execbox.testing.conformance import BackendConformance, Listener
@@ -568,7 +568,7 @@ def test_a_new_process_uses_the_engine_facts_another_probed_and_judges_them_anew
         engine: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A new backend (as in a new process) does not ask the engine for its info or API version while the probe
     cache holds them; the facts are judged again under its own settings; CODE_EXEC_PROBE_CACHE_SEC=0 asks."""
-    from execbox.core import probecache
+    from execbox.kit import probecache
 
     missing = _unregistered_known_runtime(engine)
     monkeypatch.setattr(probecache, "cache_dir", lambda: str(tmp_path / "probes"))
@@ -593,7 +593,7 @@ def test_a_default_runtime_changed_since_the_probe_is_never_used_unjudged(
     import json
 
     from execbox import ExecboxError
-    from execbox.core import probecache
+    from execbox.kit import probecache
 
     missing = _unregistered_known_runtime(engine)
     monkeypatch.setattr(probecache, "cache_dir", lambda: str(tmp_path / "probes"))
@@ -613,7 +613,7 @@ def test_a_kept_record_of_another_shape_is_probed_anew(engine: Any, monkeypatch:
                                                        tmp_path: Path) -> None:
     import json
 
-    from execbox.core import probecache
+    from execbox.kit import probecache
 
     monkeypatch.setattr(probecache, "cache_dir", lambda: str(tmp_path / "probes"))
     run_blocking(Runner(Settings.from_env(backend="docker")).aio.backend("docker").check)

@@ -21,9 +21,9 @@ import pytest
 from execbox import Limits, NotASandboxError, Runner, Settings, UnsupportedPolicyError
 from execbox.backends.docker import hardening as h
 from execbox.backends.docker import session as ds
-from execbox.core import disk
-from execbox.core.errors import ConfigError
-from execbox.core.owner import owner_id
+from execbox.errors import ConfigError
+from execbox.kit.files import disk
+from execbox.kit.ownership import owner_id
 from execbox.runner import run_blocking
 from tests.backends import test_docker as base
 

@@ -11,7 +11,7 @@ import pytest
 
 from execbox.backends import docker_image
 from execbox.backends.docker_image import ImageBuildError, build_image
-from execbox.core import packages
+from execbox.kit import packages
 
 
 @pytest.fixture

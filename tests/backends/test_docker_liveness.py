@@ -25,8 +25,8 @@ import pytest
 from execbox import ExecResult, Runner, SandboxError, Settings
 from execbox.backends.docker import session as ds
 from execbox.backends.docker.stream import hijacked
-from execbox.core import disk
-from execbox.core.owner import owner_id
+from execbox.kit.files import disk
+from execbox.kit.ownership import owner_id
 from execbox.runner import run_blocking
 from tests.backends import test_docker as base
 from tests.backends import test_docker_boundary as boundary

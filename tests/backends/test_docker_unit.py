@@ -22,10 +22,10 @@ from execbox.backends.docker import backend as db
 from execbox.backends.docker import engine, stream
 from execbox.backends.docker import hardening as h
 from execbox.backends.docker import session as ds
-from execbox.core.backend import SessionSpec
-from execbox.core.errors import BackendUnavailableError, ConfigError
-from execbox.core.output import BoundedCapture
-from execbox.core.owner import owner_id
+from execbox.contract.backend import SessionSpec
+from execbox.contract.output import BoundedCapture
+from execbox.errors import BackendUnavailableError, ConfigError
+from execbox.kit.ownership import owner_id
 from execbox.testing import engine_missing
 
 
@@ -374,7 +374,7 @@ def test_a_runtime_in_the_contract_must_be_the_one_built() -> None:
 def test_the_seccomp_profile_is_the_shared_deny_list(machine: str, arches: set[str]) -> None:
     import json
 
-    from execbox.core import seccomp_policy as policy
+    from execbox.policy import seccomp as policy
 
     profile = json.loads(h.seccomp_profile(machine))
     assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and set(profile["architectures"]) == arches
@@ -410,7 +410,7 @@ def test_runtimes_are_admitted_by_name_and_binary(name: str, entry: dict[str, An
 
 
 def request(network: str) -> Any:
-    from execbox.core.models import ExecRequest
+    from execbox.contract.models import ExecRequest
 
     return ExecRequest(argv=["true"], network=network)
 

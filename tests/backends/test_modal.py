@@ -12,8 +12,8 @@ import anyio
 import pytest
 
 from execbox import Runner, Settings
-from execbox.core.errors import BackendUnavailableError, SandboxError
-from execbox.core.models import Limits
+from execbox.contract.models import Limits
+from execbox.errors import BackendUnavailableError, SandboxError
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
     assert_settings_read_on_use,
@@ -159,7 +159,7 @@ def test_sandbox_lost_mid_session_is_a_sandbox_error(modal_fake) -> None:
 def test_gc_terminates_orphans_only(modal_fake) -> None:
     import modal
 
-    from execbox.core import remote as _remote
+    from execbox.kit.sessions import remote as _remote
 
     runner = Runner(Settings.from_env(backend="modal"))
     app = modal.App.lookup("execbox", create_if_missing=True)
@@ -199,7 +199,7 @@ def test_execbox_gc_command_removes_orphans(modal_fake) -> None:
     from click.testing import CliRunner
 
     from execbox.cli import main
-    from execbox.core import remote as _remote
+    from execbox.kit.sessions import remote as _remote
 
     app = modal.App.lookup("execbox", create_if_missing=True)
     orphan = modal.Sandbox.create(app=app, tags={**_remote.labels(60), "execbox-expires": "1"})

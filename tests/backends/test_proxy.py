@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from execbox import BackendUnavailableError, Runner, Settings
 from execbox.cli import main as cli_main
-from execbox.core import proxy as px
+from execbox.kit.proxy import server as px
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
 from execbox.testing.checks import Listener

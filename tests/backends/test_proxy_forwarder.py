@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from execbox import BackendUnavailableError, Runner, Settings
-from execbox.core import proxy as px
+from execbox.kit.proxy import server as px
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
 

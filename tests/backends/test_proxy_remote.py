@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from execbox import Runner, Settings, UnsupportedPolicyError
-from execbox.core.egress import DEFAULT_REGISTRIES
+from execbox.policy.egress import DEFAULT_REGISTRIES
 from tests.backends.remote_fixtures import check_calls_against_real_sdk, fake_service
 
 SDK = {"modal": "modal", "daytona": "daytona", "vercel_sandbox": "vercel"}

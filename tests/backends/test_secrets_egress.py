@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from execbox import BackendUnavailableError, Runner, Secret, Settings, UnsupportedPolicyError
-from execbox.core import proxy as px
-from execbox.core.egress_secrets import BUNDLE_FILE
+from execbox.kit.proxy import server as px
+from execbox.kit.proxy.secrets import BUNDLE_FILE
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
 

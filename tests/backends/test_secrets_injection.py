@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from execbox import ExecResult, Runner, Secret, Settings
-from execbox.core.errors import BackendUnavailableError
-from execbox.core.secrets_inject import encodings
+from execbox.errors import BackendUnavailableError
 from execbox.runner import run_blocking
+from execbox.secrets.values import encodings
 from execbox.testing import engine_missing
 from tests.support.waiting import wait_until
 

@@ -15,7 +15,7 @@ import pytest
 
 from execbox import BackendUnavailableError, Limits, NotASandboxError, Runner, SandboxError, Settings
 from execbox.backends.singularity import SingularityBackend
-from execbox.core.backend import SessionSpec
+from execbox.contract.backend import SessionSpec
 from execbox.fakes import apptainer as fake
 from execbox.testing import engine_missing
 from tests.support.waiting import wait_until

@@ -28,7 +28,7 @@ from execbox import (
     WorkspacePathError,
 )
 from execbox.backends.ssh import SshBackend
-from execbox.core.backend import SessionSpec
+from execbox.contract.backend import SessionSpec
 from execbox.plugin import ExecSpec
 from tests.support.sshd import SshServer, paramiko_installed, remote_processes, sshd_server  # noqa: F401  (fixtures)
 from tests.support.waiting import wait_until

@@ -10,8 +10,8 @@ import anyio
 import pytest
 
 from execbox import Runner, Settings
-from execbox.core.errors import BackendUnavailableError, UnsupportedPolicyError
-from execbox.core.models import Limits
+from execbox.contract.models import Limits
+from execbox.errors import BackendUnavailableError, UnsupportedPolicyError
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
     assert_settings_read_on_use,
@@ -168,7 +168,7 @@ def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_gc_destroys_orphans_only(vercel_fake) -> None:
     from vercel.sandbox import sync
 
-    from execbox.core import remote as _remote
+    from execbox.kit.sessions import remote as _remote
 
     sync.create_sandbox(name="expired", tags={**_remote.labels(60), "execbox-expires": "1"})
     sync.create_sandbox(name="live", tags=_remote.labels(600))

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from execbox.core import audit
-from execbox.core.audit import GENESIS, AuditLog, verify
-from execbox.core.errors import ConfigError
-from execbox.core.settings import Settings
+from execbox.audit import log as audit
+from execbox.audit.log import GENESIS, AuditLog, verify
+from execbox.config.settings import Settings
+from execbox.errors import ConfigError
 
 KEY = b"operator-key-0123456789"
 

@@ -28,8 +28,8 @@ from execbox import (
     UnsupportedPolicyError,
     WorkspacePathError,
 )
-from execbox.core import audit
-from execbox.core.hostsession import HostWorkspaceSession
+from execbox.audit import log as audit
+from execbox.kit.sessions.host import HostWorkspaceSession
 
 
 def log_path() -> Path:

@@ -10,7 +10,7 @@ import pytest
 
 import execbox
 from execbox import ConfigError, Runner, Settings
-from execbox.core import backend as backend_module
+from execbox.contract import backend as backend_module
 from execbox.plugin import BackendSettings, Capabilities, ExecutionBackend, HostWorkspaceSession, SessionSpec, setting
 from execbox.runner import AsyncRunner
 

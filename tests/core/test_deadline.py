@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from execbox import AsyncRunner, BackendTimeoutError, Runner, SandboxError, Settings, plugin
-from execbox.core import audit
+from execbox.audit import log as audit
 from execbox.testing.checks import alive_with
 from tests.core import stuck_backends
 from tests.core.support import FakeDistributions, anyio_backend  # noqa: F401

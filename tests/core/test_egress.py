@@ -1,4 +1,4 @@
-"""The egress policy of network mode proxy (core/egress.py): entries, names, ports and resolved addresses."""
+"""The egress policy of network mode proxy (policy/egress.py): entries, names, ports and resolved addresses."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from execbox import Settings
-from execbox.core.egress import (
+from execbox.errors import ConfigError
+from execbox.policy.egress import (
     DEFAULT_REGISTRIES,
     EgressPolicy,
     embedded_ipv4,
@@ -18,7 +19,6 @@ from execbox.core.egress import (
     parse_entry,
     refused_because,
 )
-from execbox.core.errors import ConfigError
 
 
 def policy(*allow: str, defaults: bool = False) -> EgressPolicy:
@@ -242,7 +242,7 @@ def test_any_requested_host_gets_a_decision(host: str, port: int) -> None:
 
 
 def test_a_provider_allowlist_takes_names_and_networks_and_refuses_ports() -> None:
-    from execbox.core.egress import provider_allowlist
+    from execbox.policy.egress import provider_allowlist
 
     allowlist = provider_allowlist(policy("a.example", "*.b.example", "10.1.0.0/16", "[fd00::/8]"))
     assert allowlist.domains == ("a.example", "*.b.example")
@@ -258,7 +258,7 @@ def test_a_provider_allowlist_takes_names_and_networks_and_refuses_ports() -> No
 
 
 def _guard_verdict(allow: list[str], *, local: bool = False, network: str = "proxy") -> Any:
-    from execbox.core.models import ExecRequest
+    from execbox.contract.models import ExecRequest
     from execbox.guard.guard import Guard
     from execbox.registry import get_registry
 
@@ -272,7 +272,7 @@ def _guard_verdict(allow: list[str], *, local: bool = False, network: str = "pro
                                    "[fd00:ec2::254/128]", "[::ffff:0:0/96]:8080", "[::ffff:127.0.0.1/128]",
                                    "[::ffff:169.254.169.254/128]"])
 def test_an_entry_reaching_this_host_is_refused_unless_local(entry: str) -> None:
-    from execbox.core.errors import NotASandboxError
+    from execbox.errors import NotASandboxError
 
     with pytest.raises(NotASandboxError, match="lets the proxy connect to this host itself") as caught:
         _guard_verdict(["pypi.org", entry])
@@ -281,8 +281,8 @@ def test_an_entry_reaching_this_host_is_refused_unless_local(entry: str) -> None
 
 
 def test_an_entry_holding_one_of_this_hosts_own_addresses_is_refused() -> None:
-    from execbox.core.errors import NotASandboxError
-    from execbox.core.proxy import local_addresses
+    from execbox.errors import NotASandboxError
+    from execbox.kit.proxy.server import local_addresses
 
     own = sorted(str(a) for a in local_addresses() if a.version == 4 and not a.is_loopback)
     if not own:
@@ -292,7 +292,7 @@ def test_an_entry_holding_one_of_this_hosts_own_addresses_is_refused() -> None:
 
 
 def test_a_network_elsewhere_and_names_are_admitted() -> None:
-    from execbox.core.proxy import local_addresses
+    from execbox.kit.proxy.server import local_addresses
 
     far = "198.51.100.0/24"
     assert not any(a in ipaddress.ip_network(far) for a in local_addresses() if a.version == 4)

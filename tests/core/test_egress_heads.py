@@ -21,10 +21,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execbox.core import egress_secrets as es
-from execbox.core import proxy as px
-from execbox.core.egress import EgressPolicy
-from execbox.core.proxy import EgressProxy, HeadError, ProxyRun, parse_head
+from execbox.kit.proxy import secrets as es
+from execbox.kit.proxy import server as px
+from execbox.kit.proxy.server import EgressProxy, HeadError, ProxyRun, parse_head
+from execbox.policy.egress import EgressPolicy
 from tests.backends.test_secrets_egress import SECRET_HOST, upstream_ca
 
 NAME = "API_KEY"

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from execbox import ExecResult
-from execbox.core import egress_secrets as es
-from execbox.core import proxy as px
-from execbox.core.egress import EgressPolicy
-from execbox.core.models import EgressAttempt
-from execbox.core.proxy import EgressProxy, ProxyRun, with_egress
+from execbox.contract.models import EgressAttempt
+from execbox.kit.proxy import secrets as es
+from execbox.kit.proxy import server as px
+from execbox.kit.proxy.server import EgressProxy, ProxyRun, with_egress
 from execbox.mcp.tools import exec_result
+from execbox.policy.egress import EgressPolicy
 from tests.backends.test_secrets_egress import SECRET_HOST, upstream_ca
 
 

@@ -1,4 +1,4 @@
-"""The egress proxy (core/proxy.py) on its own: a client speaks to a run's Unix socket as the in-sandbox forwarder
+"""The egress proxy (kit/proxy/server.py) on its own: a client speaks to a run's Unix socket as the in-sandbox forwarder
 would; upstreams are listeners on loopback addresses this test starts (allowed only through CIDR entries)."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from execbox import ConfigError, ExecResult
-from execbox.core import proxy as px
-from execbox.core.egress import EgressPolicy
-from execbox.core.owner import owner_id
-from execbox.core.proxy import EgressProxy, ProxyRun, sweep_orphans, with_egress
+from execbox.kit.ownership import owner_id
+from execbox.kit.proxy import server as px
+from execbox.kit.proxy.server import EgressProxy, ProxyRun, sweep_orphans, with_egress
+from execbox.policy.egress import EgressPolicy
 from execbox.testing.checks import Listener
 
 
@@ -284,7 +284,7 @@ def short_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setattr(tempfile, "tempdir", str(path))
     yield path
     monkeypatch.undo()
-    from execbox.core.workspace import remove_tree
+    from execbox.kit.files.workspace import remove_tree
 
     remove_tree(str(path))
 

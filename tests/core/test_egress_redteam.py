@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from execbox.core import egress_secrets as es
-from execbox.core import proxy as px
-from execbox.core.egress import EgressPolicy
-from execbox.core.proxy import EgressProxy, HeadError, parse_head
+from execbox.kit.proxy import secrets as es
+from execbox.kit.proxy import server as px
+from execbox.kit.proxy.server import EgressProxy, HeadError, parse_head
+from execbox.policy.egress import EgressPolicy
 from tests.backends.test_secrets_egress import SECRET_HOST
 from tests.core.test_egress_heads import VALUE, header, through, world
 
@@ -275,8 +275,8 @@ def test_a_placeholder_split_by_chunk_framing_is_still_caught_on_plain_http() ->
 PROXIES = """
 import os, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-from execbox.core.egress import EgressPolicy
-from execbox.core.proxy import EgressProxy
+from execbox.policy.egress import EgressPolicy
+from execbox.kit.proxy.server import EgressProxy
 proxies = [EgressProxy(EgressPolicy.build(["127.0.0.1/32:{port}"], defaults=False)) for _ in range(2)]
 print(" ".join(p.start_run().host_socket for p in proxies), flush=True)
 sys.stdin.readline()  # the sandboxes' code holds its connections now

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from execbox import Runner, Settings
-from execbox.core.envpolicy import (
+from execbox.policy.env import (
     BASE_PATH,
     filter_env,
     is_injection_name,

@@ -21,10 +21,10 @@ import pytest
 
 from execbox import Runner, Settings
 from execbox import registry as plugins
-from execbox.core.envpolicy import host_env, sandbox_env
-from execbox.core.hostsession import HostWorkspaceSession
-from execbox.core.models import ExecResult, ExecSpec, Limits
-from execbox.core.procs import run_process
+from execbox.contract.models import ExecResult, ExecSpec, Limits
+from execbox.kit.processes import run_process
+from execbox.kit.sessions.host import HostWorkspaceSession
+from execbox.policy.env import host_env, sandbox_env
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "execbox-unshare"
 

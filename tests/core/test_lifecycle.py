@@ -8,7 +8,7 @@ import threading
 import anyio
 import pytest
 
-from execbox.core.lifecycle import create_cleanly
+from execbox.kit.lifecycle import create_cleanly
 
 
 def _slow_create(started: threading.Event, release: threading.Event):  # type: ignore[no-untyped-def]

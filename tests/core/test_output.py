@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from execbox import Runner, Settings
-from execbox.core.output import BoundedCapture
+from execbox.contract.output import BoundedCapture
 
 DATA = bytes(range(256)) * 40  # 10240 bytes, every position distinct enough to spot a wrong cut
 

@@ -7,7 +7,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from execbox.core.owner import OWNER_FILE, owner_alive, owner_id, pid_alive, read_owner
+from execbox.kit.ownership import OWNER_FILE, owner_alive, owner_id, pid_alive, read_owner
 
 
 def test_owner_alive() -> None:

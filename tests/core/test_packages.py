@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pip._internal.req.constructors import install_req_from_line
 
-from execbox.core import packages
-from execbox.core.errors import ConfigError, ExecboxError
+from execbox.errors import ConfigError, ExecboxError
+from execbox.kit import packages
 from tests.support.wheels import NAME, build_wheel, host_pip_uses, serve_index
 
 

@@ -7,8 +7,8 @@ import anyio
 import pytest
 
 from execbox import AsyncRunner, Limits, Settings
-from execbox.core.backend import Session, SessionSpec
-from execbox.core.errors import ConfigError
+from execbox.contract.backend import Session, SessionSpec
+from execbox.errors import ConfigError
 from tests.core.support import anyio_backend  # noqa: F401
 
 pytestmark = pytest.mark.anyio
@@ -49,7 +49,7 @@ async def test_the_pool_is_off_unless_the_runner_is_entered() -> None:
 
 
 async def test_members_are_in_the_audit_log_from_start_to_removal() -> None:
-    from execbox.core.audit import records
+    from execbox.audit.log import records
 
     async with AsyncRunner(_local(pool_size=2)) as runner:
         await _ready(runner, 2)
@@ -65,7 +65,7 @@ async def test_members_are_in_the_audit_log_from_start_to_removal() -> None:
 
 async def test_a_failing_refill_is_said_on_the_next_result(monkeypatch: pytest.MonkeyPatch) -> None:
     from execbox.backends.local_subprocess import LocalSubprocessBackend
-    from execbox.core.errors import SandboxError
+    from execbox.errors import SandboxError
 
     plain = LocalSubprocessBackend.open_session
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from execbox.core import probecache
+from execbox.kit import probecache
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 import execbox
 from execbox import ConfigError, Runner, SandboxError, Secret
 from execbox.cli import main
-from execbox.core.hostsession import HostWorkspaceSession
-from execbox.core.secrets_inject import Redactor, encodings
+from execbox.kit.sessions.host import HostWorkspaceSession
+from execbox.secrets.values import Redactor, encodings
 from tests.core.support import (  # noqa: F401  (fixtures)
     home,
     local_mode,
@@ -113,7 +113,7 @@ def test_a_backend_error_quoting_the_value_is_redacted(local_mode: None, monkeyp
 
 def test_output_captured_outside_the_run_is_still_redacted_and_said(local_mode: None,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("execbox.core.output.current_stream", lambda: None)  # a backend capturing elsewhere
+    monkeypatch.setattr("execbox.contract.output.current_stream", lambda: None)  # a backend capturing elsewhere
     result = execbox.run_code(USE, secrets={NAME: KEY})
     assert f"raw [secret {NAME}]" in result.stdout and not leaks(result.stdout)
     assert any("redacted after the run" in note for note in result.notes)

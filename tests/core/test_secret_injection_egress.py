@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from execbox import ConfigError, Settings
-from execbox.core import egress_secrets as es
-from execbox.core.secrets_inject import Secret
+from execbox.kit.proxy import secrets as es
+from execbox.secrets.values import Secret
 
 VALUE = "sk-live-0123456789abcdefABCDEF"
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from execbox.core.secrets_inject import Redactor, json_forms
+from execbox.secrets.values import Redactor, json_forms
 
 
 def _upper_hex(text: str) -> str:

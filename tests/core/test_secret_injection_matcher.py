@@ -11,7 +11,7 @@ import string
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execbox.core.secrets_inject import Redactor, encodings
+from execbox.secrets.values import Redactor, encodings
 
 # Few letters: values share long starts and their forms overlap; '/', '"', '\\', '<', '\n' make JSON forms differ.
 ALPHABET = "ab/\"\\<\n"

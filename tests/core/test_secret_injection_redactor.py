@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from execbox.core.errors import ConfigError
-from execbox.core.secrets_inject import (
+from execbox.errors import ConfigError
+from execbox.secrets.values import (
     MAX_SECRET_BYTES,
     Redactor,
     Secret,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from execbox import CellResult, ExecResult, Runner, Settings
-from execbox.core.results import explain
+from execbox.contract.results import explain
 from execbox.mcp.grants import GrantRequest, narrow, root_grant
 from execbox.mcp.server import McpApp
 

@@ -21,7 +21,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from execbox import Runner, Settings
-from execbox.core.errors import BackendUnavailableError
+from execbox.errors import BackendUnavailableError
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execbox.core.errors import ConfigError
-from execbox.core.review import ReviewDecision, ReviewRequest, strictest
-from execbox.core.settings import Settings
+from execbox.config.settings import Settings
+from execbox.contract.review import ReviewDecision, ReviewRequest, strictest
+from execbox.errors import ConfigError
 from execbox.guard.commands import RULES, review
 from execbox.registry import get_registry
 
@@ -156,7 +156,7 @@ def test_the_operator_adds_rules_in_a_file(tmp_path: Path) -> None:
 
 
 def test_plugins_add_policy_through_the_hook_and_a_broken_one_fails_closed() -> None:
-    from execbox.core.hookspecs import hookimpl
+    from execbox.contract.hookspecs import hookimpl
     from execbox.mcp.review import decisions
 
     class Policy:

@@ -4,9 +4,9 @@ MCP tools alike."""
 from __future__ import annotations
 
 from execbox import ExecResult, Limits, Runner, Settings
-from execbox.core.errors import BackendUnavailableError
-from execbox.core.models import EgressAttempt
-from execbox.core.results import explain
+from execbox.contract.models import EgressAttempt
+from execbox.contract.results import explain
+from execbox.errors import BackendUnavailableError
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execbox.core.errors import ConfigError
+from execbox.errors import ConfigError
 from execbox.mcp.grants import (
     ALL_TOOLS,
     CODE_TOOLS,

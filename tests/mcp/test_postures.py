@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from execbox.core.errors import ConfigError
-from execbox.core.models import Capabilities
-from execbox.core.settings import Settings
+from execbox.config.settings import Settings
+from execbox.contract.models import Capabilities
+from execbox.errors import ConfigError
 from execbox.mcp.postures import check_startup, offered_tools, persistent_backend, session_network
 
 WITH_PROXY = Capabilities(sandbox=True, isolation="container", network_modes=frozenset({"none", "proxy"}))

@@ -6,7 +6,7 @@ The boundary, on every exec:
                    asked for); a new session (no TIOCSTI into the caller's terminal); no new user
                    namespaces inside
     proxy          network mode proxy: the network namespace holds only loopback; the egress proxy
-                   (core/proxy.py) listens on a Unix socket bound read-only at /run/execbox, and a
+                   (kit/proxy/server.py) listens on a Unix socket bound read-only at /run/execbox, and a
                    forwarder run by the host's python3 in front of the command relays to it
     identity       uid/gid 1000 inside with no capabilities; when execbox runs as root the launcher
                    first drops to an unprivileged host uid with no groups (setpriv; CODE_EXEC_BWRAP_USER,

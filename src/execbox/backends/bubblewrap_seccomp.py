@@ -8,7 +8,7 @@ all of that and is maintained. Its Python bindings are not usable from a virtual
 PyPI, and ``pyseccomp`` (a ctypes wrapper) has had no release since 2021. So we call the five
 functions we need from libseccomp's stable C ABI (``libseccomp.so.2``) directly with ctypes.
 
-The filter allows everything except the calls listed in ``execbox.core.seccomp_policy``, the one deny
+The filter allows everything except the calls listed in ``execbox.policy.seccomp``, the one deny
 list docker's seccomp profile is built from too; blocked calls fail with EPERM (``clone3`` with ENOSYS, so
 libc falls back to ``clone``, whose flags a filter can see).
 Syscalls of a foreign architecture (i386 ``int 0x80`` on x86_64) kill the process: libseccomp's

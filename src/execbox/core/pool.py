@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec, bounded, close_bounded
+from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, bounded, close_bounded
 
 PoolKey = tuple[int, str, Hashable]
 #: Records a pool event in the audit log: ("sandbox.open" | "sandbox.close", fields).

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-from execbox.core.errors import BusyError
+from execbox.errors import BusyError
 
 
 def default_max_concurrent(memory_mb: int) -> int:

@@ -44,9 +44,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from execbox.core.errors import ConfigError
-from execbox.core.review import ReviewAction, ReviewDecision, ReviewRequest
-from execbox.core.settings import Settings
+from execbox.config.settings import Settings
+from execbox.contract.review import ReviewAction, ReviewDecision, ReviewRequest
+from execbox.errors import ConfigError
 
 MAX_REVIEW_BYTES = 256 << 10  # a command line or a shell script; longer ones are asked about unread
 MAX_PYTHON_BYTES = 1 << 20

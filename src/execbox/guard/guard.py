@@ -16,14 +16,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from execbox.core.backend import ExecutionBackend, Verdict
-from execbox.core.egress import HOST_NETWORKS, parse_entry
-from execbox.core.errors import ConfigError, NotASandboxError, SecretFileError, UnsupportedPolicyError
-from execbox.core.models import Capabilities, ExecRequest, Mount
-from execbox.core.proxy import local_addresses
-from execbox.core.settings import Settings
+from execbox.config.settings import Settings
+from execbox.contract.backend import ExecutionBackend, Verdict
+from execbox.contract.models import Capabilities, ExecRequest, Mount
+from execbox.errors import ConfigError, NotASandboxError, SecretFileError, UnsupportedPolicyError
 from execbox.guard.mounts import admit_mounts
 from execbox.guard.secrets import find_secrets
+from execbox.kit.proxy.server import local_addresses
+from execbox.policy.egress import HOST_NETWORKS, parse_entry
 
 UNSANDBOXED_ISOLATION = frozenset({"none", "process"})
 LIMIT_VARIABLES = {"memory": "CODE_EXEC_MEMORY_MB", "cpu": "CODE_EXEC_CPUS", "pids": "CODE_EXEC_PIDS_LIMIT",

@@ -28,8 +28,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from execbox.core.errors import ConfigError, RefusedError, SecretFileError
-from execbox.core.models import Mount
+from execbox.contract.models import Mount
+from execbox.errors import ConfigError, RefusedError, SecretFileError
 from execbox.guard.secrets import _is_env_name, scan_files
 
 SCAN_MAX_ENTRIES = 200_000

@@ -35,8 +35,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from execbox.core.errors import ConfigError, RefusedError
-from execbox.core.models import NETWORK_MODES, NetworkMode
+from execbox.contract.models import NETWORK_MODES, NetworkMode
+from execbox.errors import ConfigError, RefusedError
 
 CODE_TOOLS = frozenset({"run_code", "run_command", "shell", "python"})
 SESSION_TOOLS = frozenset({"shell", "python", "write_file", "read_file", "list_files"})

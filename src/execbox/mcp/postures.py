@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from execbox.core.errors import ConfigError
-from execbox.core.models import Capabilities, NetworkMode
-from execbox.core.settings import Settings
+from execbox.config.settings import Settings
+from execbox.contract.models import Capabilities, NetworkMode
+from execbox.errors import ConfigError
 
 Transport = Literal["stdio", "http"]
 HOST_BACKEND = "local_subprocess"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from execbox.core.review import ReviewDecision, ReviewRequest, strictest
-from execbox.core.settings import Settings
+from execbox.config.settings import Settings
+from execbox.contract.review import ReviewDecision, ReviewRequest, strictest
 from execbox.guard.commands import review
 from execbox.registry import Registry
 

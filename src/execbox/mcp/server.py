@@ -31,12 +31,12 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import Context, Elicit, MCPServer
 from mcp.types import CallToolResult
 
-from execbox.core import audit as audit_log
-from execbox.core.errors import ConfigError, ExecboxError, FileTooLargeError, NotASandboxError, SandboxError
-from execbox.core.models import CellResult, ExecRequest, ExecResult, Limits, NetworkMode
-from execbox.core.results import clamp_note, timed_out
-from execbox.core.review import ReviewDecision, ReviewRequest, strictest
-from execbox.core.settings import Settings
+from execbox.audit import log as audit_log
+from execbox.config.settings import Settings
+from execbox.contract.models import CellResult, ExecRequest, ExecResult, Limits, NetworkMode
+from execbox.contract.results import clamp_note, timed_out
+from execbox.contract.review import ReviewDecision, ReviewRequest, strictest
+from execbox.errors import ConfigError, ExecboxError, FileTooLargeError, NotASandboxError, SandboxError
 from execbox.guard.commands import rules_off
 from execbox.mcp import postures
 from execbox.mcp.grants import (

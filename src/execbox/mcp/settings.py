@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from execbox.core.settings import EnvSettings, setting
+from execbox.config.settings import EnvSettings, setting
 
 MIN_TOKEN_CHARS = 16
 

@@ -19,8 +19,8 @@ from mcp.server.mcpserver.resolve import AcceptedElicitation
 from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from pydantic import Field
 
-from execbox.core.errors import ExecboxError
-from execbox.core.models import CellResult, ExecResult
+from execbox.contract.models import CellResult, ExecResult
+from execbox.errors import ExecboxError
 from execbox.mcp.grants import GrantRequest
 from execbox.mcp.review import Approval, Gate
 

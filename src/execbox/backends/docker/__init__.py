@@ -4,11 +4,11 @@ The boundary, on every container, with no knob that turns a part of it off:
 
     network        none by default; egress = a bridge network execbox created and labelled, with no traffic
                    between its containers (any other network is refused); proxy = no network at all, the
-                   egress proxy's Unix socket bound read-only at /run/execbox (core/proxy.py); host only on
+                   egress proxy's Unix socket bound read-only at /run/execbox (kit/proxy/server.py); host only on
                    request, and then the guard is told this is not a sandbox
     capabilities   all dropped; no-new-privileges; never --privileged, host PID/IPC/UTS/user/cgroup namespace,
                    added caps or devices
-    seccomp        execbox's own profile: the deny list bubblewrap uses too (core/seccomp_policy.py)
+    seccomp        execbox's own profile: the deny list bubblewrap uses too (policy/seccomp.py)
     filesystem     read-only root; /tmp a size-limited tmpfs; exactly one writable host path, the
                    session workspace, at /workspace (size-limited where execbox runs as root); never the
                    Docker socket, $HOME or execbox itself

@@ -5,7 +5,7 @@ or daemon.json setting can weaken one container unnoticed. Also the seccomp prof
 Seccomp. The engine's own default profile cannot be extended: a profile given with ``--security-opt seccomp=``
 replaces it, and Docker 20.10 offers no way to name the built-in one and add to it. Copying Moby's 800-line
 allowlist would mean owning and tracking a file we did not write. So the profile is execbox's own: allow by
-default, deny the shared list of ``execbox.core.seccomp_policy`` (the one bubblewrap loads), with EPERM, and
+default, deny the shared list of ``execbox.policy.seccomp`` (the one bubblewrap loads), with EPERM, and
 ``clone3`` with ENOSYS so libc falls back to ``clone``, whose CLONE_NEWUSER flag an argument filter sees. What
 the engine's default denies beyond that list are calls the kernel already refuses to a process with no
 capabilities under no-new-privileges (clock and time setting, module loading, ``vhangup``, NUMA policy of other

@@ -26,12 +26,12 @@ from typing import Any, TypeVar
 
 import anyio
 
-from execbox.core.backend import Session
-from execbox.core.errors import BackendUnavailableError, ExecboxError, FileTooLargeError, WorkspacePathError
-from execbox.core.models import ExecResult, ExecSpec
-from execbox.core.output import BoundedCapture, OnOutput, StreamName
-from execbox.core.owner import owner_alive, owner_id
-from execbox.core.workspace import is_directory_error
+from execbox.contract.backend import Session
+from execbox.contract.models import ExecResult, ExecSpec
+from execbox.contract.output import BoundedCapture, OnOutput, StreamName
+from execbox.errors import BackendUnavailableError, ExecboxError, FileTooLargeError, WorkspacePathError
+from execbox.kit.files.workspace import is_directory_error
+from execbox.kit.ownership import owner_alive, owner_id
 
 T = TypeVar("T")
 

@@ -1,5 +1,5 @@
 """The Python interpreter behind ``run_cell``. It runs INSIDE the sandbox: standard library only, Python 3.8+,
-never imported by execbox itself (core/kernel.py sends this file's text).
+never imported by execbox itself (kernel/client.py sends this file's text).
 
     python3 -I -S -c SOURCE serve SOCKET     the supervisor; its stdin is SOURCE again (to start interpreters)
     python3 -u -c SOURCE child FD            one interpreter, started by the supervisor

@@ -33,12 +33,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
-from execbox.core.errors import FileTooLargeError, SandboxError, TransferTooLargeError, WorkspacePathError
-from execbox.core.models import ExecSpec, FileInfo, Limits, Transfer
-from execbox.core.workspace import _open_dir, _refuse, write_error
+from execbox.contract.models import ExecSpec, FileInfo, Limits, Transfer
+from execbox.errors import FileTooLargeError, SandboxError, TransferTooLargeError, WorkspacePathError
+from execbox.kit.files.workspace import _open_dir, _refuse, write_error
 
 if TYPE_CHECKING:
-    from execbox.core.backend import Session
+    from execbox.contract.backend import Session
 
 #: Deepest tree a transfer or listing walks (levels below the path given); deeper is refused.
 MAX_DEPTH = 256

@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
-from execbox.core import egress_secrets
-from execbox.core.output import BoundedCapture, OnOutput
-from execbox.core.secrets_inject import Secret, check_secrets
+from execbox.contract.output import BoundedCapture, OnOutput
+from execbox.kit.proxy import secrets as egress_secrets
+from execbox.secrets.values import Secret, check_secrets
 
 NetworkMode = Literal["none", "egress", "proxy", "host"]
 Isolation = Literal["none", "process", "namespace", "container", "gvisor", "microvm", "remote_vm"]
@@ -101,7 +101,7 @@ class Mount(BaseModel):
         try:
             super().__init__(writable=writable, **kw)
         except ValidationError as exc:  # bad input is an ExecboxError, never another exception
-            from execbox.core.errors import ConfigError
+            from execbox.errors import ConfigError
 
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'mount'}: {e['msg']}" for e in exc.errors())
             raise ConfigError(f"invalid mount: {problems}") from None
@@ -138,7 +138,7 @@ class Mount(BaseModel):
         if len(parts) == 3 and parts[2] in ("rw", "ro"):
             writable = parts.pop() == "rw"
         if len(parts) != 2 or not all(parts):
-            from execbox.core.errors import ConfigError
+            from execbox.errors import ConfigError
 
             raise ConfigError(f"--mount takes HOST:SANDBOX[:rw], got {spec!r}")
         return cls(parts[0], parts[1], writable)

@@ -21,14 +21,14 @@ from typing import IO
 
 import anyio
 
-from execbox.core.backend import Session
-from execbox.core.envpolicy import sandbox_env
-from execbox.core.errors import SandboxError
-from execbox.core.models import ExecResult, ExecSpec, FileInfo, Transfer
-from execbox.core.owner import OWNER_FILE, owner_id, owner_tag, remove_orphaned_dirs
-from execbox.core.procs import CommandEnv, reaped, run_process
-from execbox.core.transfer import TransferLimits
-from execbox.core.workspace import remove_tree, safe_read, safe_write
+from execbox.contract.backend import Session
+from execbox.contract.models import ExecResult, ExecSpec, FileInfo, Transfer
+from execbox.errors import SandboxError
+from execbox.kit.files.transfer import TransferLimits
+from execbox.kit.files.workspace import remove_tree, safe_read, safe_write
+from execbox.kit.ownership import OWNER_FILE, owner_id, owner_tag, remove_orphaned_dirs
+from execbox.kit.processes import CommandEnv, reaped, run_process
+from execbox.policy.env import sandbox_env
 
 FILE_SIZE_LIMIT = 1 << 30  # no single file over 1 GiB: a runaway writer cannot fill the disk
 

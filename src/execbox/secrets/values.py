@@ -55,8 +55,8 @@ from urllib.parse import quote, quote_plus
 from pydantic import BaseModel, GetCoreSchemaHandler
 from pydantic_core import core_schema
 
-from execbox.core.envpolicy import is_injection_name
-from execbox.core.errors import ConfigError, ExecboxError
+from execbox.errors import ConfigError, ExecboxError
+from execbox.policy.env import is_injection_name
 
 #: The shortest value accepted: redacting a 3-letter value would wipe ordinary words out of the output.
 MIN_SECRET_BYTES = 8

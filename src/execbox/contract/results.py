@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from execbox.core.models import ExecResult
-from execbox.core.output import BoundedCapture
+from execbox.contract.models import ExecResult
+from execbox.contract.output import BoundedCapture
 
 #: The exit code of every run that was killed at its deadline, on every backend.
 TIMEOUT_EXIT_CODE = 124

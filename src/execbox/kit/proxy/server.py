@@ -56,8 +56,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from execbox.core import egress_secrets
-from execbox.core.egress import (
+from execbox.config.settings import Settings
+from execbox.contract.models import EgressAttempt, ExecResult
+from execbox.errors import ConfigError, SandboxError, UnsupportedPolicyError
+from execbox.kit.files.workspace import remove_tree
+from execbox.kit.ownership import OWNER_FILE, owner_id, owner_tag, remove_orphaned_dirs
+from execbox.kit.proxy import secrets as egress_secrets
+from execbox.policy.egress import (
     Decision,
     EgressPolicy,
     IPAddress,
@@ -65,11 +70,6 @@ from execbox.core.egress import (
     literal_address,
     provider_allowlist,
 )
-from execbox.core.errors import ConfigError, SandboxError, UnsupportedPolicyError
-from execbox.core.models import EgressAttempt, ExecResult
-from execbox.core.owner import OWNER_FILE, owner_id, owner_tag, remove_orphaned_dirs
-from execbox.core.settings import Settings
-from execbox.core.workspace import remove_tree
 
 T = TypeVar("T")
 

@@ -23,9 +23,8 @@ from typing import IO, Any, ClassVar, TypeVar
 
 import anyio
 
-from execbox.core import transfer
-from execbox.core.errors import BackendTimeoutError, BackendUnavailableError, ConfigError
-from execbox.core.models import (
+from execbox.config.settings import EnvSettings, Settings
+from execbox.contract.models import (
     Capabilities,
     ExecRequest,
     ExecResult,
@@ -36,8 +35,9 @@ from execbox.core.models import (
     NetworkMode,
     Transfer,
 )
-from execbox.core.settings import EnvSettings, Settings
-from execbox.core.transfer import TransferLimits
+from execbox.errors import BackendTimeoutError, BackendUnavailableError, ConfigError
+from execbox.kit.files import transfer
+from execbox.kit.files.transfer import TransferLimits
 
 #: How long a successful ``check()`` answer is trusted, per backend instance.
 CHECK_TTL_S = 30.0
@@ -113,7 +113,7 @@ class Session(ABC):
         member it opens (whose only exec comes later). Default: nothing. An error leaves the member unused."""
         return None
 
-    # -- whole files and directories: defaults every backend with file_transfer gets (core/transfer.py) --
+    # -- whole files and directories: defaults every backend with file_transfer gets (kit/files/transfer.py) --
 
     async def list_files(self, path: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
         """The entries of the directory ``path`` ("" = the workspace; everything below it with ``recursive``), or

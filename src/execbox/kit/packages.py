@@ -30,8 +30,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from execbox.core.errors import ConfigError, SandboxError
-from execbox.core.procs import reaped
+from execbox.errors import ConfigError, SandboxError
+from execbox.kit.processes import reaped
 
 #: Where the cache appears inside a sandbox (read-only).
 SANDBOX_DIR = "/opt/execbox/pip"

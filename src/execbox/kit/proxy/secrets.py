@@ -57,9 +57,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from execbox.core.egress import hostname
-from execbox.core.errors import BackendUnavailableError
-from execbox.core.secrets_inject import R, Secret, check_secrets
+from execbox.errors import BackendUnavailableError
+from execbox.policy.egress import hostname
+from execbox.secrets.values import R, Secret, check_secrets
 
 #: The combined bundle the sandbox trusts when a run has secrets at egress (in the proxy's directory).
 BUNDLE_FILE = "execbox-ca-bundle.pem"
@@ -238,13 +238,13 @@ def ca_env(proxy: Any) -> dict[str, str]:
     interceptor = getattr(proxy, "mitm", None)
     if _current.get() is None or interceptor is None:
         return {}
-    from execbox.core.proxy import CA_VARIABLES, MOUNT_POINT
+    from execbox.kit.proxy.server import CA_VARIABLES, MOUNT_POINT
 
     return {name: f"{MOUNT_POINT}/{BUNDLE_FILE}" for name in CA_VARIABLES}
 
 
 def _user_bundle(proxy: Any) -> str | None:
-    from execbox.core.proxy import CA_FILE
+    from execbox.kit.proxy.server import CA_FILE
 
     path = os.path.join(proxy.directory, CA_FILE)
     return path if getattr(proxy, "ca_file", None) and os.path.isfile(path) else None
@@ -390,7 +390,7 @@ class Interceptor:
                         up_writer: asyncio.StreamWriter) -> None:
         """TLS to the code with our certificate, TLS to the host verified, and the plaintext relayed with the
         placeholders of this host's secrets swapped for their values (and back in what returns)."""
-        from execbox.core.proxy import TLS_FAILED, TLS_HINT, HeadError, answer, parse_head
+        from execbox.kit.proxy.server import TLS_FAILED, TLS_HINT, HeadError, answer, parse_head
 
         secrets: list[EgressSecret] = run.secrets.for_destination(host, port)
         try:
@@ -461,7 +461,7 @@ def plain_request(head: bytes, host: str, port: int) -> bytes | str:
     rewritten to ask for one plain response (``Accept-Encoding: identity``, ``Connection: close``, no ``Range``,
     no ``Expect``); or why it is refused: malformed, not in origin form, a Host other than the secret's (or
     none, or two), an upgrade."""
-    from execbox.core.proxy import HeadError, parse_head
+    from execbox.kit.proxy.server import HeadError, parse_head
 
     try:
         parsed = parse_head(head)
@@ -484,7 +484,7 @@ def plain_request(head: bytes, host: str, port: int) -> bytes | str:
 def encoded_response(head: bytes) -> str | None:
     """Why a response head cannot be relayed with the value swapped back: malformed (``core.proxy.parse_head``),
     an encoded or partial body, an upgrade."""
-    from execbox.core.proxy import HeadError, parse_head
+    from execbox.kit.proxy.server import HeadError, parse_head
 
     try:
         parsed = parse_head(head, response=True)
@@ -508,7 +508,7 @@ async def relay_response(src: asyncio.StreamReader, dst: asyncio.StreamWriter, s
     """The host's response (after any 1xx), the value swapped back in head and body, the body read by its framing
     (a chunked one de-chunked first, so chunk framing never splits the value from the swap); withheld when the
     value could pass unswapped (``encoded_response``). The code gets one response, then the connection closes."""
-    from execbox.core.proxy import HeadError, closing_head, parse_head
+    from execbox.kit.proxy.server import HeadError, closing_head, parse_head
 
     while True:
         try:
@@ -536,7 +536,7 @@ async def relay_body(src: Any, dst: asyncio.StreamWriter, length: int | None, sw
     one is de-chunked, swapped, and sent as chunks of what the swap let out (trailers dropped). A partial match
     held back is never let out as it is, even when the source pauses; one of ``PARTIAL`` bytes or more that turns
     out no whole match, or is cut by the body's end, as the same start of the placeholder (``_Swap``)."""
-    from execbox.core.proxy import read_chunk_end, read_chunk_size
+    from execbox.kit.proxy.server import read_chunk_end, read_chunk_size
 
     chunked = length == -1
 
@@ -749,7 +749,7 @@ class RunPlan:
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         """While the backend runs it: captures redact, and the proxy run it starts takes the secrets at egress."""
-        from execbox.core.secrets_inject import redacting
+        from execbox.secrets.values import redacting
 
         with redacting(self.redactor), at_egress(self.egress):
             yield
@@ -757,7 +757,7 @@ class RunPlan:
     def finish(self, result: R) -> R:
         """The result as the caller may see it (core.secrets_inject.redact_result), and a note when secrets at
         egress were given but no proxy run took them."""
-        from execbox.core.secrets_inject import redact_result
+        from execbox.secrets.values import redact_result
 
         if self.egress is not None and not self.egress.attached:
             backend = getattr(result, "backend", "") or "?"
@@ -769,14 +769,14 @@ class RunPlan:
 
 def plan(request: Any, argv: list[str], *, backend: Any) -> RunPlan:
     """The run plan of a resolved request (UnsupportedPolicyError when its secrets at egress cannot work)."""
-    from execbox.core.errors import UnsupportedPolicyError
-    from execbox.core.secrets_inject import Redactor, deliver
+    from execbox.errors import UnsupportedPolicyError
+    from execbox.secrets.values import Redactor, deliver
 
     stdin, env = request.stdin, dict(request.env)
     egress: RunSecrets | None = None
     both = sorted(set(request.secrets) & set(request.secrets_at_egress))
     if both:  # a sandbox's secrets and an exec's, say
-        from execbox.core.errors import ConfigError
+        from execbox.errors import ConfigError
 
         raise ConfigError(f"{', '.join(both)} declared both as a secret and as a secret at egress; give each once")
     if request.secrets_at_egress:
@@ -803,7 +803,7 @@ def plan(request: Any, argv: list[str], *, backend: Any) -> RunPlan:
 def from_setting(entries: list[str], environ: Mapping[str, str] | None = None) -> dict[str, tuple[str, int, Secret]]:
     """CODE_EXEC_EGRESS_SECRETS (``NAME=host[:port]``, or ``NAME=host[:port]+body`` to substitute in request
     bodies too; the value from execbox's own environment variable NAME)."""
-    from execbox.core.errors import ConfigError
+    from execbox.errors import ConfigError
 
     given: dict[str, tuple[str, Secret]] = {}
     for entry in entries:

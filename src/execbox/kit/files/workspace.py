@@ -11,7 +11,7 @@ import os
 import posixpath
 import stat
 
-from execbox.core.errors import FileTooLargeError, SandboxError, WorkspacePathError
+from execbox.errors import FileTooLargeError, SandboxError, WorkspacePathError
 
 
 def is_directory_error(rel: str) -> WorkspacePathError:

@@ -29,7 +29,7 @@ Stripe, ...). Every value pattern is linear in the value's length: nothing nests
 
 Separately, ``is_injection_name`` names the loader and interpreter start-up variables (LD_PRELOAD,
 PYTHONPATH, BASH_ENV, ...). They may reach the sandboxed command, which could set them itself anyway, but
-never a host-side process that starts it (see ``execbox.core.procs``).
+never a host-side process that starts it (see ``execbox.kit.processes``).
 """
 
 from __future__ import annotations

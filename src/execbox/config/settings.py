@@ -17,11 +17,11 @@ from typing import Annotated, Any, TypeVar
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from execbox.core.audit import resolve_path
-from execbox.core.egress import parse_entry
-from execbox.core.egress_secrets import parse_setting
-from execbox.core.errors import ConfigError
-from execbox.core.models import NetworkMode
+from execbox.audit.log import resolve_path
+from execbox.contract.models import NetworkMode
+from execbox.errors import ConfigError
+from execbox.kit.proxy.secrets import parse_setting
+from execbox.policy.egress import parse_entry
 
 S = TypeVar("S", bound="EnvSettings")
 

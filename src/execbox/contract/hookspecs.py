@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from execbox.core.review import ReviewDecision, ReviewRequest
+    from execbox.contract.review import ReviewDecision, ReviewRequest
 
 PROJECT = "execbox"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -54,7 +54,7 @@ from typing import Any, BinaryIO
 import anyio
 import anyio.to_thread
 
-from execbox.core.errors import ConfigError
+from execbox.errors import ConfigError
 
 GENESIS = "0" * 64
 OFF = "off"

@@ -25,11 +25,11 @@ from types import TracebackType
 
 import anyio
 
-from execbox.core.envpolicy import host_env, is_injection_name
-from execbox.core.errors import SandboxError
-from execbox.core.models import ExecResult
-from execbox.core.output import BoundedCapture, OnOutput
-from execbox.core.results import build_result, exit_status
+from execbox.contract.models import ExecResult
+from execbox.contract.output import BoundedCapture, OnOutput
+from execbox.contract.results import build_result, exit_status
+from execbox.errors import SandboxError
+from execbox.policy.env import host_env, is_injection_name
 
 _REAPER = os.path.join(os.path.dirname(__file__), "_reaper.py")
 _CHUNK = 65536

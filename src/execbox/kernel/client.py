@@ -39,11 +39,11 @@ from typing import Any
 
 import anyio
 
-from execbox.core.errors import SandboxError
-from execbox.core.models import CellError, CellResult, DisplayData, ExecResult, ExecSpec, Limits, NetworkMode
-from execbox.core.output import BoundedCapture, LiveOutput, StreamName
+from execbox.contract.models import CellError, CellResult, DisplayData, ExecResult, ExecSpec, Limits, NetworkMode
+from execbox.contract.output import BoundedCapture, LiveOutput, StreamName
+from execbox.errors import SandboxError
 
-SOURCE = Path(__file__).with_name("_kernel_sandbox.py").read_text()
+SOURCE = Path(__file__).with_name("payload.py").read_text()
 #: How long a cell has, after its timeout's SIGINT, to stop before the interpreter is killed (state lost).
 INTERRUPT_GRACE_S = 2.0
 #: How long a cell's relay waits for the supervisor's socket (a supervisor just started).

@@ -27,7 +27,7 @@ from typing import Literal, Protocol, TypeVar
 import anyio
 from pydantic import BaseModel, ConfigDict
 
-from execbox.core.secrets_inject import current_stream
+from execbox.secrets.values import current_stream
 
 StreamName = Literal["stdout", "stderr"]
 #: A run's streaming callback: ``on_output(stream, data)``, called as output arrives, from any thread.

@@ -1,0 +1,2 @@
+"""Secrets: what a secret is, how it reaches the command (env, file, stdin) and how its value is redacted from
+everything that comes back."""
