@@ -28,7 +28,7 @@ from execbox import Limits, Runner, Settings
 from execbox.backends import bubblewrap as bw
 from execbox.contract.backend import SessionSpec
 from execbox.contract.models import ExecSpec
-from execbox.kit.files import disk
+from execbox.files import disk
 from execbox.runner import run_blocking
 
 

@@ -28,7 +28,7 @@ from _common import (
 
 from execbox import Runner, Settings
 from execbox.backends import docker_image
-from execbox.kit.files import disk
+from execbox.files import disk
 from execbox.testing import PeakRss
 
 

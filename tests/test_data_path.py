@@ -20,9 +20,9 @@ from execbox import ConfigError, Mount, RefusedError, SecretFileError, TransferT
 from execbox.backends.docker import hardening
 from execbox.backends.docker_image import DEFAULT_PACKAGES, DEFAULT_TAG, ImageBuildError, build_image, recipe_hash
 from execbox.cli import main as cli
+from execbox.files.transfer import TransferLimits, glob_regex, host_list, host_pack, host_unpack
 from execbox.guard.mounts import admit_mounts, admit_upload, mount_problem
 from execbox.kit import packages
-from execbox.kit.files.transfer import TransferLimits, glob_regex, host_list, host_pack, host_unpack
 from execbox.testing.checks import host_processes
 from tests.support.wheels import build_wheel, host_pip_uses, serve_index
 
@@ -41,7 +41,7 @@ def outside() -> Iterator[Path]:
 
 
 def transfer_remove(path: Path) -> None:
-    from execbox.kit.files.workspace import remove_tree
+    from execbox.files.workspace import remove_tree
 
     remove_tree(str(path))
 
@@ -438,7 +438,7 @@ def test_an_archive_over_the_bound_is_refused_before_it_reaches_the_sandbox() ->
 
     import anyio
 
-    from execbox.kit.files.transfer import sandbox_unpack
+    from execbox.files.transfer import sandbox_unpack
 
     class Untouched:
         workspace = "/workspace"

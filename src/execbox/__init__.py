@@ -28,10 +28,8 @@ if TYPE_CHECKING:
         EgressAttempt,
         ExecRequest,
         ExecResult,
-        FileInfo,
         Limits,
         Mount,
-        Transfer,
     )
     from execbox.contract.output import OutputEvent
     from execbox.errors import (
@@ -50,6 +48,7 @@ if TYPE_CHECKING:
         UnsupportedPolicyError,
         WorkspacePathError,
     )
+    from execbox.files.transfer import FileInfo, Transfer
     from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox, run_blocking
     from execbox.secrets.values import Secret
 

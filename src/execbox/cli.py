@@ -33,7 +33,7 @@ from execbox.errors import (
     RefusedError,
     WorkspacePathError,
 )
-from execbox.kit.files.workspace import normalize, safe_write
+from execbox.files.workspace import normalize, safe_write
 from execbox.registry import get_registry
 from execbox.runner import AsyncRunner, Runner, run_blocking
 from execbox.secrets.values import Secret

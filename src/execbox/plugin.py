@@ -61,11 +61,9 @@ from execbox.contract.models import (
     ExecRequest,
     ExecResult,
     ExecSpec,
-    FileInfo,
     Limits,
     Mount,
     NetworkMode,
-    Transfer,
 )
 from execbox.contract.output import BoundedCapture, OnOutput, OutputEvent
 from execbox.contract.results import TIMEOUT_EXIT_CODE, build_result, failed_to_start
@@ -80,10 +78,10 @@ from execbox.errors import (
     UnsupportedPolicyError,
     WorkspacePathError,
 )
+from execbox.files import disk, transfer
+from execbox.files.transfer import FileInfo, Transfer, TransferLimits
+from execbox.files.workspace import normalize, remove_tree, safe_read, safe_write
 from execbox.kit import packages, probecache
-from execbox.kit.files import disk, transfer
-from execbox.kit.files.transfer import TransferLimits
-from execbox.kit.files.workspace import normalize, remove_tree, safe_read, safe_write
 from execbox.kit.lifecycle import create_cleanly
 from execbox.kit.ownership import (
     OWNER_FILE,

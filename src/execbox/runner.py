@@ -34,12 +34,10 @@ from execbox.contract.models import (
     ExecRequest,
     ExecResult,
     ExecSpec,
-    FileInfo,
     Language,
     Limits,
     Mount,
     NetworkMode,
-    Transfer,
 )
 from execbox.contract.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
 from execbox.contract.results import clamp_note, explain
@@ -53,11 +51,12 @@ from execbox.errors import (
     UnsupportedPolicyError,
     WorkspacePathError,
 )
+from execbox.files import transfer
+from execbox.files.transfer import FileInfo, Transfer
+from execbox.files.workspace import is_directory_error, normalize
 from execbox.guard.guard import Guard
 from execbox.guard.mounts import admit_upload
-from execbox.kit import packages
-from execbox.kit.files import transfer
-from execbox.kit.files.workspace import is_directory_error, normalize
+from execbox.kit import packages, transfers
 from execbox.kit.proxy import secrets as egress_secrets
 from execbox.policy.env import filter_env
 from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
@@ -357,7 +356,7 @@ class AsyncRunner:
         rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
         _not_mounted(session, rel, "upload to")
         with backend_errors(backend.name):
-            return await bounded(transfer.upload_path(session, _text(os.fspath(local), "local path"), rel,
+            return await bounded(transfers.upload_path(session, _text(os.fspath(local), "local path"), rel,
                                                       limits=self.transfer_limits),
                                  _files_s(backend), backend=backend, doing="an upload", session=session)
 
@@ -368,7 +367,7 @@ class AsyncRunner:
         rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
         _not_mounted(session, rel, "download")
         with secrets_inject.redacting(redactor), backend_errors(backend.name):
-            moved = await bounded(transfer.download_path(session, rel, _text(os.fspath(local), "local path"),
+            moved = await bounded(transfers.download_path(session, rel, _text(os.fspath(local), "local path"),
                                                          limits=self.transfer_limits),
                                   _files_s(backend), backend=backend, doing="a download", session=session)
         if redactor is not None:
@@ -383,7 +382,7 @@ class AsyncRunner:
             return result
         with backend_errors(backend.name):
             files, notes = await bounded(
-                transfer.collect(session, list(request.collect), limits=self.transfer_limits,
+                transfers.collect(session, list(request.collect), limits=self.transfer_limits,
                                  max_bytes=self.settings.max_read_bytes),
                 _files_s(backend), backend=backend, doing="collecting files", session=session)
         result = result.model_copy(update={"files": files, "notes": [*result.notes, *notes]})

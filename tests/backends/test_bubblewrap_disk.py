@@ -20,7 +20,7 @@ from execbox import Limits, Runner, Settings
 from execbox.backends import bubblewrap as bw
 from execbox.contract.models import Capabilities
 from execbox.errors import BackendUnavailableError, SandboxError, UnsupportedPolicyError
-from execbox.kit.files import disk
+from execbox.files import disk
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
 

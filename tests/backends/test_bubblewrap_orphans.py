@@ -28,7 +28,7 @@ import pytest
 from execbox import Runner, Settings
 from execbox.backends import bubblewrap as bw
 from execbox.errors import BackendUnavailableError
-from execbox.kit.files import disk
+from execbox.files import disk
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
 

@@ -22,7 +22,7 @@ from execbox import Limits, NotASandboxError, Runner, Settings, UnsupportedPolic
 from execbox.backends.docker import hardening as h
 from execbox.backends.docker import session as ds
 from execbox.errors import ConfigError
-from execbox.kit.files import disk
+from execbox.files import disk
 from execbox.kit.ownership import owner_id
 from execbox.runner import run_blocking
 from tests.backends import test_docker as base

@@ -25,7 +25,7 @@ import pytest
 from execbox import ExecResult, Runner, SandboxError, Settings
 from execbox.backends.docker import session as ds
 from execbox.backends.docker.stream import hijacked
-from execbox.kit.files import disk
+from execbox.files import disk
 from execbox.kit.ownership import owner_id
 from execbox.runner import run_blocking
 from tests.backends import test_docker as base

@@ -1,4 +1,4 @@
-"""The size-limited workspace (kit/files/disk.py): a real loop-mounted filesystem, as root."""
+"""The size-limited workspace (files/disk.py): a real loop-mounted filesystem, as root."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from execbox.kit.files import disk
+from execbox.files import disk
 from execbox.testing import engine_missing
 from tests.support.waiting import wait_until
 

@@ -284,7 +284,7 @@ def short_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setattr(tempfile, "tempdir", str(path))
     yield path
     monkeypatch.undo()
-    from execbox.kit.files.workspace import remove_tree
+    from execbox.files.workspace import remove_tree
 
     remove_tree(str(path))
 

@@ -164,7 +164,7 @@ def test_auto_skips_a_backend_that_is_not_a_sandbox_as_configured(fake_backends:
 def test_a_planted_fifo_is_refused_on_write_without_hanging(tmp_path: Path) -> None:
     import os
 
-    from execbox.kit.files.workspace import safe_write
+    from execbox.files.workspace import safe_write
 
     os.mkfifo(tmp_path / "out.txt")
     with pytest.raises(WorkspacePathError):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from execbox import FileTooLargeError, WorkspacePathError
-from execbox.kit.files.workspace import remove_tree, safe_read
+from execbox.files.workspace import remove_tree, safe_read
 
 ROOT = os.geteuid() == 0
 

@@ -24,20 +24,10 @@ from typing import IO, Any, ClassVar, TypeVar
 import anyio
 
 from execbox.config.settings import EnvSettings, Settings
-from execbox.contract.models import (
-    Capabilities,
-    ExecRequest,
-    ExecResult,
-    ExecSpec,
-    FileInfo,
-    Limits,
-    Mount,
-    NetworkMode,
-    Transfer,
-)
-from execbox.errors import BackendTimeoutError, BackendUnavailableError, ConfigError
-from execbox.kit.files import transfer
-from execbox.kit.files.transfer import TransferLimits
+from execbox.contract.models import Capabilities, ExecRequest, ExecResult, ExecSpec, Limits, Mount, NetworkMode
+from execbox.errors import BackendTimeoutError, BackendUnavailableError, ConfigError, SandboxError
+from execbox.files import transfer
+from execbox.files.transfer import HELPER_TIMEOUT_S, FileInfo, Transfer, TransferLimits
 
 #: How long a successful ``check()`` answer is trusted, per backend instance.
 CHECK_TTL_S = 30.0
@@ -113,7 +103,19 @@ class Session(ABC):
         member it opens (whose only exec comes later). Default: nothing. An error leaves the member unused."""
         return None
 
-    # -- whole files and directories: defaults every backend with file_transfer gets (kit/files/transfer.py) --
+    async def run_script(self, script: str, *args: str, max_output: int = 1 << 16) -> tuple[int, str, bool]:
+        """Run a small sh script inside the sandbox through this session's own exec: (exit code, stdout, cut). The
+        in-sandbox file walkers use it; a script that overruns HELPER_TIMEOUT_S is a SandboxError."""
+        spec = self.session_spec
+        result = await self.exec(ExecSpec(
+            argv=["/bin/sh", "-c", script, "execbox", *args], env={}, workdir=self.workspace,
+            timeout=HELPER_TIMEOUT_S, max_output_bytes=max_output,
+            network=spec.network if spec else "none", limits=spec.limits if spec else Limits()))
+        if result.timed_out:
+            raise SandboxError(f"a file-transfer helper did not finish within {HELPER_TIMEOUT_S:g}s in the sandbox")
+        return result.exit_code, result.stdout, result.truncated
+
+    # -- whole files and directories: defaults every backend with file_transfer gets (files/transfer.py) --
 
     async def list_files(self, path: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
         """The entries of the directory ``path`` ("" = the workspace; everything below it with ``recursive``), or

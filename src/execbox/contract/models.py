@@ -144,26 +144,6 @@ class Mount(BaseModel):
         return cls(parts[0], parts[1], writable)
 
 
-class FileInfo(BaseModel):
-    """One entry of ``list_files``: its path relative to the workspace, its name, type and size in bytes."""
-
-    model_config = ConfigDict(frozen=True)
-
-    path: str
-    name: str
-    type: Literal["file", "directory", "symlink", "other"]
-    size: int = 0
-
-
-class Transfer(BaseModel):
-    """What an upload or download moved, and what it left out (each ``skipped`` entry says why)."""
-
-    files: int = 0
-    directories: int = 0
-    bytes: int = 0
-    skipped: list[str] = Field(default_factory=list)
-
-
 class ExecRequest(BaseModel):
     """One command to run. Either ``argv`` or ``code`` (+ ``language``)."""
 

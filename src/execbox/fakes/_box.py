@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from execbox.kit.files.workspace import remove_tree
+from execbox.files.workspace import remove_tree
 
 # Host directories the box sees read-only (symlinks, e.g. /bin -> usr/bin, are copied as symlinks).
 HOST_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")

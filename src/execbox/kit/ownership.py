@@ -12,7 +12,7 @@ import socket
 import stat
 import tempfile
 
-from execbox.kit.files.workspace import remove_tree
+from execbox.files.workspace import remove_tree
 
 _DIGITS = re.compile(r"[0-9]{1,10}")
 

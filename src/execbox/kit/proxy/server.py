@@ -59,7 +59,7 @@ from urllib.parse import urlsplit
 from execbox.config.settings import Settings
 from execbox.contract.models import EgressAttempt, ExecResult
 from execbox.errors import ConfigError, SandboxError, UnsupportedPolicyError
-from execbox.kit.files.workspace import remove_tree
+from execbox.files.workspace import remove_tree
 from execbox.kit.ownership import OWNER_FILE, owner_id, owner_tag, remove_orphaned_dirs
 from execbox.kit.proxy import secrets as egress_secrets
 from execbox.policy.egress import (

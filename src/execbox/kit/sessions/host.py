@@ -22,10 +22,10 @@ from typing import IO
 import anyio
 
 from execbox.contract.backend import Session
-from execbox.contract.models import ExecResult, ExecSpec, FileInfo, Transfer
+from execbox.contract.models import ExecResult, ExecSpec
 from execbox.errors import SandboxError
-from execbox.kit.files.transfer import TransferLimits
-from execbox.kit.files.workspace import remove_tree, safe_read, safe_write
+from execbox.files.transfer import FileInfo, Transfer, TransferLimits
+from execbox.files.workspace import remove_tree, safe_read, safe_write
 from execbox.kit.ownership import OWNER_FILE, owner_id, owner_tag, remove_orphaned_dirs
 from execbox.kit.processes import CommandEnv, reaped, run_process
 from execbox.policy.env import sandbox_env

@@ -30,7 +30,7 @@ from execbox.contract.backend import Session
 from execbox.contract.models import ExecResult, ExecSpec
 from execbox.contract.output import BoundedCapture, OnOutput, StreamName
 from execbox.errors import BackendUnavailableError, ExecboxError, FileTooLargeError, WorkspacePathError
-from execbox.kit.files.workspace import is_directory_error
+from execbox.files.workspace import is_directory_error
 from execbox.kit.ownership import owner_alive, owner_id
 
 T = TypeVar("T")

@@ -27,18 +27,15 @@ import posixpath
 import re
 import stat
 import tarfile
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import IO, Literal, Protocol
 
-from execbox.contract.models import ExecSpec, FileInfo, Limits, Transfer
-from execbox.errors import FileTooLargeError, SandboxError, TransferTooLargeError, WorkspacePathError
-from execbox.kit.files.workspace import _open_dir, _refuse, write_error
+from pydantic import BaseModel, ConfigDict, Field
 
-if TYPE_CHECKING:
-    from execbox.contract.backend import Session
+from execbox.errors import SandboxError, TransferTooLargeError, WorkspacePathError
+from execbox.files.workspace import _open_dir, _refuse, write_error
 
 #: Deepest tree a transfer or listing walks (levels below the path given); deeper is refused.
 MAX_DEPTH = 256
@@ -48,6 +45,41 @@ HELPER_TIMEOUT_S = 120.0
 BYTES_VAR = "CODE_EXEC_MAX_TRANSFER_BYTES"
 FILES_VAR = "CODE_EXEC_MAX_TRANSFER_FILES"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class FileInfo(BaseModel):
+    """One entry of ``list_files``: its path relative to the workspace, its name, type and size in bytes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    name: str
+    type: Literal["file", "directory", "symlink", "other"]
+    size: int = 0
+
+
+class Transfer(BaseModel):
+    """What an upload or download moved, and what it left out (each ``skipped`` entry says why)."""
+
+    files: int = 0
+    directories: int = 0
+    bytes: int = 0
+    skipped: list[str] = Field(default_factory=list)
+
+
+class SandboxShell(Protocol):
+    """What the in-sandbox walkers need of a session: its workspace, its file calls, and a small sh script run
+    through its own exec (every contract Session is one)."""
+
+    workspace: str
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes: ...
+
+    async def write_file(self, path: str, data: bytes) -> None: ...
+
+    async def run_script(self, script: str, *args: str, max_output: int = 1 << 16) -> tuple[int, str, bool]:
+        """(exit code, stdout, whether stdout was cut); a script that overruns HELPER_TIMEOUT_S is a SandboxError."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -484,18 +516,6 @@ exit $rc
 """
 
 
-async def _helper(session: Session, script: str, *args: str, max_output: int = 1 << 16) -> tuple[int, str, bool]:
-    """Run a small sh script inside the sandbox through the session's own exec: (exit code, stdout, cut)."""
-    spec = session.session_spec
-    result = await session.exec(ExecSpec(
-        argv=["/bin/sh", "-c", script, "execbox", *args], env={}, workdir=session.workspace,
-        timeout=HELPER_TIMEOUT_S, max_output_bytes=max_output,
-        network=spec.network if spec else "none", limits=spec.limits if spec else Limits()))
-    if result.timed_out:
-        raise SandboxError(f"a file-transfer helper did not finish within {HELPER_TIMEOUT_S:g}s in the sandbox")
-    return result.exit_code, result.stdout, result.truncated
-
-
 def _helper_failed(rel: str, code: int, stderr_hint: str = "") -> SandboxError:
     if code == 4:
         return WorkspacePathError(f"refused {rel!r}: it is (or passes through) a symlink that leads out of the "
@@ -510,10 +530,10 @@ _RECORD = re.compile(r"([a-zA-Z]) ([0-9]+) (.*)", re.DOTALL)
 _TYPES = {"f": "file", "d": "directory", "l": "symlink"}
 
 
-async def sandbox_list(session: Session, rel: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
+async def sandbox_list(session: SandboxShell, rel: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
     # ~ a record per 4 KiB at most: the output cap bounds what comes back.
     cap = min(64 << 20, max(1 << 16, limits.max_entries * 512))
-    code, out, cut = await _helper(session, _LIST, session.workspace, rel, "1" if recursive else "0", max_output=cap)
+    code, out, cut = await session.run_script(_LIST, session.workspace, rel, "1" if recursive else "0", max_output=cap)
     if code != 0:
         raise _helper_failed(rel, code)
     if cut:
@@ -543,7 +563,7 @@ async def sandbox_list(session: Session, rel: str, *, recursive: bool, limits: T
     return entries
 
 
-async def sandbox_pack(session: Session, rel: str, out: IO[bytes], *, limits: TransferLimits) -> None:
+async def sandbox_pack(session: SandboxShell, rel: str, out: IO[bytes], *, limits: TransferLimits) -> None:
     listing = await sandbox_list(session, rel, recursive=True, limits=limits)
     budget = _Budget(limits, f"{rel or 'the workspace'!r}")
     for entry in listing:
@@ -551,18 +571,18 @@ async def sandbox_pack(session: Session, rel: str, out: IO[bytes], *, limits: Tr
             budget.data(entry.path, entry.size)  # refused from the sizes, before a byte is packed
     name = f".execbox/xfer-{uuid.uuid4().hex[:12]}.tar"
     await session.write_file(name, b"")  # makes .execbox (as the caller sees the workspace)
-    code, _, _ = await _helper(session, _PACK, session.workspace, rel, name, name)
+    code, _, _ = await session.run_script(_PACK, session.workspace, rel, name, name)
     try:
         if code != 0:
             raise _helper_failed(rel, code)
         # Headers and padding: at most ~1.5 KiB per entry with pax names, plus the end blocks.
         data = await session.read_file(name, limits.max_bytes + 2048 * (len(listing) + 8))
     finally:
-        await _helper(session, 'rm -f -- "$1/$2"', session.workspace, name)
+        await session.run_script('rm -f -- "$1/$2"', session.workspace, name)
     out.write(data)
 
 
-async def sandbox_unpack(session: Session, dest: str, archive: IO[bytes], *, limits: TransferLimits) -> None:
+async def sandbox_unpack(session: SandboxShell, dest: str, archive: IO[bytes], *, limits: TransferLimits) -> None:
     name = f".execbox/xfer-{uuid.uuid4().hex[:12]}.tar"
     bound = limits.max_bytes + 2048 * (limits.max_entries + 8)
     data = archive.read(bound + 1)
@@ -570,7 +590,7 @@ async def sandbox_unpack(session: Session, dest: str, archive: IO[bytes], *, lim
         raise TransferTooLargeError(f"refused: the archive for {dest!r} is over {bound} bytes. Raise {BYTES_VAR}, or "
                                     "upload less", env_var=BYTES_VAR)
     await session.write_file(name, data)
-    code, _, _ = await _helper(session, _UNPACK, session.workspace, dest, name)
+    code, _, _ = await session.run_script(_UNPACK, session.workspace, dest, name)
     if code != 0:
         raise _helper_failed(dest, code)
 
@@ -622,98 +642,3 @@ def glob_base(pattern: str) -> str:
             break
         fixed.append(part)
     return "/".join(fixed)
-
-
-# --- what the API does with them -----------------------------------------------------------------------------
-
-
-async def upload_path(session: Session, local: str, remote: str, *, limits: TransferLimits) -> Transfer:
-    """Copy the local file or directory ``local`` to ``remote`` in the workspace ("" = the workspace itself),
-    through a temporary tar on this host. Links in the local tree are copied as links, never followed."""
-    import anyio
-
-    source = os.path.realpath(local)  # the caller named it: a link given as the path itself is followed
-    if not os.path.lexists(source):
-        raise WorkspacePathError(f"no such local file or directory: {local!r}")
-    parent, base = os.path.split(source)
-    prefix = posixpath.basename(remote) if remote else "."
-    with tempfile.TemporaryFile(prefix="execbox-upload-") as tmp:
-        packed = await anyio.to_thread.run_sync(lambda: host_pack(
-            parent or "/", base, tmp, limits=limits, prefix=prefix, what=f"the upload of {local!r}"))
-        tmp.seek(0)
-        placed = await session.upload(remote, tmp, limits=limits)
-    packed.skipped.extend(s for s in placed.skipped if s not in packed.skipped)
-    return packed
-
-
-async def download_path(session: Session, remote: str, local: str, *, limits: TransferLimits) -> Transfer:
-    """Copy ``remote`` ("" = the whole workspace) to the local path ``local``: a directory is made or merged into;
-    a file is written there, or inside ``local`` when that is an existing directory. Symlinks, hard links,
-    devices and FIFOs the code left are not created here: see ``skipped``."""
-    import anyio
-
-    target = os.path.abspath(local)
-    parent, base = os.path.split(target)
-    if not base:
-        raise WorkspacePathError(f"download needs a local path to create or fill, not {local!r}")
-    os.makedirs(parent, exist_ok=True)
-    prefix = posixpath.basename(remote) if remote else "."
-    with tempfile.TemporaryFile(prefix="execbox-download-") as tmp:
-        packed = await session.download(remote, tmp, limits=limits)
-        tmp.seek(0)
-        if os.path.isdir(target) and not os.path.islink(target) and _first_is_file(tmp):
-            parent, base = target, posixpath.basename(remote)  # a file into an existing directory: inside it
-        tmp.seek(0)
-        placed = await anyio.to_thread.run_sync(lambda: host_unpack(
-            parent, base, tmp, limits=limits, prefix=prefix, keep_symlinks=False, workspace=False, shown_as=remote))
-    placed.skipped[:0] = packed.skipped  # what the sandbox side left out (FIFOs, unreadable directories)
-    return placed
-
-
-def _first_is_file(archive: IO[bytes]) -> bool:
-    try:
-        with tarfile.open(fileobj=archive, mode="r|") as tar:
-            first = tar.next()
-            return first is not None and not first.isdir()
-    except tarfile.TarError:
-        return False
-
-
-async def collect(session: Session, patterns: list[str], *, limits: TransferLimits,
-                  max_bytes: int) -> tuple[dict[str, bytes], list[str]]:
-    """The regular files matching ``patterns`` (``glob_regex``), read with the session's own bounded read: at most
-    ``max_bytes`` in all. What is left out (over the cap, a symlink, a missing directory) is said in the notes."""
-    files: dict[str, bytes] = {}
-    notes: list[str] = []
-    regexes = [glob_regex(p) for p in patterns]
-    bases = sorted({glob_base(p) for p in patterns})
-    roots = [b for b in bases if not any(o != b and (o == "" or b.startswith(o + "/")) for o in bases)]
-    seen: list[FileInfo] = []
-    for base in roots:
-        try:
-            seen += await session.list_files(base, recursive=True, limits=limits)
-        except (WorkspacePathError, TransferTooLargeError) as exc:
-            notes.append(f"collect: {base or '.'}: {exc.message}")
-    total = 0
-    for entry in sorted(seen, key=lambda e: e.path):
-        if not any(r.fullmatch(entry.path) for r in regexes):
-            continue
-        if entry.type == "symlink":
-            notes.append(f"collect: {entry.path} is a symlink: not collected")
-            continue
-        if entry.type != "file":
-            continue
-        if total + entry.size > max_bytes:
-            notes.append(f"collect: {entry.path} ({entry.size} bytes) left out: the collected files may hold at most "
-                         f"{max_bytes} bytes in all (CODE_EXEC_MAX_READ_BYTES)")
-            continue
-        try:
-            data = await session.read_file(entry.path, max_bytes - total)
-        except (WorkspacePathError, FileTooLargeError) as exc:
-            notes.append(f"collect: {entry.path} left out: {exc.message}")
-            continue
-        files[entry.path] = data
-        total += len(data)
-    if not files and not notes:
-        notes.append(f"collect: nothing matched {', '.join(patterns)}")
-    return files, notes
