@@ -27,6 +27,7 @@ from _common import median_ms  # bench/_common.py (run from the repo: python ben
 
 from execbox import Runner, Settings
 from execbox.audit import log as audit
+from execbox.config import paths
 
 EXEC_FIELDS = {  # the shape of a real exec record
     "session": "0123456789abcdef", "oneshot": True, "backend": "local_subprocess", "started": audit.now_iso(),
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument("--backend", default="local_subprocess")
     args = parser.parse_args()
 
-    base = audit.state_dir().parent
+    base = paths.state_dir().parent
     base.mkdir(parents=True, exist_ok=True)
     where = Path(tempfile.mkdtemp(prefix="bench-audit-", dir=base))
     try:

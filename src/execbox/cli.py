@@ -21,6 +21,7 @@ import anyio
 import click
 
 from execbox.audit import log as audit_log
+from execbox.config import paths
 from execbox.config.settings import EnvSettings, Settings
 from execbox.contract.backend import bounded
 from execbox.contract.models import NETWORK_MODES, ExecRequest, ExecResult, Language, Mount
@@ -567,7 +568,7 @@ def _audit_source(log: str | None, as_json: bool) -> tuple[Path, bytes | None]:
     except ConfigError as exc:
         _fail(exc, as_json)
     path = log or settings.audit_log
-    if not path or path == audit_log.OFF:
+    if not path or path == paths.OFF:
         _usage("the audit log is off (CODE_EXEC_AUDIT_LOG=off): give --log PATH to read one", as_json)
     return Path(path), key
 

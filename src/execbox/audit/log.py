@@ -41,7 +41,6 @@ import hmac
 import json
 import os
 import re
-import tempfile
 import threading
 import uuid
 import warnings
@@ -54,66 +53,16 @@ from typing import Any, BinaryIO
 import anyio
 import anyio.to_thread
 
+from execbox.config import paths
+from execbox.config.paths import OFF
 from execbox.errors import ConfigError
 
 GENESIS = "0" * 64
-OFF = "off"
 #: A record larger than this is written as a stub holding the SHA-256 of what it would have said.
 MAX_RECORD_BYTES = 1 << 20
 _ROTATED = re.compile(r"\.(\d{12})$")
-# Places a sandbox can see: the system directories bubblewrap binds read-only, the kernel's views.
-EXPOSED_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/sys", "/dev")
-# Every session directory execbox makes under the temporary directory starts with this.
-WORKSPACE_PREFIX = "execbox-"
-
 #: The caller (and its delegation chain) of the execs in this context; the MCP server sets it per request.
 CALLER: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("execbox_audit_caller", default=None)
-
-
-def state_dir() -> Path:
-    """$XDG_STATE_HOME/execbox, else ~/.local/state/execbox."""
-    base = os.environ.get("XDG_STATE_HOME") or ""
-    root = Path(base) if base.startswith("/") else Path(os.path.expanduser("~")) / ".local" / "state"
-    return root / "execbox"
-
-
-def default_path() -> Path:
-    return state_dir() / "audit.jsonl"
-
-
-def resolve_path(value: str | None) -> str:
-    """The log path a CODE_EXEC_AUDIT_LOG value means ("off", or an absolute path), or ConfigError when a
-    sandbox could reach it."""
-    if value is not None and value.strip().lower() == OFF:
-        return OFF
-    path = os.path.abspath(os.path.expanduser(value)) if value and value.strip() else str(default_path())
-    reach = exposed(path)
-    if reach:
-        raise ConfigError(f"CODE_EXEC_AUDIT_LOG={path!r} is {reach}, where a sandbox could read or write it. Put the "
-                          "log in a private directory (the default is $XDG_STATE_HOME/execbox/audit.jsonl), or "
-                          "set it to off", env_var="CODE_EXEC_AUDIT_LOG")
-    return path
-
-
-def exposed(path: str) -> str | None:
-    """Why a sandbox could reach ``path``, or None: under a system directory bubblewrap binds, or inside a
-    session directory (a workspace) execbox made under the temporary directory."""
-    candidates = {os.path.normpath(path)}
-    with contextlib.suppress(OSError, ValueError):
-        candidates.add(os.path.realpath(path))
-    tmp = {os.path.normpath(tempfile.gettempdir())}
-    with contextlib.suppress(OSError, ValueError):
-        tmp.add(os.path.realpath(tempfile.gettempdir()))
-    for p in candidates:
-        for top in EXPOSED_DIRS:
-            if p == top or p.startswith(top + "/"):
-                return f"under {top}"
-        for t in tmp:
-            if p.startswith(t.rstrip("/") + "/"):
-                first = p[len(t.rstrip("/")) + 1:].split("/")[0]
-                if first.startswith(WORKSPACE_PREFIX):
-                    return f"inside a sandbox workspace ({t}/{first})"
-    return None
 
 
 def load_key(key: str | None, key_file: str | os.PathLike[str] | None) -> bytes | None:
@@ -268,7 +217,7 @@ class AuditLog:
         self.failures = [*self.failures[-99:], note]
         warnings.warn(note, RuntimeWarning, stacklevel=3)
         with contextlib.suppress(OSError):
-            where = state_dir()
+            where = paths.state_dir()
             where.mkdir(parents=True, exist_ok=True, mode=0o700)
             line = json.dumps({"ts": now_iso(), "log": str(self.path), "pid": os.getpid(), "note": note}) + "\n"
             fd = os.open(where / FAILURES_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -844,7 +793,7 @@ def health(log: AuditLog) -> dict[str, Any]:
             out["problems"].append(f"the audit log {log.path} cannot be written: {exc.strerror or exc}; runs "
                                    "would carry a note saying they were not recorded. Fix the path or its "
                                    "permissions (CODE_EXEC_AUDIT_LOG)")
-    failures = state_dir() / FAILURES_FILE
+    failures = paths.state_dir() / FAILURES_FILE
     with contextlib.suppress(OSError):
         lines = failures.read_bytes().splitlines()
         if lines:

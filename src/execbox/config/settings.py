@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from execbox.audit.log import resolve_path
+from execbox.config.paths import resolve_path
 from execbox.contract.models import NetworkMode
 from execbox.errors import ConfigError
 from execbox.kit.proxy.secrets import parse_setting

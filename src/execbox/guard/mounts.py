@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from execbox.config import paths
 from execbox.contract.models import Mount
 from execbox.errors import ConfigError, RefusedError, SecretFileError
 from execbox.guard.secrets import _is_env_name, scan_files
@@ -62,12 +63,8 @@ def _home() -> str:
 def execbox_state_dirs(extra: Sequence[str] = ()) -> list[str]:
     """execbox's own places: caches, state, the install directory, and whatever the caller adds (the package
     cache)."""
-    home = _home()
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state")
     install = str(Path(__file__).resolve().parents[1])
-    return [os.path.join(cache, "execbox"), os.path.join(state, "execbox"), "/var/cache/execbox",
-            "/var/lib/execbox", install, *extra]
+    return [*map(str, paths.own_places()), install, *extra]
 
 
 def _inside(path: str, place: str) -> bool:

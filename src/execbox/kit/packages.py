@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from execbox.config import paths
 from execbox.errors import ConfigError, SandboxError
 from execbox.kit.processes import reaped
 
@@ -48,10 +49,7 @@ def default_cache_dir(configured: Path | None = None) -> Path:
     /root is 0700), else $XDG_CACHE_HOME/execbox/pip."""
     if configured is not None:
         return configured
-    if os.geteuid() == 0:
-        return Path("/var/cache/execbox/pip")
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "execbox" / "pip"
+    return paths.cache_dir() / "pip"
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from execbox.config import paths
+
 _MAX_RECORD = 64 << 10
 
 
 def cache_dir() -> str:
     """/var/cache/execbox/probes as root, else $XDG_CACHE_HOME/execbox/probes (the package cache's neighbour)."""
-    if os.geteuid() == 0:
-        return "/var/cache/execbox/probes"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "execbox", "probes")
+    return str(paths.cache_dir() / "probes")
 
 
 def _path(name: str, key: Sequence[object]) -> str:
