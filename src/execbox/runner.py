@@ -60,6 +60,7 @@ from execbox.kit import packages, transfers
 from execbox.kit.proxy import secrets as egress_secrets
 from execbox.policy.env import filter_env
 from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
+from execbox.secrets import egress as egress_given
 from execbox.secrets import values as secrets_inject
 
 if TYPE_CHECKING:
@@ -270,7 +271,7 @@ class AsyncRunner:
         })
         if s.egress_secrets and resolved.network == "proxy":  # CODE_EXEC_EGRESS_SECRETS: the operator's
             resolved = resolved.model_copy(update={"secrets_at_egress": {
-                **egress_secrets.from_setting(s.egress_secrets), **resolved.secrets_at_egress}})
+                **egress_given.from_setting(s.egress_secrets), **resolved.secrets_at_egress}})
         return resolved, dropped, asked.names() | self._operator_limits()
 
     def _operator_limits(self) -> set[str]:
@@ -444,7 +445,7 @@ class AsyncRunner:
                   upload: Uploads | None = None, download: Uploads | None = None,
                   options: Mapping[str, Any] | None = None,
                   secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
-                  secrets_at_egress: egress_secrets.Given | None = None) -> ExecResult:
+                  secrets_at_egress: egress_given.Given | None = None) -> ExecResult:
         """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox. ``on_stdout(text)`` /
         ``on_stderr(text)`` get the output as it arrives (the result is the same as without them). Files: see
         ``execute``; ``mounts`` bind host paths (read-only unless ``Mount(..., writable=True)``); ``collect``
@@ -477,7 +478,7 @@ class AsyncRunner:
                 name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
                 package_cache: bool = False, pip: Sequence[str] | None = None,
                 secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
-                secrets_at_egress: egress_secrets.Given | None = None,
+                secrets_at_egress: egress_given.Given | None = None,
                 **options: Any) -> AsyncSandbox:
         """A persistent sandbox. Keywords beyond these are the backend's own options (its settings_model's fields,
         e.g. ``image=`` for docker), on top of the runner's and the environment's. ``mounts``: host paths bound
@@ -494,7 +495,7 @@ class AsyncRunner:
 
 def _sandbox_secrets(secrets: Mapping[str, Any] | None, *, egress: bool = False) -> dict[str, Any]:
     try:
-        return egress_secrets.check(secrets or {}) if egress else secrets_inject.check_secrets(secrets or {})
+        return egress_given.check(secrets or {}) if egress else secrets_inject.check_secrets(secrets or {})
     except ValueError as exc:
         raise ConfigError(f"invalid {'secrets_at_egress' if egress else 'secrets'}: {exc}") from None
 
@@ -555,7 +556,7 @@ def _request_kw(network: NetworkMode | None = None, timeout: float | None = None
                 limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
                 collect: Sequence[str] | str | None = None,
                 secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
-                secrets_at_egress: egress_secrets.Given | None = None) -> dict[str, Any]:
+                secrets_at_egress: egress_given.Given | None = None) -> dict[str, Any]:
     if env is not None and not isinstance(env, Mapping):
         raise ConfigError(f"invalid env: {type(env).__name__}; give a mapping of names to values")
     if secrets is not None and not isinstance(secrets, Mapping):

@@ -25,6 +25,7 @@ from execbox.kit.proxy import secrets as es
 from execbox.kit.proxy import server as px
 from execbox.kit.proxy.server import EgressProxy, HeadError, ProxyRun, parse_head
 from execbox.policy.egress import EgressPolicy
+from execbox.secrets import egress as egress_given
 from tests.backends.test_secrets_egress import SECRET_HOST, upstream_ca
 
 NAME = "API_KEY"
@@ -193,8 +194,8 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
         allowed = [f"127.0.0.1/32:{server.port}"] + ([f"{SECRET_HOST}:{server.port}"] if allow else [])
         proxy = EgressProxy(EgressPolicy.build(allowed, defaults=False), ca_bundle=ca)
         proxies.append(proxy)
-        destination = f"{SECRET_HOST}:{server.port}" + (es.IN_BODY if body else "")
-        with es.at_egress(es.RunSecrets(es.check({NAME: (destination, VALUE)}))):
+        destination = f"{SECRET_HOST}:{server.port}" + (egress_given.IN_BODY if body else "")
+        with es.at_egress(es.RunSecrets(egress_given.check({NAME: (destination, VALUE)}))):
             run = proxy.start_run()
         return proxy, run, server, run.secrets.secrets[0].placeholder
 
@@ -384,17 +385,17 @@ def test_bodies_carry_the_placeholder_unless_the_secret_opts_in(world: dict[str,
 
 
 def test_the_body_opt_in_is_spelled_on_the_destination() -> None:
-    [(host, port, secret)] = es.check({NAME: ("api.example.com:8443+body", VALUE)}).values()
-    assert (host, port, secret.reveal()) == ("api.example.com", 8443, VALUE) and isinstance(secret, es.InBody)
-    [(_, _, plain)] = es.check({NAME: ("api.example.com", VALUE)}).values()
-    assert not isinstance(plain, es.InBody)
-    assert [s.body for s in es.RunSecrets(es.check({"A": ("a.example+body", VALUE), "B": ("b.example", VALUE)}))
-            .secrets] == [True, False]
-    assert es.parse_setting("K=api.example.com+body") == "K=api.example.com+body"
-    assert es.from_setting(["K=api.example.com+BODY"], {"K": VALUE})["K"][:2] == ("api.example.com", 443)
+    [(host, port, secret)] = egress_given.check({NAME: ("api.example.com:8443+body", VALUE)}).values()
+    assert (host, port, secret.reveal()) == ("api.example.com", 8443, VALUE) and isinstance(secret, egress_given.InBody)
+    [(_, _, plain)] = egress_given.check({NAME: ("api.example.com", VALUE)}).values()
+    assert not isinstance(plain, egress_given.InBody)
+    given = egress_given.check({"A": ("a.example+body", VALUE), "B": ("b.example", VALUE)})
+    assert [s.body for s in es.RunSecrets(given).secrets] == [True, False]
+    assert egress_given.parse_setting("K=api.example.com+body") == "K=api.example.com+body"
+    assert egress_given.from_setting(["K=api.example.com+BODY"], {"K": VALUE})["K"][:2] == ("api.example.com", 443)
     for bad in ("api.example.com+bodies", "+body", "api.example.com:+body"):
         with pytest.raises(ValueError):
-            es.check({NAME: (bad, VALUE)})
+            egress_given.check({NAME: (bad, VALUE)})
 
 
 # --- C: the secret's host needs no allowlist entry of its own --------------------------------------------------

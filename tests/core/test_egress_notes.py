@@ -21,6 +21,7 @@ from execbox.kit.proxy import server as px
 from execbox.kit.proxy.server import EgressProxy, ProxyRun, with_egress
 from execbox.mcp.tools import exec_result
 from execbox.policy.egress import EgressPolicy
+from execbox.secrets import egress as egress_given
 from tests.backends.test_secrets_egress import SECRET_HOST, upstream_ca
 
 
@@ -96,7 +97,8 @@ def test_a_host_certificate_the_proxy_cannot_verify_names_the_ca_bundle(
     monkeypatch.setattr(px, "resolve", resolve)
     proxy = EgressProxy(EgressPolicy.build([f"127.0.0.1/32:{port}"], defaults=False))  # no CODE_EXEC_CA_BUNDLE
     try:
-        with es.at_egress(es.RunSecrets(es.check({"K": (f"{SECRET_HOST}:{port}", "sk-live-0123456789abcdef")}))):
+        given = egress_given.check({"K": (f"{SECRET_HOST}:{port}", "sk-live-0123456789abcdef")})
+        with es.at_egress(es.RunSecrets(given)):
             run = proxy.start_run()
         ctx = ssl.create_default_context(cafile=str(Path(proxy.directory) / es.BUNDLE_FILE))
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:

@@ -20,6 +20,7 @@ from execbox.kit.proxy import secrets as es
 from execbox.kit.proxy import server as px
 from execbox.kit.proxy.server import EgressProxy, HeadError, parse_head
 from execbox.policy.egress import EgressPolicy
+from execbox.secrets import egress as egress_given
 from tests.backends.test_secrets_egress import SECRET_HOST
 from tests.core.test_egress_heads import VALUE, header, through, world
 
@@ -248,7 +249,7 @@ def test_an_intercepted_connection_that_dribbles_its_head_is_cut_with_nothing_se
 def test_a_placeholder_split_by_chunk_framing_is_still_caught_on_plain_http() -> None:
     """The guard looked at the body as it came, framing included, so a placeholder split over two chunks (which the
     upstream joins) went out unseen and the attempt read allowed."""
-    secrets = es.RunSecrets(es.check({"K": ("api.example.com", VALUE)}))
+    secrets = es.RunSecrets(egress_given.check({"K": ("api.example.com", VALUE)}))
     placeholder = secrets.secrets[0].placeholder
     attempt = px._Attempt("elsewhere.example", 80, allowed=True, reason="allowlisted")
     sent: list[bytes] = []
@@ -343,5 +344,5 @@ def test_a_value_a_request_head_cannot_carry_is_refused(value: str) -> None:
     """Swapped into the head, a CR or LF in the value would split it where the code put the placeholder: the proxy
     itself would send the bare LF it refuses from the code."""
     with pytest.raises(ValueError, match="control character"):
-        es.check({"K": ("api.example.com", value)})
-    assert es.check({"K": ("api.example.com", VALUE + "\t+/=é")})["K"][2].reveal().endswith("é")
+        egress_given.check({"K": ("api.example.com", value)})
+    assert egress_given.check({"K": ("api.example.com", VALUE + "\t+/=é")})["K"][2].reveal().endswith("é")

@@ -15,13 +15,14 @@ from hypothesis import strategies as st
 
 from execbox import ConfigError, Settings
 from execbox.kit.proxy import secrets as es
+from execbox.secrets import egress as egress_given
 from execbox.secrets.values import Secret
 
 VALUE = "sk-live-0123456789abcdefABCDEF"
 
 
 def run_secrets(**hosts: str) -> es.RunSecrets:
-    return es.RunSecrets(es.check({name: (host, VALUE + name) for name, host in hosts.items()}))
+    return es.RunSecrets(egress_given.check({name: (host, VALUE + name) for name, host in hosts.items()}))
 
 
 @pytest.mark.parametrize("spec, expected", [
@@ -29,14 +30,14 @@ def run_secrets(**hosts: str) -> es.RunSecrets:
     ("127.0.0.1:9000", ("127.0.0.1", 9000)), ("[::1]:8443", ("::1", 8443)),
 ])
 def test_destinations(spec: str, expected: tuple[str, int]) -> None:
-    assert es.parse_destination(spec) == expected
+    assert egress_given.parse_destination(spec) == expected
 
 
 @pytest.mark.parametrize("spec", ["*.example.com", "https://api.example.com", "user@host", "host:0", "host:x",
                                   "a:b:c", "", "[::1]:abc", "[::1]:", "[::1]x", "host:"])
 def test_destinations_that_are_not_one_host_are_refused(spec: str) -> None:
     with pytest.raises(ValueError):
-        es.parse_destination(spec)
+        egress_given.parse_destination(spec)
 
 
 def test_placeholders_are_random_and_as_long_as_the_value() -> None:
@@ -123,11 +124,11 @@ def test_code_exec_egress_secrets_reads_values_from_execbox_s_environment() -> N
     assert Settings(egress_secrets=["K=api.example.com:8443"]).egress_secrets == ["K=api.example.com:8443"]
     with pytest.raises(ConfigError, match="NAME=host"):
         Settings(egress_secrets=["api.example.com"])
-    given = es.from_setting(["K=api.example.com"], {"K": VALUE})
+    given = egress_given.from_setting(["K=api.example.com"], {"K": VALUE})
     host, port, secret = given["K"]
     assert (host, port, secret.reveal()) == ("api.example.com", 443, VALUE) and isinstance(secret, Secret)
     with pytest.raises(ConfigError, match="CODE_EXEC_EGRESS_SECRETS names K"):
-        es.from_setting(["K=api.example.com"], {})
+        egress_given.from_setting(["K=api.example.com"], {})
 
 
 # --- the intercepted request and response (found attacking: a gzip'd or partial reflection, or a request another

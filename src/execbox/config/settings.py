@@ -18,10 +18,10 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from execbox.config.paths import resolve_path
-from execbox.contract.models import NetworkMode
 from execbox.errors import ConfigError
-from execbox.kit.proxy.secrets import parse_setting
 from execbox.policy.egress import parse_entry
+from execbox.policy.network import NetworkMode
+from execbox.secrets.egress import parse_setting
 
 S = TypeVar("S", bound="EnvSettings")
 

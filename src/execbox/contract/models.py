@@ -11,15 +11,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from execbox.contract.output import BoundedCapture, OnOutput
-from execbox.kit.proxy import secrets as egress_secrets
+from execbox.policy.network import NETWORK_MODES as NETWORK_MODES  # the request model names them
+from execbox.policy.network import NetworkMode as NetworkMode
+from execbox.secrets import egress as egress_given
 from execbox.secrets.values import Secret, check_secrets
 
-NetworkMode = Literal["none", "egress", "proxy", "host"]
 Isolation = Literal["none", "process", "namespace", "container", "gvisor", "microvm", "remote_vm"]
 LimitName = Literal["memory", "cpu", "pids", "disk", "wall_time"]
 Language = Literal["python", "bash"]
 
-NETWORK_MODES: tuple[str, ...] = ("none", "egress", "proxy", "host")
 # Strongest last; auto selection prefers the strongest sandbox that can run here.
 ISOLATION_STRENGTH: dict[str, int] = {
     "none": 0, "process": 1, "namespace": 2, "container": 3, "gvisor": 4, "microvm": 5, "remote_vm": 5,
@@ -171,7 +171,7 @@ class ExecRequest(BaseModel):
     # Declared secrets, name -> value (core.secrets_inject): the command gets them as environment variables (past
     # the env policy), the caller sees ``[secret NAME]`` wherever one would show. Never serialised, never in repr.
     secrets: dict[str, Secret] = Field(default_factory=dict, exclude=True, repr=False)
-    # Secrets at egress, name -> (host, port, value) (core.egress_secrets): the command gets a placeholder, the
+    # Secrets at egress, name -> (host, port, value) (execbox.secrets.egress): the command gets a placeholder, the
     # egress proxy (network mode proxy) puts the value into HTTPS requests to that host only. Never serialised.
     secrets_at_egress: dict[str, tuple[str, int, Secret]] = Field(default_factory=dict, exclude=True, repr=False)
 
@@ -191,7 +191,7 @@ class ExecRequest(BaseModel):
     @field_validator("secrets_at_egress", mode="before")
     @classmethod
     def _secrets_at_egress(cls, given: Any) -> dict[str, tuple[str, int, Secret]]:
-        return egress_secrets.check(given or {})
+        return egress_given.check(given or {})
 
     @model_validator(mode="after")
     def _secrets_not_env(self) -> ExecRequest:
