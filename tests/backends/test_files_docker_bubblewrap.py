@@ -179,7 +179,7 @@ def data_image() -> str:
     _available("docker")
     if not ROOT:
         engine_missing("building an image runs debootstrap, which needs root")
-    from execbox.backends import docker_image
+    from execbox.backends.docker import image as docker_image
 
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
         wheel = build_wheel(Path(tmp))

@@ -43,9 +43,3 @@ Modules: ``settings`` (CODE_EXEC_BWRAP_*), ``filesystem`` (what of the host is b
 ``probe`` (how it found it), ``session`` (the workspace and each exec's sandbox), ``backend`` (check, sessions,
 the mounts, gc).
 """
-
-from execbox.backends.bubblewrap.backend import BubblewrapBackend
-from execbox.backends.bubblewrap.session import BubblewrapSession
-from execbox.backends.bubblewrap.settings import BubblewrapSettings
-
-__all__ = ["BubblewrapBackend", "BubblewrapSession", "BubblewrapSettings"]
