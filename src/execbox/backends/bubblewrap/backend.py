@@ -61,7 +61,6 @@ def _unreachable_by(path: str, identity: tuple[int, int] | None, writable: bool)
     return None if allows(st, need) else f"uid {uid} cannot {'write' if writable else 'read'} {current}"
 
 
-
 class BubblewrapBackend(ExecutionBackend):
     name = "bubblewrap"
     extra = None  # no Python SDK: needs the bwrap binary and libseccomp2 from the OS

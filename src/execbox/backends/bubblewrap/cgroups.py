@@ -243,4 +243,3 @@ def cgroup_sweep_dirs(settings: BubblewrapSettings) -> list[str]:
                 if where and os.path.isdir(where):
                     found.add(where)
     return sorted(found)
-

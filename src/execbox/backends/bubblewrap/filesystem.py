@@ -68,7 +68,6 @@ def _clash(path: str, places: list[str]) -> str | None:
     return None
 
 
-
 def system_binds() -> list[str]:
     args = ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -91,4 +90,3 @@ def masks(bound: list[str]) -> list[str]:
     if any(here == b or here.startswith(b.rstrip("/") + "/") for b in bound):
         return ["--tmpfs", here]
     return []
-

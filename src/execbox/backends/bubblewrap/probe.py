@@ -219,4 +219,3 @@ def _disk_reason(owner: tuple[int, int] | None) -> str:
     finally:
         disk.release_sized(workspace)
         remove_tree(trial)
-

@@ -52,4 +52,3 @@ class HostReport:
             "python3": shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
                        or "missing: apt-get install python3 (dnf install python3)",
         }
-

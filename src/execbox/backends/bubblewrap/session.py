@@ -328,7 +328,6 @@ class BubblewrapSession(Session):
         await anyio.to_thread.run_sync(self.destroy)
 
 
-
 def _sandbox_started(status_file: str) -> bool:
     try:
         with open(status_file) as fh:

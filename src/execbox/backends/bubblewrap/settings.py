@@ -85,4 +85,3 @@ class BubblewrapSettings(BackendSettings):
             return None
         uid, _, gid = self.user.partition(":")
         return int(uid), int(gid)
-
