@@ -25,26 +25,29 @@ import time
 from _common import median_ms  # bench/_common.py (run from the repo: python bench/NAME.py)
 
 from execbox import Limits, Runner, Settings
-from execbox.backends import bubblewrap as bw
+from execbox.backends.bubblewrap.filesystem import WORKSPACE
+from execbox.backends.bubblewrap.report import HostReport
+from execbox.backends.bubblewrap.session import BubblewrapSession
+from execbox.backends.bubblewrap.settings import BubblewrapSettings
 from execbox.contract.backend import SessionSpec
 from execbox.contract.models import ExecSpec
 from execbox.files import disk
 from execbox.runner import run_blocking
 
 
-def bare_bwrap_argv(report: bw.HostReport, workspace: str) -> list[str]:
+def bare_bwrap_argv(report: HostReport, workspace: str) -> list[str]:
     """The backend's bwrap arguments for `true`, run directly (as the caller: no uid drop, no cgroup)."""
-    session = bw.BubblewrapSession.__new__(bw.BubblewrapSession)
+    session = BubblewrapSession.__new__(BubblewrapSession)
     session.report, session.settings, session.root, session.host_workspace = (
-        report, bw.BubblewrapSettings.from_env(), workspace, workspace)
+        report, BubblewrapSettings.from_env(), workspace, workspace)
     session.spec = SessionSpec("none", Limits(), True, 60.0)
     for name in ("passwd", "group", "hosts"):
         open(os.path.join(workspace, name), "w").close()
-    request = ExecSpec(argv=["true"], timeout=10, max_output_bytes=1000, network="none", workdir=bw.WORKSPACE)
+    request = ExecSpec(argv=["true"], timeout=10, max_output_bytes=1000, network="none", workdir=WORKSPACE)
     return [report.bwrap, *session._bwrap_args(request), "--", "true"]
 
 
-def bare_command(report: bw.HostReport, workspace: str) -> list[str]:
+def bare_command(report: HostReport, workspace: str) -> list[str]:
     """bare_bwrap_argv as the backend would run it: as root, dropped to the sandbox user first (never bwrap as
     host root), like the launcher does. Also used by bench_pool.py."""
     argv = bare_bwrap_argv(report, workspace)

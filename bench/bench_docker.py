@@ -27,7 +27,7 @@ from _common import (
 )
 
 from execbox import Runner, Settings
-from execbox.backends import docker_image
+from execbox.backends.docker import image as docker_image
 from execbox.files import disk
 from execbox.testing import PeakRss
 
@@ -35,7 +35,7 @@ from execbox.testing import PeakRss
 def cancel_ms(client) -> float:
     """Cancel a running `sleep` once its container runs; the time until the engine no longer lists it."""
     from execbox import AsyncRunner
-    from execbox.backends.docker import L_OWNER
+    from execbox.backends.docker.session import L_OWNER
     from execbox.kit.ownership import owner_id
 
     def ours(**filters) -> list:

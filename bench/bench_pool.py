@@ -33,7 +33,7 @@ from pathlib import Path
 import anyio
 
 from execbox import AsyncRunner, Runner, Settings
-from execbox.backends import docker_image
+from execbox.backends.docker import image as docker_image
 from execbox.backends.docker.hardening import seccomp_profile
 from execbox.kit.ownership import owner_id
 

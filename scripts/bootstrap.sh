@@ -125,6 +125,6 @@ fi
 if [ $want_image -eq 1 ]; then
     py="${EXECBOX_PYTHON:-$repo_dir/.venv/bin/python}"
     [ -x "$py" ] || die "no Python with execbox at $py; set EXECBOX_PYTHON or create the venv"
-    "$py" -m execbox.backends.docker_image build
+    "$py" -m execbox.backends.docker.image build
 fi
 say "done"

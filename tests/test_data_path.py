@@ -18,7 +18,7 @@ from click.testing import CliRunner
 import execbox
 from execbox import ConfigError, Mount, RefusedError, SecretFileError, TransferTooLargeError, WorkspacePathError
 from execbox.backends.docker import hardening
-from execbox.backends.docker_image import DEFAULT_PACKAGES, DEFAULT_TAG, ImageBuildError, build_image, recipe_hash
+from execbox.backends.docker.image import DEFAULT_PACKAGES, DEFAULT_TAG, ImageBuildError, build_image, recipe_hash
 from execbox.cli import main as cli
 from execbox.files.transfer import TransferLimits, glob_regex, host_list, host_pack, host_unpack
 from execbox.guard.mounts import admit_mounts, admit_upload, mount_problem

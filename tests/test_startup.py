@@ -104,7 +104,7 @@ def test_the_registry_imports_only_the_backend_asked_for() -> None:
     """
     before, after, listed, everything = _fresh(code)  # type: ignore[misc]
     assert before == []
-    assert after == ["docker", "docker_image"]
+    assert after == ["docker"]
     assert listed == BUILTINS
     assert set(BUILTINS) <= set(everything)
 
@@ -283,7 +283,7 @@ def test_the_execbox_script_prints_and_exits_like_the_command(tmp_path: Path) ->
 
 
 def test_a_docker_run_imports_no_other_backend_and_not_paramiko(docker_py: None, tmp_path: Path) -> None:
-    from execbox.backends.docker import connect
+    from execbox.backends.docker.engine import connect
 
     try:
         connect()[0].close()

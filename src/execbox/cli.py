@@ -731,7 +731,7 @@ def image_build(tag: str | None, debs: tuple[str, ...], pip_reqs: tuple[str, ...
     """
     from pathlib import Path
 
-    from execbox.backends import docker_image
+    from execbox.backends.docker import image as docker_image
 
     try:
         result = docker_image.build_image(tag, force=force, packages=docker_image.DEFAULT_PACKAGES + debs,

@@ -17,8 +17,15 @@ from pathlib import Path
 
 import pytest
 
+import execbox
 from execbox import Limits, NotASandboxError, Runner, Settings, WorkspacePathError
-from execbox.backends import bubblewrap as bw
+from execbox.backends.bubblewrap import backend as bwbackend
+from execbox.backends.bubblewrap import cgroups
+from execbox.backends.bubblewrap import session as bwsession
+from execbox.backends.bubblewrap.cgroups import CGROUP_PREFIX, RunCgroup, plan_cgroups
+from execbox.backends.bubblewrap.filesystem import ETC_PIECES, FORBIDDEN, masks
+from execbox.backends.bubblewrap.session import BubblewrapSession
+from execbox.backends.bubblewrap.settings import BubblewrapSettings
 from execbox.contract.models import Capabilities
 from execbox.errors import BackendUnavailableError, UnsupportedPolicyError
 from execbox.plugin import OWNER_FILE, orphaned_dirs, owner_id, owner_tag
@@ -89,7 +96,7 @@ def test_host_sees_an_unprivileged_uid(runner: Runner, caps: Capabilities) -> No
     workspace would then be writable from inside. The launcher drops to CODE_EXEC_BWRAP_USER first."""
     with runner.sandbox("bubblewrap") as sb:
         session = sb.aio._session
-        assert isinstance(session, bw.BubblewrapSession)
+        assert isinstance(session, BubblewrapSession)
         host_file = Path(session.host_workspace) / "hosts-own.txt"
         host_file.write_text("host\n")
         host_file.chmod(0o644)  # owned by the test's own uid (root in CI)
@@ -174,7 +181,7 @@ def test_host_files_and_secrets_are_invisible(runner: Runner, caps: Capabilities
     with tempfile.TemporaryDirectory() as outside:
         marker = Path(outside) / "marker.txt"
         marker.write_text(secret)
-        execbox_dir = str(Path(bw.__file__).resolve().parents[1])
+        execbox_dir = str(Path(execbox.__file__).resolve().parent)
         probe = textwrap.dedent(f"""
             import glob, os
             print("ENV", os.environ.get("EXECBOX_TEST_HOST_SECRET"))
@@ -221,7 +228,7 @@ def test_planted_symlink_to_a_host_secret_is_refused(runner: Runner, caps: Capab
 def test_tls_gets_the_ca_certificates_but_no_private_keys(runner: Runner, caps: Capabilities) -> None:
     """/etc/ssl/private (root:ssl-cert 0710) must not be bound: a non-root caller in ssl-cert keeps that
     group inside an unprivileged bwrap. The CA bundle must be there, or TLS clients fail."""
-    for piece in bw.ETC_PIECES:
+    for piece in ETC_PIECES:
         for private in ("ssl/private", "pki/tls/private", "pki/tls/misc"):
             assert not private.startswith(piece + "/") and private != piece, f"/etc/{piece} exposes /etc/{private}"
     probe = ("import os, ssl\n"
@@ -270,7 +277,7 @@ def test_seccomp_blocks_what_sandboxed_code_has_no_business_with(runner: Runner,
 
 
 def test_filter_denies_the_listed_syscalls() -> None:
-    from execbox.backends import bubblewrap_seccomp as sc
+    from execbox.backends.bubblewrap import seccomp as sc
     from execbox.plugin import seccomp_policy as policy
 
     try:
@@ -401,7 +408,7 @@ def test_setsid_grandchild_dies_at_the_deadline_and_nothing_survives(runner: Run
 def test_session_persists_files_and_goes_away(runner: Runner, caps: Capabilities) -> None:
     with runner.sandbox("bubblewrap") as sb:
         session = sb.aio._session
-        assert isinstance(session, bw.BubblewrapSession)
+        assert isinstance(session, BubblewrapSession)
         root = session.root
         sb.exec("mkdir -p lib && echo 'VALUE = 42' > lib/mod.py && chmod 000 lib")
         assert sb.exec("chmod 755 lib && PYTHONPATH=lib python3 -c 'import mod; print(mod.VALUE)'").stdout == "42\n"
@@ -474,7 +481,7 @@ def test_gc_takes_only_real_directories_of_its_own_user(scratch_tmp: Path) -> No
     alien.mkdir()
     if ROOT:
         os.chown(alien, 65534, 65534)
-    removed = bw._gc([])
+    removed = bwbackend._gc([])
     assert removed == [str(stale)] and not stale.exists()
     assert stat_mode(scratch_tmp) == 0o1777, "gc changed the mode of the temp directory"
     assert stat_mode(victim) == 0o755 and (victim / "keep.txt").read_text() == "keep"
@@ -488,26 +495,26 @@ def test_gc_takes_only_cgroups_of_its_own_user_whose_named_owner_is_gone(scratch
     parent = scratch_tmp / "cgroup-parent"
     parent.mkdir()
     pid = dead_pid()
-    stale = parent / f"{bw.CGROUP_PREFIX}{pid}-1-stale"
+    stale = parent / f"{CGROUP_PREFIX}{pid}-1-stale"
     stale.mkdir()
-    live = parent / f"{bw.CGROUP_PREFIX}{owner_tag()}-live"
+    live = parent / f"{CGROUP_PREFIX}{owner_tag()}-live"
     live.mkdir()
-    target = scratch_tmp / f"{bw.CGROUP_PREFIX}{pid}-target"
+    target = scratch_tmp / f"{CGROUP_PREFIX}{pid}-target"
     target.mkdir()
-    link = parent / f"{bw.CGROUP_PREFIX}{pid}-link"
+    link = parent / f"{CGROUP_PREFIX}{pid}-link"
     link.symlink_to(target)
-    alien = parent / f"{bw.CGROUP_PREFIX}{pid}-alien"
+    alien = parent / f"{CGROUP_PREFIX}{pid}-alien"
     alien.mkdir()
     if ROOT:
         os.chown(alien, 65534, 65534)
     # A file called "owner" that names a live owner does not keep a cgroup: only its name counts.
-    claimed = parent / f"{bw.CGROUP_PREFIX}{pid}-claimed"
+    claimed = parent / f"{CGROUP_PREFIX}{pid}-claimed"
     claimed.mkdir()
     (claimed / OWNER_FILE).write_text(owner_id() + "\n")
-    assert str(claimed) not in orphaned_dirs(bw.CGROUP_PREFIX, str(parent))
-    assert str(claimed) in orphaned_dirs(bw.CGROUP_PREFIX, str(parent), owner_file=False)
+    assert str(claimed) not in orphaned_dirs(CGROUP_PREFIX, str(parent))
+    assert str(claimed) in orphaned_dirs(CGROUP_PREFIX, str(parent), owner_file=False)
     (claimed / OWNER_FILE).unlink()
-    removed = bw._gc([str(parent)])
+    removed = bwbackend._gc([str(parent)])
     assert sorted(removed) == sorted([str(stale), str(claimed)]) and not stale.exists() and not claimed.exists()
     assert live.is_dir() and link.is_symlink() and target.is_dir()
     assert alien.exists() == ROOT  # as root it belongs to uid 65534: not gc's to remove
@@ -527,14 +534,14 @@ def test_cancelled_open_session_leaves_no_directory(runner: Runner, caps: Capabi
 
     backend = runner.aio.backend("bubblewrap")
     started, release = threading.Event(), threading.Event()
-    real = bw.bubblewrap_seccomp.compiled_filter
+    real = bwsession.compiled_filter
 
     def slow() -> bytes:  # holds the thread once the directory exists
         started.set()
         release.wait(30)
         return real()
 
-    monkeypatch.setattr(bw.bubblewrap_seccomp, "compiled_filter", slow)
+    monkeypatch.setattr(bwsession, "compiled_filter", slow)
 
     async def scenario() -> None:
         task = asyncio.ensure_future(backend.open_session(SessionSpec("none", Limits(), False, 60.0)))
@@ -569,7 +576,7 @@ def test_root_or_garbage_host_user_is_a_config_error(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setenv("CODE_EXEC_BWRAP_USER", value)
     with pytest.raises(ConfigError, match="CODE_EXEC_BWRAP_USER"):
-        bw.BubblewrapSettings.from_env()
+        BubblewrapSettings.from_env()
 
 
 @pytest.mark.parametrize("path", ["/", "/home/me", "/root", "/run/docker.sock", "/var", "/etc", "relative"])
@@ -578,7 +585,7 @@ def test_extra_binds_cannot_expose_host_secrets(monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setenv("CODE_EXEC_BWRAP_RO_BINDS", path)
     with pytest.raises(ConfigError, match="CODE_EXEC_BWRAP_RO_BINDS"):
-        bw.BubblewrapSettings.from_env()
+        BubblewrapSettings.from_env()
 
 
 def test_extra_read_only_bind_is_visible_and_read_only(monkeypatch: pytest.MonkeyPatch, caps: Capabilities) -> None:
@@ -611,13 +618,13 @@ def test_cgroup_v2_plan_and_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     parent.mkdir()
     (parent / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     (parent / "cgroup.subtree_control").write_text("\n")
-    monkeypatch.setattr(bw, "_mounts", lambda: [(str(tmp_path), "/", "cgroup2", {"rw"})])
-    monkeypatch.setattr(bw, "_own_cgroups", lambda: {"": "/execbox.slice"})
-    plan, reason = bw.plan_cgroups(bw.BubblewrapSettings.from_env())
+    monkeypatch.setattr(cgroups, "_mounts", lambda: [(str(tmp_path), "/", "cgroup2", {"rw"})])
+    monkeypatch.setattr(cgroups, "_own_cgroups", lambda: {"": "/execbox.slice"})
+    plan, reason = plan_cgroups(BubblewrapSettings.from_env())
     assert plan is not None, reason
     assert (plan.version, plan.limits) == (2, frozenset({"memory", "pids", "cpu"}))
     assert (parent / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
-    run = bw.RunCgroup.create(plan, Limits(memory_mb=100, pids=7, cpus=1.5))
+    run = RunCgroup.create(plan, Limits(memory_mb=100, pids=7, cpus=1.5))
     child = Path(run.dirs["memory"])
     assert child.parent == parent and child.name.startswith(f"execbox-{os.getpid()}-")
     assert (child / "memory.max").read_text() == str(100 << 20)
@@ -631,20 +638,20 @@ def test_cgroup_v2_plan_and_limits(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_cgroup_v2_busy_parent_is_reported_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "cgroup.controllers").write_text("memory pids\n")
     (tmp_path / "cgroup.subtree_control").mkdir()  # writing it fails, as EBUSY would on a real parent
-    monkeypatch.setattr(bw, "_mounts", lambda: [(str(tmp_path), "/", "cgroup2", {"rw"})])
-    monkeypatch.setattr(bw, "_own_cgroups", lambda: {"": "/"})
-    plan, reason = bw.plan_cgroups(bw.BubblewrapSettings.from_env())
+    monkeypatch.setattr(cgroups, "_mounts", lambda: [(str(tmp_path), "/", "cgroup2", {"rw"})])
+    monkeypatch.setattr(cgroups, "_own_cgroups", lambda: {"": "/"})
+    plan, reason = plan_cgroups(BubblewrapSettings.from_env())
     assert plan is None and "CODE_EXEC_BWRAP_CGROUP_PARENT" in reason
 
 
 def test_execbox_install_directory_is_masked_when_a_bind_contains_it(monkeypatch: pytest.MonkeyPatch,
                                                                      caps: Capabilities) -> None:
     """execbox installed under /usr (pip as root) would be visible through the /usr bind: it is covered."""
-    package = Path(bw.__file__).resolve().parents[1]
-    if any(str(package).startswith(bad + "/") for bad in bw.FORBIDDEN if bad != "/"):
-        pytest.skip(f"execbox is installed under a forbidden path ({package}); /usr masking is covered by _masks")
+    package = Path(execbox.__file__).resolve().parent
+    if any(str(package).startswith(bad + "/") for bad in FORBIDDEN if bad != "/"):
+        pytest.skip(f"execbox is installed under a forbidden path ({package}); /usr masking is covered by masks")
     monkeypatch.setenv("CODE_EXEC_BWRAP_RO_BINDS", str(package.parent))
     code, out, _ = sh(Runner(Settings.from_env()), f"ls -A {package.parent}; echo ---; ls -A {package}")
     before, after = out.split("---\n")
     assert "execbox" in before.split() and after.strip() == "", out
-    assert bw._masks(["/usr"]) == ([] if not str(package).startswith("/usr/") else ["--tmpfs", str(package)])
+    assert masks(["/usr"]) == ([] if not str(package).startswith("/usr/") else ["--tmpfs", str(package)])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from execbox import Limits, Runner, Settings
-from execbox.backends import bubblewrap as bw
+from execbox.backends.bubblewrap.session import BubblewrapSession
 from execbox.contract.models import Capabilities
 from execbox.errors import BackendUnavailableError, SandboxError, UnsupportedPolicyError
 from execbox.files import disk
@@ -78,7 +78,7 @@ def test_writing_past_the_limit_fails_with_enospc_and_the_host_grows_by_the_limi
     require_disk(runner)
     with runner.sandbox("bubblewrap") as sb:
         session = sb.aio._session
-        assert isinstance(session, bw.BubblewrapSession)
+        assert isinstance(session, BubblewrapSession)
         workspace = session.host_workspace
         result = sb.run_code(WRITE_PAST, timeout=60)
         assert result.stdout.strip() == "errno ENOSPC", result
@@ -118,7 +118,7 @@ def test_a_sized_workspace_left_by_a_killed_caller_is_released_by_gc(scratch: Pa
 def test_without_a_sized_workspace_the_limit_is_refused_when_demanded(monkeypatch: pytest.MonkeyPatch,
                                                                       scratch: Path) -> None:
     """What a host without root (or loop devices) gets: no disk claim, and a demand for it refused."""
-    monkeypatch.setattr(bw.disk, "unavailable_reason", lambda: "a size-limited workspace needs root")
+    monkeypatch.setattr(disk, "unavailable_reason", lambda: "a size-limited workspace needs root")
     monkeypatch.setenv("CODE_EXEC_BWRAP_TMPFS_MB", "511")  # another configuration: probed afresh
     runner = Runner(Settings(backend="bubblewrap"))
     caps = checked(runner)
@@ -167,7 +167,7 @@ def test_a_sandboxs_host_workspace_is_mounted_when_it_opens(scratch: Path, slow_
     require_disk(runner)
     with runner.sandbox("bubblewrap") as sb:
         session = sb.aio._session
-        assert isinstance(session, bw.BubblewrapSession)
+        assert isinstance(session, BubblewrapSession)
         assert disk.is_mounted(session.host_workspace)
 
 

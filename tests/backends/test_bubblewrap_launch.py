@@ -1,4 +1,4 @@
-"""The bubblewrap launcher (_bwrap_launch.py: a shell watcher and setpriv in front of bwrap): what it
+"""The bubblewrap launcher (bubblewrap/launcher.py: a shell watcher and setpriv in front of bwrap): what it
 guarantees on its own paths. The killed-caller tests (test_bubblewrap_orphans.py) and the conformance kit
 (test_bubblewrap.py) run every exec through it too; these pin the parts they cannot see."""
 
@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from execbox import Limits, Runner, Settings
-from execbox.backends import _bwrap_launch as launch
-from execbox.backends import bubblewrap as bw
+from execbox.backends.bubblewrap import cgroups, probe
+from execbox.backends.bubblewrap import launcher as launch
+from execbox.backends.bubblewrap.cgroups import CGROUP_PREFIX, RunCgroup
+from execbox.backends.bubblewrap.report import HostReport
+from execbox.backends.bubblewrap.session import FILE_SIZE_LIMIT
 from execbox.errors import BackendUnavailableError
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
@@ -26,7 +29,7 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def report() -> bw.HostReport:
+def report() -> HostReport:
     runner = Runner(Settings.from_env(backend="bubblewrap"))
     try:
         run_blocking(runner.aio.backend("bubblewrap").check)
@@ -37,13 +40,13 @@ def report() -> bw.HostReport:
     return found
 
 
-def sh_functions(report: bw.HostReport, call: str, *args: str) -> subprocess.CompletedProcess[str]:
+def sh_functions(report: HostReport, call: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run one of the watcher's shell functions with the shell the launcher uses."""
     return subprocess.run([report.tools["sh"], "-c", launch.FUNCTIONS + call, "sh", *args], capture_output=True,
                           text=True, timeout=30)
 
 
-def test_a_watcher_whose_caller_is_gone_starts_nothing(report: bw.HostReport, tmp_path: Path) -> None:
+def test_a_watcher_whose_caller_is_gone_starts_nothing(report: HostReport, tmp_path: Path) -> None:
     """A caller that died before the watcher asked for its parent-death signal: nothing may start, since
     nothing would ever kill it."""
     for name in ("args", "bpf"):
@@ -58,7 +61,7 @@ def test_a_watcher_whose_caller_is_gone_starts_nothing(report: bw.HostReport, tm
     assert not witness.exists() and not (tmp_path / "status").exists()
 
 
-def test_a_watcher_outside_its_own_process_group_refuses(report: bw.HostReport, tmp_path: Path) -> None:
+def test_a_watcher_outside_its_own_process_group_refuses(report: HostReport, tmp_path: Path) -> None:
     """The watcher SIGTERMs its process group on the way out: started inside its caller's group it would hit the
     caller, so it refuses to start at all."""
     argv = launch.launch_argv(tools=report.tools, caller=os.getpid(), bwrap="/bin/true", args_file="/dev/null",
@@ -69,7 +72,7 @@ def test_a_watcher_outside_its_own_process_group_refuses(report: bw.HostReport, 
     assert "must lead its own process group" in done.stderr
 
 
-def test_the_last_step_starts_bwrap_only_under_its_watcher_and_through_the_gate(report: bw.HostReport) -> None:
+def test_the_last_step_starts_bwrap_only_under_its_watcher_and_through_the_gate(report: HostReport) -> None:
     check = [report.tools["sh"], "-c", launch.CHECK, "check", "/bin/sh", "-c", "echo started; cat"]
     watched = {"EXECBOX_BWRAP_WATCHER": str(os.getpid())}
 
@@ -86,7 +89,7 @@ def test_the_last_step_starts_bwrap_only_under_its_watcher_and_through_the_gate(
         assert shut.returncode == launch.EXIT_LAUNCH_FAILED and not shut.stdout, gate
 
 
-def test_the_watcher_reads_a_process_whose_name_mimics_stat_fields(report: bw.HostReport, tmp_path: Path) -> None:
+def test_the_watcher_reads_a_process_whose_name_mimics_stat_fields(report: HostReport, tmp_path: Path) -> None:
     """A process name is the code's choice (up to 15 bytes, spaces and parentheses included): the watcher must
     still read the real parent, or it would kill the wrong process or miss the right one."""
     sleeper = tmp_path / "x) S 1 1 1 ("
@@ -102,7 +105,7 @@ def test_the_watcher_reads_a_process_whose_name_mimics_stat_fields(report: bw.Ho
         child.wait()
 
 
-def test_both_ways_of_listing_children_agree(report: bw.HostReport) -> None:
+def test_both_ways_of_listing_children_agree(report: HostReport) -> None:
     """Without CONFIG_PROC_CHILDREN the watcher scans every process's parent: it must find what the kernel's
     list holds, zombies included."""
     # sh becomes a sleep that never reaps: the `true` stays its zombie child
@@ -119,7 +122,7 @@ def test_both_ways_of_listing_children_agree(report: bw.HostReport) -> None:
         parent.wait()
 
 
-def test_the_sandbox_runs_in_its_cgroup_with_the_pids_limit_and_the_watcher_does_not(report: bw.HostReport) -> None:
+def test_the_sandbox_runs_in_its_cgroup_with_the_pids_limit_and_the_watcher_does_not(report: HostReport) -> None:
     """The launcher moves bwrap (and so the whole sandbox) into the run's cgroup before bwrap starts; the watcher
     stays outside it (it must survive whatever the code does to its cgroup)."""
     if report.cgroup is None or "pids" not in report.cgroup.parents:
@@ -135,7 +138,7 @@ def test_the_sandbox_runs_in_its_cgroup_with_the_pids_limit_and_the_watcher_does
         assert _wait(lambda: bool(_with_arg(marker)) or bool(done), timeout=30), "the sandbox never started"
         (sandboxed,) = _with_arg(marker)
         path = _cgroup_dir(sandboxed, "pids")
-        assert os.path.basename(path).startswith(bw.CGROUP_PREFIX), path
+        assert os.path.basename(path).startswith(CGROUP_PREFIX), path
         assert Path(path, "pids.max").read_text().strip() == "37"
         for controller in report.cgroup.parents:  # v1: each hierarchy joined on its own (through tasks)
             assert os.path.basename(_cgroup_dir(sandboxed, controller)) == os.path.basename(path), controller
@@ -202,15 +205,15 @@ def _cgroup_dir(pid: int, controller: str) -> str:
         for line in fh:
             _, controllers, path = line.rstrip("\n").split(":", 2)
             if controller in controllers.split(",") or not controllers:
-                for mount, root, fstype, opts in bw._mounts():
+                for mount, root, fstype, opts in cgroups._mounts():
                     if (fstype == "cgroup" and controller in opts) or (fstype == "cgroup2" and not controllers):
-                        found = bw._under(mount, root, path)
+                        found = cgroups._under(mount, root, path)
                         if found:
                             return found
     raise AssertionError(f"no {controller} cgroup for {pid}")
 
 
-def test_the_watcher_kills_what_is_left_in_the_runs_cgroup(report: bw.HostReport, tmp_path: Path) -> None:
+def test_the_watcher_kills_what_is_left_in_the_runs_cgroup(report: HostReport, tmp_path: Path) -> None:
     """Found reviewing (1 caller kill in ~150 during start-up): a monitor stopped inside clone() made bwrap's pid 1
     after its children were listed, and it outlived everything. The watcher now waits for the stop, and kills
     whatever is still in the run's cgroups: here a process that left both the monitor's children and the watcher's
@@ -223,7 +226,7 @@ def test_the_watcher_kills_what_is_left_in_the_runs_cgroup(report: bw.HostReport
     fake_bwrap.chmod(0o755)
     for name in ("args", "bpf"):
         (tmp_path / name).write_bytes(b"")
-    cgroup = bw.RunCgroup.create(report.cgroup, Limits(pids=64))
+    cgroup = RunCgroup.create(report.cgroup, Limits(pids=64))
     argv = launch.launch_argv(tools=report.tools, caller=os.getpid(), bwrap=str(fake_bwrap),
                               args_file=str(tmp_path / "args"), seccomp_file=str(tmp_path / "bpf"),
                               status_file=str(tmp_path / "status"), rlimits={"c": 0},
@@ -250,18 +253,18 @@ def test_the_watcher_kills_what_is_left_in_the_runs_cgroup(report: bw.HostReport
         cgroup.remove()
 
 
-def test_the_run_gets_its_rlimits_soft_and_hard_in_bytes(report: bw.HostReport) -> None:
+def test_the_run_gets_its_rlimits_soft_and_hard_in_bytes(report: HostReport) -> None:
     """The launcher sets them with its shell's ulimit, in the shell's units: the kernel must see the bytes meant."""
     with Runner(Settings.from_env(backend="bubblewrap")) as runner:
         result = runner.run(["cat", "/proc/self/limits"], timeout=10)
     rows = {line[:26].strip(): line[26:].split()[:2] for line in result.stdout.splitlines()}
-    assert rows["Max file size"] == [str(bw.FILE_SIZE_LIMIT)] * 2, result.stdout
+    assert rows["Max file size"] == [str(FILE_SIZE_LIMIT)] * 2, result.stdout
     assert rows["Max core file size"] == ["0", "0"] and rows["Max cpu time"] == ["11", "11"], result.stdout
 
 
-def test_a_shell_whose_ulimit_counts_other_units_is_refused(report: bw.HostReport) -> None:
-    assert run_blocking(lambda: bw._ulimit_units_wrong(report.tools["sh"])) == ""
+def test_a_shell_whose_ulimit_counts_other_units_is_refused(report: HostReport) -> None:
+    assert run_blocking(lambda: probe._ulimit_units_wrong(report.tools["sh"])) == ""
     bash = shutil.which("bash")
     assert bash is not None, "bash is part of every Debian system"
     # bash outside POSIX mode (not started as sh) counts -c and -f in KiB, not 512-byte blocks
-    assert "ulimit -c 3 gave ['3072', '3072']" in run_blocking(lambda: bw._ulimit_units_wrong(bash))
+    assert "ulimit -c 3 gave ['3072', '3072']" in run_blocking(lambda: probe._ulimit_units_wrong(bash))

@@ -26,7 +26,9 @@ from pathlib import Path
 import pytest
 
 from execbox import Runner, Settings
-from execbox.backends import bubblewrap as bw
+from execbox.backends.bubblewrap import cgroups
+from execbox.backends.bubblewrap.cgroups import plan_cgroups, remove_cgroup
+from execbox.backends.bubblewrap.settings import BubblewrapSettings
 from execbox.errors import BackendUnavailableError
 from execbox.files import disk
 from execbox.runner import run_blocking
@@ -116,11 +118,11 @@ def place(monkeypatch: pytest.MonkeyPatch) -> Iterator[Place]:
     tmp.chmod(0o1777)
     parent, dirs = "", []
     with contextlib.suppress(OSError):
-        own = bw._own_cgroups()
+        own = cgroups._own_cgroups()
         base = own.get("memory", own.get(""))
         if base is not None:
             parent = f"{base.rstrip('/')}/execbox-test-{uuid.uuid4().hex[:8]}"
-            plan, _ = bw.plan_cgroups(bw.BubblewrapSettings(cgroup_parent=parent))
+            plan, _ = plan_cgroups(BubblewrapSettings(cgroup_parent=parent))
             dirs = sorted(set(plan.parents.values())) if plan else []
     if not dirs:
         parent = ""  # no cgroups for execbox here: only the directory is left behind
@@ -131,8 +133,8 @@ def place(monkeypatch: pytest.MonkeyPatch) -> Iterator[Place]:
     for d in dirs:
         for name in os.listdir(d):
             if name.startswith("execbox-"):
-                bw._remove_cgroup(os.path.join(d, name))
-        bw._remove_cgroup(d)
+                remove_cgroup(os.path.join(d, name))
+        remove_cgroup(d)
     for root in tmp.glob("execbox-bwrap-*"):  # what a failed test left: a mounted workspace blocks removal
         disk.release_sized(str(root / "workspace"))
     shutil.rmtree(tmp, ignore_errors=True)

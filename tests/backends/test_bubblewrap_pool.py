@@ -15,7 +15,8 @@ import psutil
 import pytest
 
 from execbox import Runner, Settings
-from execbox.backends import bubblewrap as bw
+from execbox.backends.bubblewrap.session import SESSION_PREFIX
+from execbox.plugin import owner_tag
 from tests.backends.test_bubblewrap import caps, runner, sandbox_processes  # noqa: F401 - fixtures
 from tests.support.pool import wait_ready
 
@@ -33,7 +34,7 @@ def pooled(**kw: Any) -> Runner:
 
 def session_processes() -> list[int]:
     """Host processes of any bubblewrap session of this test process (their command lines name its directory)."""
-    return sandbox_processes(f"{bw.SESSION_PREFIX}{bw.owner_tag()}")
+    return sandbox_processes(f"{SESSION_PREFIX}{owner_tag()}")
 
 
 def test_a_pooled_run_is_armed_and_indistinguishable_from_a_fresh_one(caps: Any) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from execbox import Runner, Settings
-from execbox.backends import bubblewrap as bw
+from execbox.backends.bubblewrap.filesystem import unsafe_bind
+from execbox.backends.bubblewrap.settings import BubblewrapSettings
 from execbox.errors import BackendUnavailableError, ConfigError
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
@@ -52,7 +53,7 @@ def test_bad_values_are_config_errors_naming_the_variable(monkeypatch: pytest.Mo
                                                           value: str) -> None:
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError) as info:
-        bw.BubblewrapSettings()
+        BubblewrapSettings()
     assert info.value.env_var == variable and variable in str(info.value)
 
 
@@ -64,7 +65,7 @@ def test_bad_values_are_config_errors_naming_the_variable(monkeypatch: pytest.Mo
 ], ids=["ro_binds", "path", "cgroup_parent", "user"])
 def test_nul_bytes_given_in_code_are_config_errors(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as info:
-        bw.BubblewrapSettings(**{field: value})
+        BubblewrapSettings(**{field: value})
     assert info.value.env_var and info.value.env_var.startswith("CODE_EXEC_BWRAP_")
 
 
@@ -87,21 +88,21 @@ def test_session_temp_dir_and_home_cannot_be_bound(monkeypatch: pytest.MonkeyPat
     temp, home, other = outside_dir / "sessions", outside_dir / "home-of-caller", outside_dir / "other"
     for path in (temp, home / "data", other):
         path.mkdir(parents=True)
-    assert bw.unsafe_bind(str(temp)) is None and bw.unsafe_bind(str(home / "data")) is None  # not yet special
+    assert unsafe_bind(str(temp)) is None and unsafe_bind(str(home / "data")) is None  # not yet special
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     monkeypatch.setenv("HOME", str(home))
-    assert bw.unsafe_bind(str(temp)) and bw.unsafe_bind(str(outside_dir)) and bw.unsafe_bind(str(home / "data"))
-    assert bw.unsafe_bind(str(other)) is None
+    assert unsafe_bind(str(temp)) and unsafe_bind(str(outside_dir)) and unsafe_bind(str(home / "data"))
+    assert unsafe_bind(str(other)) is None
     monkeypatch.setenv("CODE_EXEC_BWRAP_RO_BINDS", str(temp))
     with pytest.raises(ConfigError, match="CODE_EXEC_BWRAP_RO_BINDS"):
-        bw.BubblewrapSettings()
+        BubblewrapSettings()
 
 
 def test_a_symlink_to_a_secret_place_is_refused(monkeypatch: pytest.MonkeyPatch, outside_dir: Path) -> None:
     (outside_dir / "etc").symlink_to("/etc")
     monkeypatch.setenv("CODE_EXEC_BWRAP_RO_BINDS", str(outside_dir / "etc"))
     with pytest.raises(ConfigError, match="CODE_EXEC_BWRAP_RO_BINDS"):
-        bw.BubblewrapSettings()
+        BubblewrapSettings()
 
 
 def test_a_bind_that_becomes_a_symlink_later_is_refused_at_exec(monkeypatch: pytest.MonkeyPatch,

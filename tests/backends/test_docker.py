@@ -31,9 +31,9 @@ from execbox import (
     Settings,
     WorkspacePathError,
 )
-from execbox.backends import docker_image
 from execbox.backends.docker import backend as db
 from execbox.backends.docker import engine as de
+from execbox.backends.docker import image as docker_image
 from execbox.backends.docker import session as ds
 from execbox.kit.ownership import owner_id
 from execbox.runner import run_blocking

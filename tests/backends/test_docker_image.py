@@ -1,4 +1,4 @@
-"""``execbox image build --requirements FILE`` (backends.docker_image): the file is read and checked line by
+"""``execbox image build --requirements FILE`` (backends.docker.image): the file is read and checked line by
 line before anything else happens; a line that would make the host's pip build or run code is refused, and
 the code it names never runs. No engine needed: the refusal comes before the engine is asked anything."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from execbox.backends import docker_image
-from execbox.backends.docker_image import ImageBuildError, build_image
+from execbox.backends.docker import image as docker_image
+from execbox.backends.docker.image import ImageBuildError, build_image
 from execbox.kit import packages
 
 

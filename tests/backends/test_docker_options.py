@@ -12,7 +12,7 @@ import pytest
 
 import execbox
 from execbox import ConfigError, Runner, Settings
-from execbox.backends import docker_image
+from execbox.backends.docker import image as docker_image
 from tests.backends.test_docker import engine  # noqa: F401  (the real engine, image built when missing)
 
 pytestmark = pytest.mark.engine

@@ -17,10 +17,10 @@ import anyio
 import pytest
 
 from execbox import Limits, Settings
-from execbox.backends import docker_image as di
 from execbox.backends.docker import backend as db
 from execbox.backends.docker import engine, stream
 from execbox.backends.docker import hardening as h
+from execbox.backends.docker import image as di
 from execbox.backends.docker import session as ds
 from execbox.contract.backend import SessionSpec
 from execbox.contract.output import BoundedCapture

@@ -179,7 +179,7 @@ def data_image() -> str:
     _available("docker")
     if not ROOT:
         engine_missing("building an image runs debootstrap, which needs root")
-    from execbox.backends import docker_image
+    from execbox.backends.docker import image as docker_image
 
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
         wheel = build_wheel(Path(tmp))
@@ -258,17 +258,18 @@ def test_a_host_venv_bound_read_only_into_bubblewrap(shared_dir: Path, monkeypat
 @pytest.mark.parametrize("path", ["/", "/home", "/root", "/run", "/var/run", "/proc", "/sys", "/dev", "/boot", "/etc",
                                   "/var", "/tmp", "/workspace", "/var/tmp", "/usr/..", "/etc/ssl/certs"])
 def test_bwrap_ro_binds_refuses_what_the_readme_says(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from execbox.backends import bubblewrap as bw
+    from execbox.backends.bubblewrap.filesystem import FORBIDDEN, unsafe_bind
+    from execbox.backends.bubblewrap.settings import BubblewrapSettings
 
     readme = " ".join(Path(__file__).resolve().parents[2].joinpath("README.md").read_text().split())
-    listed = ", ".join(f"`{p}`" for p in bw.FORBIDDEN)  # the README's list is the code's list, in its order
+    listed = ", ".join(f"`{p}`" for p in FORBIDDEN)  # the README's list is the code's list, in its order
     assert f"holds any of {listed}, the temp directory and your home" in readme
     if not os.path.lexists(path) and path != "/workspace":
         pytest.skip(f"{path} does not exist here")
-    assert bw.unsafe_bind(path) is not None
+    assert unsafe_bind(path) is not None
     monkeypatch.setenv("CODE_EXEC_BWRAP_RO_BINDS", path)
     with pytest.raises(execbox.ConfigError, match="CODE_EXEC_BWRAP_RO_BINDS"):
-        bw.BubblewrapSettings()
+        BubblewrapSettings()
 
 
 # --- the CLI -----------------------------------------------------------------------------------------------

@@ -315,7 +315,7 @@ def test_other_network_modes_have_no_proxy() -> None:
 
 def test_an_image_without_python3_is_refused_with_the_reason() -> None:
     usable("docker")
-    from execbox.backends.docker_image import DEFAULT_TAG
+    from execbox.backends.docker.image import DEFAULT_TAG
 
     tag = f"execbox-test-nopython:{os.getpid()}"
     name = f"execbox-test-nopython-{os.getpid()}"

@@ -227,7 +227,7 @@ class ProxyOpen(Liar):
 
 
 def _image() -> str:
-    from execbox.backends.docker_image import DEFAULT_TAG
+    from execbox.backends.docker.image import DEFAULT_TAG
 
     return os.environ.get("CODE_EXEC_DOCKER_IMAGE", DEFAULT_TAG)
 

@@ -14,10 +14,10 @@ BUILTIN_BACKENDS = [
     "modal = execbox.backends.modal:ModalBackend",
     "daytona = execbox.backends.daytona:DaytonaBackend",
     "vercel_sandbox = execbox.backends.vercel_sandbox:VercelSandboxBackend",
-    "docker = execbox.backends.docker:DockerBackend",
+    "docker = execbox.backends.docker.backend:DockerBackend",
     "ssh = execbox.backends.ssh:SshBackend",
     "singularity = execbox.backends.singularity:SingularityBackend",
-    "bubblewrap = execbox.backends.bubblewrap:BubblewrapBackend",
+    "bubblewrap = execbox.backends.bubblewrap.backend:BubblewrapBackend",
 ]
 
 

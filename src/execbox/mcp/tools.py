@@ -12,20 +12,18 @@ retrying can help. Structured content carries the same fields for clients that r
 
 import base64
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
 from mcp.server.mcpserver.resolve import AcceptedElicitation
 from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from pydantic import Field
 
+from execbox.config.settings import Settings
 from execbox.contract.models import CellResult, ExecResult
 from execbox.errors import ExecboxError
 from execbox.mcp.grants import GrantRequest
 from execbox.mcp.review import Approval, Gate
-
-if TYPE_CHECKING:
-    from execbox.mcp.server import McpApp
 
 MAX_LISTED = 1000
 
@@ -120,7 +118,23 @@ Backend = Annotated[str | None, Field(
     max_length=64, description="Sandbox backend; leave it out for the server's default.")]
 
 
-def register_tools(server: MCPServer, app: "McpApp") -> None:
+class ToolHost(Protocol):
+    """What the tools call on the server's state (``McpApp``, which imports this module, not the other way): its
+    settings, the tools it offers, the approval gate, and the handlers every tool hands its arguments to."""
+
+    settings: Settings
+    tools: list[str]
+
+    async def gate(self, ctx: Context, tool: str, kind: str, text: str) -> Elicit[Approval] | Gate: ...
+
+    async def call(self, ctx: Context, tool: str, approval: Any, **args: Any) -> CallToolResult: ...
+
+    async def files(self, ctx: Context, tool: str, **args: Any) -> CallToolResult: ...
+
+    async def delegate(self, ctx: Context, ask: GrantRequest) -> CallToolResult: ...
+
+
+def register_tools(server: MCPServer, app: ToolHost) -> None:
     """Add the tools ``app`` offers to ``server``."""
     s = app.settings
     limits = (f"Limits: {s.max_timeout_sec:g} s (default and maximum), {s.memory_mb} MiB of memory, "

@@ -25,11 +25,6 @@ engine built it (``hardening.built_problems``); a container that differs is remo
 
 Modules: ``engine`` (which engine, connect), ``hardening`` (the table, the inspect check, the seccomp profile,
 the runtimes admitted), ``stream`` (attach/exec sockets into bounded captures), ``session`` (one-shot runs and
-persistent sessions, the workspace, the backstop), ``backend`` (settings, check, verdict, gc).
+persistent sessions, the workspace, the backstop), ``backend`` (settings, check, verdict, gc), ``image`` (the
+sandbox image built from Debian packages, no registry).
 """
-
-from execbox.backends.docker.backend import DockerBackend, DockerSettings
-from execbox.backends.docker.engine import connect
-from execbox.backends.docker.session import L_OWNER, LABEL, DockerSession
-
-__all__ = ["LABEL", "L_OWNER", "DockerBackend", "DockerSession", "DockerSettings", "connect"]

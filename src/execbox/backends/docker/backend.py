@@ -21,6 +21,7 @@ from execbox.backends.docker.hardening import (
     parse_user,
     runtime_problem,
 )
+from execbox.backends.docker.image import DEFAULT_TAG
 from execbox.backends.docker.session import (
     L_EXPIRES,
     L_OWNER,
@@ -32,7 +33,6 @@ from execbox.backends.docker.session import (
     remove_workspace,
     watch_owner,
 )
-from execbox.backends.docker_image import DEFAULT_TAG
 from execbox.plugin import (
     BackendSettings,
     BackendUnavailableError,

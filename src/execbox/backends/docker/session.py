@@ -42,7 +42,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -68,6 +68,7 @@ from execbox.plugin import (
     SandboxError,
     Session,
     SessionSpec,
+    Settings,
     armed_script,
     build_result,
     disk,
@@ -81,9 +82,6 @@ from execbox.plugin import (
     safe_write,
     sandbox_env,
 )
-
-if TYPE_CHECKING:
-    from execbox.backends.docker.backend import DockerBackend
 
 LABEL = "io.execbox"
 L_OWNER = "io.execbox.owner"
@@ -254,6 +252,22 @@ def reap_owner(tmp: str, prefix: str, owner: str, sandbox_uid: str) -> None:
                 remove_workspace(path)
 
 
+class SessionBackend(Protocol):
+    """What a session uses of its backend (``DockerBackend``, which imports this module, not the other way): the
+    engine behind ``call``, where that engine is, and the settings its egress proxy is made from."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def endpoint(self) -> str: ...
+
+    @property
+    def socket_path(self) -> str | None: ...
+
+    def call(self, fn: Any) -> Any: ...
+
+
 @dataclass
 class Plan:
     """What every container of a session is made of."""
@@ -274,7 +288,7 @@ class DockerSession(Session):
     workspace = WORKSPACE
     host_workspace: str  # the host directory bound at /workspace: file transfer works on it directly
 
-    def __init__(self, backend: DockerBackend, spec: SessionSpec, plan: Plan) -> None:
+    def __init__(self, backend: SessionBackend, spec: SessionSpec, plan: Plan) -> None:
         self.backend = backend
         self.spec = spec
         self.plan = plan

@@ -18,7 +18,7 @@ no network of its own. An image with extra content gets a tag that says so: the 
 recipe hash as suffix (``execbox-sandbox:bookworm-3f2a...``), and labels listing what it holds.
 
 Entry points: :func:`build_image` (the CLI's ``execbox image build`` calls it) and, for scripts
-that run before the CLI is installed, ``python -m execbox.backends.docker_image build [--tag T]``.
+that run before the CLI is installed, ``python -m execbox.backends.docker.image build [--tag T]``.
 docker-py is imported lazily, inside the functions that talk to the engine.
 """
 
@@ -167,7 +167,7 @@ def find_debian_mirror(suite: str = DEFAULT_SUITE, etc_apt: str = "/etc/apt") ->
 
 def _docker_client() -> Any:
     # The same engine the backend uses: DOCKER_HOST, then the docker context, then the default socket.
-    from execbox.backends.docker import connect
+    from execbox.backends.docker.engine import connect
 
     try:
         return connect()[0]
@@ -358,7 +358,7 @@ def build_image(
     if os.geteuid() != 0:
         raise ImageBuildError(
             "building the image runs debootstrap, which needs root: "
-            f"sudo {sys.executable} -m execbox.backends.docker_image build --tag {tag}"
+            f"sudo {sys.executable} -m execbox.backends.docker.image build --tag {tag}"
         )
 
     with _build_lock():
@@ -429,7 +429,7 @@ def _checked_pip(pip: tuple[str, ...], files: tuple[Path, ...]) -> tuple[str, ..
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m execbox.backends.docker_image")
+    parser = argparse.ArgumentParser(prog="python -m execbox.backends.docker.image")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the sandbox image from Debian packages (needs root)")
     b.add_argument("--tag", default=None, help="default: the default tag, or with extra content its recipe tag")

@@ -38,6 +38,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 EXIT_LAUNCH_FAILED = 125
+# The launcher's tools, looked up on this PATH only (by the backend's check): what a root process runs must not
+# come from the caller's PATH.
+TOOLS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+LAUNCH_TOOLS = ("sh", "setpriv")
 # ulimit's option letters the launcher sets -> the bytes (or seconds) of one unit, as POSIX shells count them
 # (dash, bash as sh, busybox); the backend's check confirms them against the shell it runs.
 ULIMIT_UNITS = {"c": 512, "f": 512, "t": 1, "v": 1024}
