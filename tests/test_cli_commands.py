@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from execbox import registry
 from execbox.cli import main
 from execbox.registry import PluginWarning
 from tests.core.support import FakeDistributions, fake_dists, fresh_registry, home, local_mode  # noqa: F401 (fixtures)
@@ -118,6 +119,13 @@ def test_a_plugin_that_fails_while_adding_commands_is_a_warning(fake_dists: Fake
     with pytest.warns(PluginWarning, match="'raising-commands' failed while adding its commands.*boom"):
         listed = cli("--help")
     assert listed.exit_code == 0 and "image" in listed.stdout
+
+
+def test_builtin_commands_that_fail_to_load_are_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "BUILTIN_COMMANDS", ["execbox_no_such_commands"])
+    with pytest.warns(PluginWarning, match="execbox's own commands from execbox_no_such_commands failed to load"):
+        listed = cli("--help")
+    assert listed.exit_code == 0 and "run " in listed.stdout and "image" not in listed.stdout
 
 
 def test_execbox_run_does_not_ask_for_the_plugins_commands(hello: str, local_mode: None) -> None:  # noqa: F811

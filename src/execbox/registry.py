@@ -78,7 +78,8 @@ class Registry:
     pm: pluggy.PluginManager | None = field(default=None, repr=False)
     #: The distribution of each registered plugin, by its name in the plugin manager.
     distributions: dict[str, str] = field(default_factory=dict)
-    _commands: dict[str, click.Command] | None = field(default=None, repr=False)
+    #: The plugins' commands, once ``commands`` has collected them.
+    _commands: dict[str, click.Command] | None = field(default=None, init=False, repr=False)
 
     @property
     def backends(self) -> dict[str, BackendEntry]:
