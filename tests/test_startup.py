@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import execbox.backends
+import execbox.cli
 from execbox import BackendUnavailableError, PluginError, Runner, Settings
 from execbox.registry import PluginWarning, get_registry
 from execbox.testing import engine_missing
@@ -255,8 +256,11 @@ def _run_cli(tmp_path: Path, *args: str, argv0: str) -> subprocess.CompletedProc
 
 @pytest.mark.parametrize("command, code", [(["sh", "-c", "echo out; echo err >&2; exit 3"], 3),
                                            (["true"], 0)])
-def test_execbox_run_ends_without_the_interpreter_teardown(tmp_path: Path, command: list[str], code: int) -> None:
-    done = _run_cli(tmp_path, "--backend", "local_subprocess", "--", *command, argv0=str(EXECBOX_SCRIPT))
+@pytest.mark.parametrize("argv0", [str(EXECBOX_SCRIPT), str(Path(execbox.cli.__file__).with_name("__main__.py"))],
+                         ids=["execbox", "python -m execbox.cli"])
+def test_execbox_run_ends_without_the_interpreter_teardown(tmp_path: Path, command: list[str], code: int,
+                                                           argv0: str) -> None:
+    done = _run_cli(tmp_path, "--backend", "local_subprocess", "--", *command, argv0=argv0)
     assert done.returncode == code, done.stderr
     assert "[atexit ran]" in done.stdout and "[teardown ran]" not in done.stdout
     if code:

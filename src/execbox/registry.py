@@ -6,6 +6,9 @@ a warning naming its distribution, never a crash of the host program.
 A backend is registered as a class, or by name as ``register("package.module:Class", name="mine")``: then its
 module is imported only when that backend is used (``get``) or every backend is listed (``backends``,
 ``names``), so naming one backend does not import the others (the built-ins register this way).
+
+The command line asks for the plugins' commands (``execbox_register_commands``) only when it needs them: a
+command it does not have itself, or the list of all (``execbox --help``).
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from __future__ import annotations
 import importlib
 import re
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -23,8 +28,14 @@ from execbox.contract.backend import ExecutionBackend
 from execbox.contract.hookspecs import PluginWarning
 from execbox.errors import BackendUnavailableError, ConfigError, ExecboxError, PluginError
 
+if TYPE_CHECKING:
+    import click
+
 ENTRY_POINT_GROUP = "execbox"
 BUILTIN_DISTRIBUTION = "execbox"
+#: The built-in backends' command modules, each a plugin of the hook ``execbox_register_commands``: imported only
+#: when the command line asks for the plugins' commands.
+BUILTIN_COMMANDS = ["execbox.backends.docker.cli"]
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _REF_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -65,6 +76,10 @@ class Registry:
     failed: dict[str, ExecboxError] = field(default_factory=dict)
     #: The plugin manager, for hooks other than backend registration (execbox_review_command).
     pm: pluggy.PluginManager | None = field(default=None, repr=False)
+    #: The distribution of each registered plugin, by its name in the plugin manager.
+    distributions: dict[str, str] = field(default_factory=dict)
+    #: The plugins' commands, once ``commands`` has collected them.
+    _commands: dict[str, click.Command] | None = field(default=None, init=False, repr=False)
 
     @property
     def backends(self) -> dict[str, BackendEntry]:
@@ -91,6 +106,41 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self.backends)
+
+    def commands(self, taken: Collection[str]) -> dict[str, click.Command]:
+        """The plugins' commands (hook ``execbox_register_commands``), by name, the built-in backends' first;
+        collected once. A name in ``taken`` or already added, or a plugin that fails while adding its commands, is
+        a warning and is left out."""
+        if self._commands is not None:
+            return self._commands
+        import click
+
+        self._commands = {}
+        if self.pm is None:
+            return self._commands
+        for module in BUILTIN_COMMANDS:
+            try:
+                self.pm.register(importlib.import_module(module), name=module)
+            except Exception as exc:  # e.g. a broken install: every other command still works
+                _warn(self, f"execbox's own commands from {module} failed to load: {exc!r}")
+                continue
+            self.distributions[module] = BUILTIN_DISTRIBUTION
+        impls = self.pm.hook.execbox_register_commands.get_hookimpls()
+        for impl in sorted(impls, key=lambda impl: self.distributions.get(impl.plugin_name) != BUILTIN_DISTRIBUTION):
+            dist = self.distributions.get(impl.plugin_name, impl.plugin_name)
+            added = click.Group()  # one per plugin: what it adds is checked before the command line gets it
+            try:
+                impl.function(cli=added)
+            except Exception as exc:
+                _warn(self, f"execbox plugin from distribution {dist!r} failed while adding its commands: {exc!r}")
+                continue
+            for name, command in added.commands.items():
+                if name in taken or name in self._commands:
+                    _warn(self, f"execbox plugin from distribution {dist!r} adds the command {name!r}, which the "
+                                "execbox command line already has: it is left out")
+                    continue
+                self._commands[name] = command
+        return self._commands
 
     def _load(self, name: str) -> BackendEntry | None:
         entry = self.entries[name]
@@ -144,7 +194,8 @@ def _build(load: list[str] | None, disable: list[str]) -> Registry:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     registry.pm = pm
-    distributions = {BUILTIN_DISTRIBUTION: BUILTIN_DISTRIBUTION}
+    distributions = registry.distributions
+    distributions[BUILTIN_DISTRIBUTION] = BUILTIN_DISTRIBUTION
     pm.register(builtin, name=BUILTIN_DISTRIBUTION)
 
     for ep in entry_points(group=ENTRY_POINT_GROUP):

@@ -1,4 +1,5 @@
-"""The plugin hooks: a plugin registers its backend classes; a plugin reviews an agent's commands."""
+"""The plugin hooks: a plugin registers its backend classes; adds its commands to the execbox command line;
+reviews an agent's commands."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    import click
+
     from execbox.contract.review import ReviewDecision, ReviewRequest
 
 PROJECT = "execbox"
@@ -24,6 +27,18 @@ def execbox_register_backends(register: Callable[..., None]) -> None:
     """Call ``register(BackendClass)`` once for each backend the plugin provides; or
     ``register("package.module:BackendClass", name="its_name")`` to have the module imported only when that
     backend is used or every backend is listed."""
+
+
+@hookspec
+def execbox_register_commands(cli: click.Group) -> None:
+    """Add the plugin's commands to the ``execbox`` command line: ``cli.add_command(command)`` for each (a click
+    command or group), e.g. ``execbox image build`` is the docker backend's.
+
+    Called only when a command line names a command execbox does not have, or the commands are listed
+    (``execbox --help``): never for ``execbox run``, so what this imports costs a run nothing. A name the command
+    line already has (execbox's own, or an earlier plugin's) is refused with a warning: a plugin adds commands, it
+    cannot replace one. An ``ExecboxError`` a command raises is reported as execbox's own commands report theirs
+    (one line on stderr, or ``{"error": ...}`` when its ``--json`` flag is set) with the same exit status."""
 
 
 @hookspec

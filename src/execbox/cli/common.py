@@ -1,0 +1,62 @@
+"""What every command shares: exit codes, and errors reported as text or JSON.
+
+Exit status of `execbox run`: the command's own; 124 if it timed out; 125 if the guard or the policy
+refused; 126 if the backend is unavailable; 2 for a usage or configuration error. Every other command
+exits with the same codes for the same errors.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import NoReturn
+
+import click
+
+from execbox.config.settings import Settings
+from execbox.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    ExecboxError,
+    RefusedError,
+    WorkspacePathError,
+)
+
+EXIT_TIMEOUT, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = 124, 125, 126, 2
+
+
+def exit_code(exc: ExecboxError) -> int:
+    """The exit status an error ends a command with."""
+    if isinstance(exc, RefusedError):
+        return EXIT_REFUSED
+    if isinstance(exc, BackendUnavailableError):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, (ConfigError, WorkspacePathError)):
+        return EXIT_USAGE
+    return 1
+
+
+def fail(exc: ExecboxError, as_json: bool) -> NoReturn:
+    """End the command with ``exc``: ``{"error": ...}`` on stdout with --json, else one line on stderr."""
+    if as_json:
+        click.echo(json.dumps({"error": exc.to_dict()}))
+    else:
+        click.echo(f"execbox: {type(exc).__name__}: {exc.message}", err=True)
+    sys.exit(exit_code(exc))
+
+
+def usage(message: str, as_json: bool) -> NoReturn:
+    """End the command with a usage error (status 2): click's own message, or with --json one JSON object."""
+    if as_json:
+        click.echo(json.dumps({"error": {"type": "UsageError", "message": message, "retryable": False,
+                                         "backend": None, "env_var": None}}))
+        sys.exit(EXIT_USAGE)
+    raise click.UsageError(message)
+
+
+def load_settings(as_json: bool) -> Settings:
+    """The settings from the environment; one that is invalid ends the command."""
+    try:
+        return Settings.from_env()
+    except ConfigError as exc:
+        fail(exc, as_json)

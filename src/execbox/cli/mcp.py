@@ -1,0 +1,51 @@
+"""`execbox mcp`: execbox served to agents over the Model Context Protocol (stdio, or streamable HTTP)."""
+
+from __future__ import annotations
+
+import anyio
+import click
+
+from execbox.cli.common import fail, usage
+from execbox.config.settings import Settings
+from execbox.errors import BackendUnavailableError, ExecboxError
+
+
+@click.command("mcp")
+@click.option("--http", "http", metavar="HOST:PORT",
+              help="Serve streamable HTTP on HOST:PORT (PORT alone: 127.0.0.1) instead of stdio; needs a token.")
+@click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the HTTP bearer token "
+              "(instead of EXECBOX_MCP_TOKEN).")
+def mcp_command(http: str | None, token_file: str | None) -> None:
+    """Serve execbox to agents over the Model Context Protocol (stdio by default).
+
+    \b
+    CODE_EXEC_ENABLED=true execbox mcp                       # stdio, for an MCP client's config
+    EXECBOX_MCP_TOKEN=... execbox mcp --http 127.0.0.1:8765  # streamable HTTP at /mcp
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("mcp") is None:
+        fail(BackendUnavailableError("the MCP server needs the mcp SDK, which is not installed",
+                                      fix="pip install 'execbox[mcp]'"), False)
+    from execbox.mcp.server import serve_http, serve_stdio, server_token
+    from execbox.mcp.settings import McpSettings
+
+    try:
+        settings, mcp_settings = Settings.from_env(), McpSettings.from_env()
+        if http is None:
+            anyio.run(serve_stdio, settings, mcp_settings)
+            return
+        host, _, port = http.rpartition(":")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            usage(f"--http takes HOST:PORT (or PORT), got {http!r}", False)
+        token = server_token(mcp_settings, token_file)
+        host = host.strip("[]") or "127.0.0.1"
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            click.echo(f"execbox mcp: listening on {host}, beyond this machine: every request needs the token; "
+                       "put TLS in front of it", err=True)
+        shown = f"[{host}]" if ":" in host else host
+        click.echo(f"execbox mcp: serving http://{shown}:{port}/mcp", err=True)
+        anyio.run(serve_http, settings, mcp_settings, host, int(port), token)
+    except ExecboxError as exc:
+        fail(exc, False)
+
