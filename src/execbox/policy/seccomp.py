@@ -1,6 +1,6 @@
 """The one list of system calls every execbox sandbox denies, whatever enforces it.
 
-bubblewrap compiles it into a BPF filter with libseccomp (``backends/bubblewrap_seccomp.py``); docker hands
+bubblewrap compiles it into a BPF filter with libseccomp (``backends/bubblewrap/seccomp.py``); docker hands
 it to the engine as a seccomp profile (``backends/docker``). Both read these tuples, so a call added here is
 denied on both. The list is names, not numbers: libseccomp resolves them for each architecture.
 
