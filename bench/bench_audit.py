@@ -26,11 +26,13 @@ from unittest import mock
 from _common import median_ms  # bench/_common.py (run from the repo: python bench/NAME.py)
 
 from execbox import Runner, Settings
+from execbox.audit import fields as audit_fields
 from execbox.audit import log as audit
+from execbox.audit import reader as audit_reader
 from execbox.config import paths
 
 EXEC_FIELDS = {  # the shape of a real exec record
-    "session": "0123456789abcdef", "oneshot": True, "backend": "local_subprocess", "started": audit.now_iso(),
+    "session": "0123456789abcdef", "oneshot": True, "backend": "local_subprocess", "started": audit_fields.now_iso(),
     "config": {"network": "none", "limits": {"memory_mb": 1024, "cpus": 1.0, "pids": 256, "disk_mb": 2048},
                "isolation": "container", "timeout": 30.0, "max_output_bytes": 100000,
                "image": "execbox-sandbox:bookworm"},
@@ -81,7 +83,7 @@ def main() -> None:
         print(f"AuditLog.record (exec-sized record, {(where / 'plain.jsonl').stat().st_size // (2 * n + 2)} bytes): "
               f"sha256 chain {sha_ms * 1000:.0f} us, hmac chain {hmac_ms * 1000:.0f} us, without fdatasync "
               f"{nosync_ms * 1000:.0f} us (median of {n})")
-        assert audit.verify(where / "plain.jsonl").ok and audit.verify(where / "runs.jsonl").ok
+        assert audit_reader.verify(where / "plain.jsonl").ok and audit_reader.verify(where / "runs.jsonl").ok
     finally:
         shutil.rmtree(where, ignore_errors=True)
 

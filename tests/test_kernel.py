@@ -320,14 +320,13 @@ def test_a_cancelled_cell_is_interrupted_and_the_next_one_runs(sandbox: Sandbox)
 def test_cells_are_in_the_audit_log_as_hashes_and_outcomes() -> None:
     import hashlib
 
-    from execbox.audit import log as audit_log
-
+    from execbox.audit import reader as audit_reader
     code = "print('secret-ish output')\n{'a': 1}"
     with Runner(Settings(local=True, network="host")) as runner, runner.sandbox("local_subprocess") as sb:
         sb.run_cell(code)
         session = sb.aio.id
     assert runner.audit.path is not None
-    cells = [r for r in audit_log.records(runner.audit.path, session=session) if r.get("event") == "cell"]
+    cells = [r for r in audit_reader.records(runner.audit.path, session=session) if r.get("event") == "cell"]
     assert len(cells) == 1, cells
     cell = cells[0]
     assert cell["code_sha256"] == hashlib.sha256(code.encode()).hexdigest() and cell["language"] == "python"

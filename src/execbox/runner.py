@@ -24,6 +24,7 @@ import anyio.abc
 from anyio.from_thread import BlockingPortal
 from pydantic import ValidationError
 
+from execbox.audit import fields as audit_fields
 from execbox.audit import log as audit_log
 from execbox.config.settings import Settings
 from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, bounded, broken, close_bounded
@@ -411,7 +412,7 @@ class AsyncRunner:
             return await self._admit(backend, resolved, asked, session=session, options=options)
         except ExecboxError as exc:
             named = backend or (self.settings.session_backend if session else self.settings.backend)
-            await self.audit.arecord("refused", **audit_log.refusal_fields(
+            await self.audit.arecord("refused", **audit_fields.refusal_fields(
                 exc, resolved, backend=exc.backend or named, session=session_id, oneshot=not session,
                 opening=session, dropped=dropped))
             raise
@@ -621,14 +622,14 @@ async def _exec_audited(audit: audit_log.AuditLog, backend: ExecutionBackend, se
     caller to await (and take its note from) after what it does next."""
     if not audit.enabled:
         return await _exec_in(backend, session, request, dropped, **kw)
-    fields = audit_log.exec_fields(backend, request, dropped, session=session_id or audit_log.new_session_id(),
+    fields = audit_fields.exec_fields(backend, request, dropped, session=session_id or audit_fields.new_session_id(),
                                    oneshot=session_id is None)
     try:
         result = await _exec_in(backend, session, request, dropped, **kw)
     except BaseException as exc:
-        await audit.arecord("exec.error", **fields, **audit_log.error_fields(exc))
+        await audit.arecord("exec.error", **fields, **audit_fields.error_fields(exc))
         raise
-    record = audit.arecord("exec", **fields, **audit_log.result_fields(result, audit.keep_output))
+    record = audit.arecord("exec", **fields, **audit_fields.result_fields(result, audit.keep_output))
     if records is not None:
         records.append(asyncio.ensure_future(record))
         return result
@@ -648,8 +649,8 @@ def _cell_fields(result: CellResult, audit: audit_log.AuditLog) -> dict[str, Any
     return {"timed_out": result.timed_out, "oom_killed": result.oom_killed, "state_lost": result.state_lost,
             "error": result.error.name if result.error else None, "duration_s": result.duration_s,
             "execution_count": result.execution_count,
-            "stdout": audit_log.stream_fields(result.stdout, audit.keep_output),
-            "stderr": audit_log.stream_fields(result.stderr, audit.keep_output),
+            "stdout": audit_fields.stream_fields(result.stdout, audit.keep_output),
+            "stderr": audit_fields.stream_fields(result.stderr, audit.keep_output),
             "outputs": [sorted(output.data) for output in result.outputs]}
 
 
@@ -681,7 +682,7 @@ class AsyncSandbox:
         self.backend: ExecutionBackend | None = None
         self.capabilities: Capabilities | None = None
         #: This sandbox's id in the audit log (its open, execs and close carry it).
-        self.id = audit_log.new_session_id()
+        self.id = audit_fields.new_session_id()
         #: Secrets every exec gets (``sandbox(secrets=...)``); ``_given``: every secret any exec got, for redaction
         #: of what the code may have left in the workspace (listings).
         self.secrets: dict[str, secrets_inject.Secret] = {}
@@ -708,7 +709,7 @@ class AsyncSandbox:
             self.runner.slots.release()
             raise
         self._session.session_spec = spec
-        await self.runner.audit.arecord("sandbox.open", **audit_log.sandbox_fields(self.id, self.backend, spec))
+        await self.runner.audit.arecord("sandbox.open", **audit_fields.sandbox_fields(self.id, self.backend, spec))
         if self._pip:
             try:
                 installed = await self.pip_install(*self._pip)
@@ -780,7 +781,7 @@ class AsyncSandbox:
         try:
             resolved, dropped = self._admit(backend, request)
         except ExecboxError as exc:
-            await self.runner.audit.arecord("refused", **audit_log.refusal_fields(
+            await self.runner.audit.arecord("refused", **audit_fields.refusal_fields(
                 exc, request, backend=backend.name, session=self.id, oneshot=False))
             raise
         result = await _exec_audited(self.runner.audit, backend, session, resolved, dropped, session_id=self.id,
@@ -842,7 +843,7 @@ class AsyncSandbox:
         try:
             resolved, _ = self._admit(backend, request)
         except ExecboxError as exc:
-            await self.runner.audit.arecord("refused", **audit_log.refusal_fields(
+            await self.runner.audit.arecord("refused", **audit_fields.refusal_fields(
                 exc, request, backend=backend.name, session=self.id, oneshot=False))
             raise
         if self._kernel is None:
@@ -858,13 +859,13 @@ class AsyncSandbox:
         redactor = self._redactor()
         if redactor is not None:
             (on_stdout, on_stderr), finish = secrets_inject.redacted_callbacks(redactor, on_stdout, on_stderr)
-        fields = audit_log.exec_fields(backend, resolved, [], session=self.id, oneshot=False)
+        fields = audit_fields.exec_fields(backend, resolved, [], session=self.id, oneshot=False)
         try:
             with secrets_inject.redacting(redactor):  # the interpreter's errors quote what the code left, too
                 result = await deliver(lambda out: kernel.run_cell(code, timeout=timeout_s, live=out), on_stdout,
                                        on_stderr)
         except BaseException as exc:  # recorded as an exec that raised is (a stuck backend, a broken sandbox)
-            await self.runner.audit.arecord("cell.error", **fields, **audit_log.error_fields(exc))
+            await self.runner.audit.arecord("cell.error", **fields, **audit_fields.error_fields(exc))
             raise
         if redactor is not None:
             await finish()

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from execbox.audit import fields as audit_fields
 from execbox.audit import log as audit
-from execbox.audit.log import GENESIS, AuditLog, verify
+from execbox.audit import reader as audit_reader
+from execbox.audit.log import GENESIS, AuditLog
+from execbox.audit.reader import verify
 from execbox.config.settings import Settings
 from execbox.errors import ConfigError
 
@@ -264,7 +267,7 @@ class TestConcurrentWriters:
             t.join()
         report = verify(path)
         assert report.ok and report.records == 400 and report.files > 1
-        seen = {(r["thread"], r["n"]) for r in audit.records(path)}
+        seen = {(r["thread"], r["n"]) for r in audit_reader.records(path)}
         assert seen == {(i, j) for i in range(8) for j in range(50)}
 
     def test_verify_while_writers_write_sees_a_consistent_log(self, tmp_path: Path) -> None:
@@ -354,10 +357,10 @@ class TestSettings:
 
         request = SimpleNamespace(code=None, argv=["env"], stdin=None, files={}, env={"A": "1"}, workdir=None,
                                   secrets={"OPENAI_API_KEY": "sk-the-value-itself"})
-        fields = audit.request_fields(request, [])
+        fields = audit_fields.request_fields(request, [])
         assert fields["secrets"] == ["OPENAI_API_KEY"] and "sk-the-value-itself" not in json.dumps(fields)
 
     def test_output_text_is_kept_only_when_asked_and_capped(self) -> None:
-        assert "text" not in audit.stream_fields("hello", 0)
-        kept = audit.stream_fields("hello world", 5)
+        assert "text" not in audit_fields.stream_fields("hello", 0)
+        kept = audit_fields.stream_fields("hello world", 5)
         assert kept["text"] == "hello" and kept["text_truncated"] is True and kept["bytes"] == 11

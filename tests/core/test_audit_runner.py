@@ -28,7 +28,9 @@ from execbox import (
     UnsupportedPolicyError,
     WorkspacePathError,
 )
+from execbox.audit import fields as audit_fields
 from execbox.audit import log as audit
+from execbox.audit import reader as audit_reader
 from execbox.kit.sessions.host import HostWorkspaceSession
 
 
@@ -37,7 +39,7 @@ def log_path() -> Path:
 
 
 def events(kind: str | None = None) -> list[dict[str, Any]]:
-    found = list(audit.records(log_path()))
+    found = list(audit_reader.records(log_path()))
     return [r for r in found if kind is None or r["event"] == kind]
 
 
@@ -65,7 +67,7 @@ def test_a_one_shot_exec(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rec["backend"] == "local_subprocess"
     assert rec["config"]["network"] == "host" and rec["config"]["timeout"] == 20
     assert rec["config"]["isolation"] == "process" and rec["config"]["limits"]["memory_mb"] == 1024
-    assert rec["argv_sha256"] == audit.argv_sha256(["/bin/sh", "-c", "cat; echo done >&2"])
+    assert rec["argv_sha256"] == audit_fields.argv_sha256(["/bin/sh", "-c", "cat; echo done >&2"])
     assert rec["stdin_sha256"] == sha(b"some input") and rec["stdin_bytes"] == 10
     assert rec["files"] == {"data/in.txt": {"sha256": sha(b"file body"), "bytes": 9}}
     assert rec["env"] == {"passed": ["GREETING"], "dropped": ["AWS_SECRET_ACCESS_KEY"]}
@@ -76,7 +78,7 @@ def test_a_one_shot_exec(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rec["caller"]["pid"] == os.getpid() and rec["caller"]["uid"] == os.getuid()
     raw = log_path().read_text()
     assert "hunter2" not in raw and "some input" not in raw and "file body" not in raw  # hashes only
-    assert audit.verify(log_path()).ok
+    assert audit_reader.verify(log_path()).ok
 
 
 def test_code_is_hashed_and_output_kept_when_opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,7 +107,7 @@ def test_a_session_open_exec_and_close() -> None:
     opened, first, second, _ = events()
     assert opened["backend"] == "local_subprocess" and opened["config"]["network"] == "host"
     assert opened["config"]["lifetime_s"] == 3600.0
-    assert first["oneshot"] is False and second["argv_sha256"] == audit.argv_sha256(["cat", "f"])
+    assert first["oneshot"] is False and second["argv_sha256"] == audit_fields.argv_sha256(["cat", "f"])
     assert second["stdout"]["sha256"] == sha("one\n")
 
 
@@ -173,7 +175,7 @@ def test_a_guard_refusal_is_recorded_with_its_reason(monkeypatch: pytest.MonkeyP
     (rec,) = events()
     assert rec["event"] == "refused" and rec["oneshot"] is True and rec["backend"] == "local_subprocess"
     assert rec["error"]["type"] == "NotASandboxError" and rec["error"]["message"] == info.value.message
-    assert rec["argv_sha256"] == audit.argv_sha256(["true"])
+    assert rec["argv_sha256"] == audit_fields.argv_sha256(["true"])
     assert rec["env"] == {"passed": ["GREETING"], "dropped": ["TOKEN"]}
     assert "secret-value" not in log_path().read_text()
 
@@ -214,12 +216,12 @@ def test_egress_attempts_of_a_run_are_recorded(monkeypatch: pytest.MonkeyPatch) 
         runner.run("true")
     (rec,) = events("exec")
     assert rec["egress"] == [a.model_dump() for a in attempts]
-    assert "egress=2 (1 denied)" in audit.summary(rec)
+    assert "egress=2 (1 denied)" in audit_reader.summary(rec)
 
 
 def test_approvals_and_delegation_through_the_record_api() -> None:
     with Runner() as runner:
-        with audit.caller("mcp:claude-desktop", "agent:planner"), audit.caller("agent:coder"):
+        with audit_fields.caller("mcp:claude-desktop", "agent:planner"), audit_fields.caller("agent:coder"):
             assert runner.audit.record("approval.request", tool="run", command_sha256=sha("rm -rf /")) is None
             assert runner.audit.record("approval.decision", tool="run", approved=False, by="user") is None
             runner.run("true")
@@ -230,7 +232,7 @@ def test_approvals_and_delegation_through_the_record_api() -> None:
     assert decision["approved"] is False and decision["caller"]["chain"] == chain
     assert delegated["event"] == "exec" and delegated["caller"]["chain"] == chain
     assert "chain" not in plain["caller"]
-    assert audit.verify(log_path()).ok
+    assert audit_reader.verify(log_path()).ok
 
 
 def test_a_write_failure_is_a_note_on_the_result_and_the_run_returns(tmp_path: Path,
@@ -252,7 +254,7 @@ def test_a_keyed_runner_writes_an_hmac_chain(monkeypatch: pytest.MonkeyPatch) ->
         runner.run("true")
     (rec,) = events()
     assert rec["alg"] == "hmac-sha256"
-    assert audit.verify(log_path(), b"k" * 32).ok and not audit.verify(log_path(), b"wrong").ok
+    assert audit_reader.verify(log_path(), b"k" * 32).ok and not audit_reader.verify(log_path(), b"wrong").ok
 
 
 WORKER = textwrap.dedent("""
@@ -272,10 +274,10 @@ def test_eight_processes_of_fifty_runs_leave_one_valid_chain(tmp_path: Path) -> 
     for worker in workers:
         out, err = worker.communicate(timeout=300)
         assert worker.returncode == 0, err.decode()
-    report = audit.verify(log_path())
+    report = audit_reader.verify(log_path())
     assert report.ok, report.problem
     execs = events("exec")
     assert len(execs) == 400 and report.records == 400 and report.files > 1
     assert {r["caller"]["pid"] for r in execs} == {w.pid for w in workers}
-    assert [r["seq"] for r in audit.records(log_path())] == list(range(1, 401))
+    assert [r["seq"] for r in audit_reader.records(log_path())] == list(range(1, 401))
     assert all(json.loads(line) for f in audit.log_files(log_path()) for line in f.read_text().splitlines())

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from execbox import AsyncRunner, BackendTimeoutError, Runner, SandboxError, Settings, plugin
-from execbox.audit import log as audit
+from execbox.audit import reader as audit_reader
 from execbox.testing.checks import alive_with
 from tests.core import stuck_backends
 from tests.core.support import FakeDistributions, anyio_backend  # noqa: F401
@@ -220,7 +220,7 @@ async def test_a_stuck_exec_is_recorded_as_an_exec_error_naming_the_timeout() ->
             async with runner.sandbox() as sb:
                 with pytest.raises(BackendTimeoutError):
                     await sb.exec("true", timeout=1)
-    errors = [r for r in audit.records(Path(settings.audit_log or "")) if r["event"] == "exec.error"]
+    errors = [r for r in audit_reader.records(Path(settings.audit_log or "")) if r["event"] == "exec.error"]
     assert [(r["oneshot"], r["error"]["type"], r["error"]["backend"]) for r in errors] == [
         (True, "BackendTimeoutError", "stuck_exec"), (False, "BackendTimeoutError", "stuck_exec")]
     assert all("did not return from exec" in r["error"]["message"] for r in errors)
@@ -233,7 +233,7 @@ async def test_a_cell_on_a_stuck_backend_is_recorded_as_a_cell_error() -> None:
             async with runner.sandbox(lifetime_s=2) as sb:
                 with pytest.raises(SandboxError) as exc:
                     await sb.run_cell("1 + 1", timeout=1)
-    (rec,) = [r for r in audit.records(Path(settings.audit_log or "")) if r["event"].startswith("cell")]
+    (rec,) = [r for r in audit_reader.records(Path(settings.audit_log or "")) if r["event"].startswith("cell")]
     assert rec["event"] == "cell.error" and rec["oneshot"] is False and rec["backend"] == "stuck_exec"
     assert rec["error"]["type"] == type(exc.value).__name__ and rec["error"]["message"] == exc.value.message
 

@@ -49,7 +49,7 @@ async def test_the_pool_is_off_unless_the_runner_is_entered() -> None:
 
 
 async def test_members_are_in_the_audit_log_from_start_to_removal() -> None:
-    from execbox.audit.log import records
+    from execbox.audit.reader import records
 
     async with AsyncRunner(_local(pool_size=2)) as runner:
         await _ready(runner, 2)

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from execbox.audit import log as audit_log
+from execbox.audit import reader as audit_reader
 from execbox.cli.common import EXIT_USAGE, fail, load_settings, usage
 from execbox.config import paths
 from execbox.errors import ConfigError
@@ -42,7 +43,7 @@ def audit_verify(log: str | None, as_json: bool) -> None:
     and no key (CODE_EXEC_AUDIT_KEY or CODE_EXEC_AUDIT_KEY_FILE) was given to check them.
     """
     path, key = _audit_source(log, as_json)
-    report = audit_log.verify(path, key)
+    report = audit_reader.verify(path, key)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
@@ -68,9 +69,9 @@ def audit_show(log: str | None, session: str | None, since: str | None, as_json:
     """Print the audit log's records, oldest first (`execbox audit verify` checks they are as written)."""
     path, _ = _audit_source(log, as_json)
     try:
-        after = audit_log.parse_since(since) if since else None
+        after = audit_reader.parse_since(since) if since else None
     except ConfigError as exc:
         fail(exc, as_json)
-    for rec in audit_log.records(path, session=session, since=after):
-        click.echo(json.dumps(rec, ensure_ascii=False) if as_json else audit_log.summary(rec))
+    for rec in audit_reader.records(path, session=session, since=after):
+        click.echo(json.dumps(rec, ensure_ascii=False) if as_json else audit_reader.summary(rec))
 

@@ -31,7 +31,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import Context, Elicit, MCPServer
 from mcp.types import CallToolResult
 
-from execbox.audit import log as audit_log
+from execbox.audit import fields as audit_fields
 from execbox.config.settings import Settings
 from execbox.contract.models import CellResult, ExecRequest, ExecResult, Limits, NetworkMode
 from execbox.contract.results import clamp_note, timed_out
@@ -289,7 +289,7 @@ class McpApp:
                     self._sandboxed(impl.name, network, "the persistent sandbox")
                 sandbox = self.runner.sandbox(impl.name, network=network, limits=_limits(grant),
                                               lifetime_s=SESSION_LIFETIME_S)
-                with audit_log.caller(*chain):
+                with audit_fields.caller(*chain):
                     await sandbox.__aenter__()
                 scope.sandbox = sandbox
             return scope.sandbox
@@ -362,16 +362,16 @@ class McpApp:
         else:
             verdict = getattr(approval, "action", "declined")  # decline / cancel
         allowed = verdict == "approved" or (verdict == "allowed" and decision == "allow")
-        with audit_log.caller(*chain):
+        with audit_fields.caller(*chain):
             await self.runner.audit.arecord(
                 "review", tool=tool, decision=decision, outcome=verdict, backend=plan.backend,
-                command_sha256=audit_log.sha256(text), rules=[d.rule for d in found],
+                command_sha256=audit_fields.sha256(text), rules=[d.rule for d in found],
                 reasons=[f"{d.source}: {d.reason}" for d in found])
         if not allowed:
             return error_result(outcome.message if isinstance(outcome, Gate) and outcome.message
                                 else refusal(request, found, unattended=False))
         try:
-            with audit_log.caller(*chain):
+            with audit_fields.caller(*chain):
                 if tool == "python":
                     assert plan.sandbox is not None  # a session tool: plan() opened the session's sandbox
                     cell = await plan.sandbox.run_cell(text, timeout=plan.timeout)
@@ -418,7 +418,7 @@ class McpApp:
             plan = await self.plan(ctx, grant, tool, chain)
             sandbox = plan.sandbox
             assert sandbox is not None
-            with audit_log.caller(*chain):
+            with audit_fields.caller(*chain):
                 if tool == "write_file":
                     data = _decode(args["content"], args["encoding"], self.settings.max_read_bytes)
                     await sandbox.write_file(args["path"], data)
@@ -449,7 +449,7 @@ class McpApp:
         except ExecboxError as exc:
             return error_result(exc)
         token = self.signer.issue(child)
-        with audit_log.caller(*self.chain(ctx, parent)):
+        with audit_fields.caller(*self.chain(ctx, parent)):
             await self.runner.audit.arecord("grant.issue", grant=child.public())
         how = ("Give this token to the sub-agent's MCP client: over HTTP as the header `Authorization: Bearer "
                "<token>`; for a stdio server of its own, as EXECBOX_MCP_GRANT=<token> (with this server's "
