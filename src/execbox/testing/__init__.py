@@ -1,4 +1,4 @@
-"""Testing helpers for execbox and for backend authors.
+"""The testing kit: what proves a backend keeps its claims, for execbox's own tests and for a backend's author.
 
 - ``engine_missing(reason)``: a test that needs a real engine (docker, sshd, bubblewrap) calls it when the
   engine is absent: it skips with the reason on a laptop and FAILS when CI is set (``CI=true``) or
@@ -6,7 +6,11 @@
 - ``BackendConformance`` (in ``execbox.testing.conformance``): the conformance kit for pytest; subclass it
   in a test module and set ``backend_name``.
 - ``self_check(backend_name, settings=None, *, checks=None) -> list[CheckResult]``: the same checks outside
-  pytest (``execbox.testing.checks``); each result is pass, fail or skip with a message.
+  pytest; each result is pass, fail or skip with a message.
+- ``PeakRss``: the peak growth of this process's memory while a block runs.
+
+Inside: ``framework`` (how a check is written and run), ``checks/`` (the checks, one module per family, and
+``self_check``), ``probes`` (the programs they run in the sandbox), ``host`` (what they do on this host).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The conformance kit for pytest: every check of ``execbox.testing.checks`` as a test of your backend.
+"""The conformance kit for pytest: every check of ``execbox.testing.checks`` as a test method of your backend's
+test class.
 
 One line is enough (the runner is built from the environment's settings)::
 
@@ -29,16 +30,10 @@ import pytest
 
 from execbox import Capabilities, Runner, Settings
 from execbox.testing import engine_missing
-from execbox.testing.checks import (
-    CHECKS,
-    DEADLINE_SLACK_S,
-    PROBE_CONNECT,
-    Check,
-    Kit,
-    Listener,
-    NotClaimed,
-    Unavailable,
-)
+from execbox.testing.checks import CHECKS
+from execbox.testing.framework import DEADLINE_SLACK_S, Check, Kit, NotClaimed, Unavailable
+from execbox.testing.host import Listener
+from execbox.testing.probes import PROBE_CONNECT
 
 __all__ = ["DEADLINE_SLACK_S", "PROBE_CONNECT", "BackendConformance", "Kit", "Listener"]
 
