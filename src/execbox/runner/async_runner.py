@@ -1,0 +1,437 @@
+"""AsyncRunner: picks the backend, admits requests and runs one-shots through the pipeline; makes sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from execbox.core import audit as audit_log
+from execbox.core import egress_secrets, packages, secrets_inject, transfer
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec, bounded, close_bounded
+from execbox.core.envpolicy import filter_env
+from execbox.core.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    ExecboxError,
+    UnsupportedPolicyError,
+)
+from execbox.core.models import (
+    ISOLATION_STRENGTH,
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    Language,
+    Limits,
+    Mount,
+    NetworkMode,
+    Transfer,
+)
+from execbox.core.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
+from execbox.core.pool import WarmPool
+from execbox.core.scheduler import Slots, default_max_concurrent
+from execbox.core.settings import Settings
+from execbox.core.workspace import normalize
+from execbox.guard.guard import Guard
+from execbox.guard.mounts import admit_upload
+from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
+
+if TYPE_CHECKING:
+    pass
+
+from execbox.runner.pipeline import (
+    Uploads,
+    _check,
+    _command_request,
+    _enough_threads,
+    _exec_audited,
+    _files_s,
+    _not_mounted,
+    _open,
+    _pairs,
+    _request,
+    _request_kw,
+    _sandbox_secrets,
+    _text,
+    backend_errors,
+)
+from execbox.runner.sandbox import AsyncSandbox
+
+LOCAL_FALLBACK = "local_subprocess"
+
+
+class AsyncRunner:
+    """Runs requests through the one path. ``options`` gives backends their settings in code, by backend name
+    (``{"docker": {"image": "my-image"}}``), on top of the environment.
+
+    Use it as ``async with AsyncRunner() as runner:`` to close what its backends opened (engine clients,
+    connections) when done; a runner that is just dropped leaves that to the garbage collector. ``check()``
+    answers are trusted for CHECK_TTL_S seconds per backend instance (see ExecutionBackend.check).
+    """
+
+    def __init__(self, settings: Settings | None = None, *,
+                 options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self.settings = settings or Settings.from_env()
+        self.guard = Guard(self.settings)
+        self.options = {name: dict(values) for name, values in (options or {}).items()}
+        self._backends: dict[tuple[str, str], ExecutionBackend] = {}
+        #: The audit log (CODE_EXEC_AUDIT_LOG): every exec, refusal and sandbox open/close is recorded; other parts
+        #: (the MCP server's approvals, say) record through ``runner.audit.record(event, **fields)``.
+        self.audit = audit_log.AuditLog.from_settings(self.settings)
+        #: The concurrency cap, shared by every thread and loop that uses this runner.
+        self.slots = Slots(self.settings.max_concurrent or default_max_concurrent(self.settings.memory_mb))
+        #: Warm sandboxes; active only while the runner is entered (its background task group refills them).
+        self.pool = WarmPool(self.settings.pool_size, self.settings.pool_ttl_sec,
+                             record=lambda event, fields: self.audit.arecord(event, **fields),
+                             longest_run_s=self.settings.max_timeout_sec + 60)
+        self._background: Any = None
+        self._pool_stop: anyio.Event | None = None
+
+    async def __aenter__(self) -> AsyncRunner:
+        if self.settings.pool_size and self._background is None:
+            self._background = anyio.create_task_group()
+            self.pool.attach(await self._background.__aenter__())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def serve_pool(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Host the warm pool's background work until ``aclose``: for a caller that cannot enter the runner and
+        leave it in one task (the sync facade runs this in its loop thread)."""
+        async with anyio.create_task_group() as tasks:
+            self.pool.attach(tasks)
+            self._pool_stop = anyio.Event()
+            task_status.started()
+            await self._pool_stop.wait()
+            tasks.cancel_scope.cancel()
+
+    async def aclose(self) -> None:
+        """Close the warm pool and every backend instance this runner made (engine clients, connections)."""
+        background, self._background = self._background, None
+        with anyio.CancelScope(shield=True):
+            await self.pool.aclose()
+        if self._pool_stop is not None:
+            self._pool_stop.set()
+        if background is not None:
+            background.cancel_scope.cancel()
+            await background.__aexit__(None, None, None)
+        backends, self._backends = list(self._backends.values()), {}
+        with anyio.CancelScope(shield=True):
+            for backend in backends:
+                await bounded(backend.aclose(), backend.settings.backend_grace_sec, backend=backend, doing="aclose")
+
+    @property
+    def registry(self) -> Registry:
+        return get_registry(self.settings.load_plugins, self.settings.disable_plugins)
+
+    def backend(self, name: str, options: Mapping[str, Any] | None = None) -> ExecutionBackend:
+        """The instance of a registered backend with the runner's options for it, ``options`` on top; one per
+        runner and set of options."""
+        merged = {**self.options.get(name, {}), **(options or {})}
+        key = (name, repr(sorted(merged.items())))
+        if key not in self._backends:
+            self._backends[key] = self.registry.get(name).cls(self.settings, merged)
+        return self._backends[key]
+
+    async def select(self, name: str | None = None, *, session: bool = False) -> tuple[ExecutionBackend, Capabilities]:
+        """The backend to use and what it enforces here; ``auto`` picks the strongest sandbox that runs here."""
+        name = name or (self.settings.session_backend if session else self.settings.backend)
+        if name != "auto":
+            backend = self.backend(name)
+            return backend, await _check(backend)
+        tried: list[str] = []
+        probe = ExecRequest(argv=["true"], network=self.settings.network)
+        for candidate in self.auto_candidates():
+            try:
+                backend = self.backend(candidate)
+                verdict = backend.verdict(probe)
+                if not (verdict.sandbox or candidate == LOCAL_FALLBACK):
+                    tried.append(f"- {candidate}: configured here, it is not a sandbox ({verdict.reason})")
+                    continue
+                return backend, await _check(backend)
+            except BackendUnavailableError as exc:
+                if exc.env_var and exc.env_var in os.environ:
+                    # The operator configured this backend (CODE_EXEC_DOCKER_RUNTIME, ...): falling back to a
+                    # weaker sandbox is not what they asked for. Likewise a ConfigError is never skipped.
+                    raise
+                tried.append(f"- {candidate}: {exc.message}")
+        local_hint = "" if self.settings.local else (
+            "\n- or, only on your own machine for yourself: CODE_EXEC_LOCAL=true (runs local_subprocess, no sandbox)"
+        )
+        candidates = set(self.auto_candidates())
+        for entry in sorted(self.registry.backends.values(), key=lambda e: e.name):
+            if entry.cls.capabilities.sandbox and not entry.cls.capabilities.remote and entry.name not in candidates:
+                tried.append(f"- {entry.name} (third-party, from {entry.distribution!r}): auto does not pick a plugin "
+                             "on its own claim; name it in EXECBOX_AUTO_PLUGINS, or set CODE_EXEC_BACKEND to it")
+        raise BackendUnavailableError(
+            "no sandbox backend can run here (CODE_EXEC_BACKEND=auto). Install or start one of:\n"
+            + "\n".join(tried or ["- (no sandbox backend is registered)"]) + local_hint,
+            env_var="CODE_EXEC_BACKEND",
+        )
+
+    def auto_candidates(self) -> list[str]:
+        """Local sandbox backends, strongest isolation first; local_subprocess last and only in local mode.
+
+        A third-party backend's capabilities are its own claim: ``auto`` considers one only when the operator
+        opted in by naming it in EXECBOX_AUTO_PLUGINS (name it as CODE_EXEC_BACKEND to use it directly)."""
+        trusted = set(self.settings.auto_plugins)
+        entries = [e for e in self.registry.backends.values()
+                   if e.cls.capabilities.sandbox and not e.cls.capabilities.remote
+                   and (e.distribution == BUILTIN_DISTRIBUTION or {e.name, e.distribution} & trusted)]
+        entries.sort(key=lambda e: (-ISOLATION_STRENGTH[e.cls.capabilities.isolation],
+                                    e.distribution != BUILTIN_DISTRIBUTION, e.name))
+        names = [e.name for e in entries]
+        if self.settings.local and LOCAL_FALLBACK in self.registry.backends:
+            names.append(LOCAL_FALLBACK)
+        return names
+
+    def prepare(self, request: ExecRequest) -> tuple[ExecRequest, list[str], set[str]]:
+        """The request with the settings applied (defaults, clamps, env policy); the dropped env names; the
+        limits demanded: those the request names, and those the operator set explicitly (CODE_EXEC_MEMORY_MB,
+        CODE_EXEC_CPUS, CODE_EXEC_PIDS_LIMIT). A backend that cannot enforce a demanded limit refuses; the
+        built-in defaults apply wherever a backend can enforce them."""
+        s = self.settings
+        env, dropped = filter_env(request.env)
+        asked = request.limits or Limits()
+        limits = Limits(
+            memory_mb=min(asked.memory_mb or s.memory_mb, s.memory_mb),
+            cpus=min(asked.cpus or s.cpus, s.cpus),
+            pids=min(asked.pids or s.pids_limit, s.pids_limit),
+            disk_mb=min(asked.disk_mb or s.disk_mb, s.disk_mb),
+        )
+        resolved = request.model_copy(update={
+            "env": env,
+            "timeout": min(request.timeout or s.max_timeout_sec, s.max_timeout_sec),
+            "max_output_bytes": min(request.max_output_bytes or s.max_output_bytes, s.max_output_bytes),
+            "network": request.network or s.network,
+            "limits": limits,
+        })
+        if s.egress_secrets and resolved.network == "proxy":  # CODE_EXEC_EGRESS_SECRETS: the operator's
+            resolved = resolved.model_copy(update={"secrets_at_egress": {
+                **egress_secrets.from_setting(s.egress_secrets), **resolved.secrets_at_egress}})
+        return resolved, dropped, asked.names() | self._operator_limits()
+
+    def _operator_limits(self) -> set[str]:
+        by_field = {"memory_mb": "memory", "cpus": "cpu", "pids_limit": "pids", "disk_mb": "disk"}
+        return {limit for field, limit in by_field.items() if field in self.settings.model_fields_set}
+
+    async def execute(self, request: ExecRequest, *, backend: str | None = None,
+                      output: LiveOutput | None = None, options: Mapping[str, Any] | None = None,
+                      upload: Uploads | None = None, download: Uploads | None = None) -> ExecResult:
+        """Run one request in a fresh sandbox that is gone afterwards, also on error or cancellation. ``output``
+        receives the output as it arrives (see ``stream``). ``options``: the backend's own options for this run
+        (``{"image": ...}`` for docker). ``upload``: local paths copied in first, ``{local: remote}``;
+        ``download``: workspace paths copied out after the run, ``{remote: local}`` ("." = the whole workspace)."""
+        resolved, dropped, asked = self.prepare(request)
+        uploads, downloads = _pairs(upload, "upload"), _pairs(download, "download")
+        for local, _remote in uploads:
+            admit_upload(local, state=self.state_places())
+        impl, caps = await self._admitted(backend, resolved, asked, session=False, dropped=dropped, options=options)
+        mounts = self.guard.check_mounts(impl, caps, resolved.mounts, state=self.state_places())
+        spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60,
+                           mounts=mounts)
+        _enough_threads(self.slots.total)
+        records: list[asyncio.Task[str | None]] = []  # the run's audit record, written beside its clean-up
+        try:
+            async with self.slots.slot(self.settings.queue_timeout_sec, "this run") as waited:
+                # A warm member was opened without this run's mounts (the pool keys on network and limits only).
+                session = None if mounts else self.pool.take(impl, spec)
+                pooled = session is not None
+                if session is None:
+                    session = await _open(impl, spec)
+                session.session_spec = spec
+                try:
+                    for local, remote in uploads:
+                        await self.upload_to(impl, session, local, remote)
+                    result = await _exec_audited(self.audit, impl, session, resolved, dropped,
+                                                 asked_timeout=request.timeout, output=output, records=records)
+                    result = await self.collected(impl, session, resolved, result)
+                    for remote, local in downloads:
+                        moved = await self.download_from(impl, session, remote, local,
+                                                         secrets_inject.redactor_for(resolved.secrets))
+                        result.notes.extend(f"download: {s}" for s in moved.skipped)
+                finally:
+                    if pooled:
+                        await self.pool.discard(session)  # used once; removed in the background
+                    else:
+                        with backend_errors(impl.name):
+                            await close_bounded(session, impl)
+            notes = result.notes
+            if self.pool.active and not pooled and impl.name in self.pool.errors:
+                notes = [*notes, f"warm pool: starting a {impl.name} sandbox ahead failed "
+                                 f"({self.pool.errors[impl.name]}); this run started its own"]
+            # asyncio.shield: a cancellation landing here must not cancel the record task it would reach
+            written = [note for note in [await asyncio.shield(record) for record in records] if note]
+            return result.model_copy(update={"queued_s": waited, "pooled": pooled, "notes": [*notes, *written]})
+        finally:
+            if records:
+                with anyio.CancelScope(shield=True):  # on disk before the run returns or raises, whatever happened
+                    await asyncio.wait(records)  # neither raises nor cancels them, if interrupted
+
+    @property
+    def transfer_limits(self) -> transfer.TransferLimits:
+        """The bounds of uploads, downloads and listings (CODE_EXEC_MAX_TRANSFER_BYTES / _FILES)."""
+        return transfer.TransferLimits(self.settings.max_transfer_bytes, self.settings.max_transfer_files)
+
+    def state_places(self) -> list[str]:
+        """What of execbox's own a mount or an upload must never hand to the code, beyond the default places:
+        the package cache, the audit log's directory and key file, the MCP server's grant-signing key."""
+        places = [str(self.package_cache)]
+        if self.audit.path is not None:
+            places.append(str(self.audit.path.parent))
+        if self.settings.audit_key_file is not None:
+            places.append(str(self.settings.audit_key_file))
+        if os.environ.get("EXECBOX_MCP_KEY_FILE"):
+            places.append(os.environ["EXECBOX_MCP_KEY_FILE"])
+        return places
+
+    @property
+    def package_cache(self) -> Path:
+        """The per-user wheel cache (CODE_EXEC_PACKAGE_CACHE; see core.packages)."""
+        return packages.default_cache_dir(self.settings.package_cache)
+
+    async def upload_to(self, backend: ExecutionBackend, session: Session, local: str, remote: str) -> Transfer:
+        rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
+        _not_mounted(session, rel, "upload to")
+        with backend_errors(backend.name):
+            return await bounded(transfer.upload_path(session, _text(os.fspath(local), "local path"), rel,
+                                                      limits=self.transfer_limits),
+                                 _files_s(backend), backend=backend, doing="an upload", session=session)
+
+    async def download_from(self, backend: ExecutionBackend, session: Session, remote: str, local: str,
+                            redactor: secrets_inject.Redactor | None = None) -> Transfer:
+        """The download; what it says of the sandbox's files (skipped entries, errors) never shows a secret the
+        sandbox was given (the code may have named a file or a link after one)."""
+        rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
+        _not_mounted(session, rel, "download")
+        with secrets_inject.redacting(redactor), backend_errors(backend.name):
+            moved = await bounded(transfer.download_path(session, rel, _text(os.fspath(local), "local path"),
+                                                         limits=self.transfer_limits),
+                                  _files_s(backend), backend=backend, doing="a download", session=session)
+        if redactor is not None:
+            moved = moved.model_copy(update={"skipped": [redactor.redact_text(s) for s in moved.skipped]})
+        return moved
+
+    async def collected(self, backend: ExecutionBackend, session: Session, request: ExecRequest,
+                        result: ExecResult) -> ExecResult:
+        """The result with the files the request's ``collect`` globs matched (bounded by CODE_EXEC_MAX_READ_BYTES
+        in all; what is left out is said in the notes)."""
+        if not request.collect:
+            return result
+        with backend_errors(backend.name):
+            files, notes = await bounded(
+                transfer.collect(session, list(request.collect), limits=self.transfer_limits,
+                                 max_bytes=self.settings.max_read_bytes),
+                _files_s(backend), backend=backend, doing="collecting files", session=session)
+        result = result.model_copy(update={"files": files, "notes": [*result.notes, *notes]})
+        return secrets_inject.redact_result(result, secrets_inject.redactor_for(request.secrets), result.secrets)
+
+    async def warm(self, backend: str | None = None, *, network: NetworkMode | None = None,
+                   limits: Limits | None = None, timeout: float | None = None) -> int:
+        """Start filling the warm pool for one configuration now (rather than on its first run); returns how
+        many members are ready at this moment. Needs CODE_EXEC_POOL_SIZE > 0 and an entered runner."""
+        if not self.pool.active:
+            raise ConfigError("the warm pool is off: set CODE_EXEC_POOL_SIZE (or Settings(pool_size=...)) and use "
+                              "the runner as `async with AsyncRunner() as runner:`", env_var="CODE_EXEC_POOL_SIZE")
+        resolved, _, asked = self.prepare(ExecRequest(argv=["true"], network=network, limits=limits, timeout=timeout))
+        impl, _ = await self._admitted(backend, resolved, asked, session=False)
+        spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60)
+        self.pool.refill(impl, spec)
+        return self.pool.ready(impl, spec)
+
+    async def _admitted(self, backend: str | None, resolved: ExecRequest, asked: set[str], *, session: bool,
+                        options: Mapping[str, Any] | None = None,
+                        session_id: str | None = None,
+                        dropped: list[str] | None = None) -> tuple[ExecutionBackend, Capabilities]:
+        """``_admit``, with every refusal recorded in the audit log (its reason: the error raised)."""
+        try:
+            return await self._admit(backend, resolved, asked, session=session, options=options)
+        except ExecboxError as exc:
+            named = backend or (self.settings.session_backend if session else self.settings.backend)
+            await self.audit.arecord("refused", **audit_log.refusal_fields(
+                exc, resolved, backend=exc.backend or named, session=session_id, oneshot=not session,
+                opening=session, dropped=dropped))
+            raise
+
+    async def _admit(self, backend: str | None, resolved: ExecRequest, asked: set[str], *, session: bool,
+                     options: Mapping[str, Any] | None = None) -> tuple[ExecutionBackend, Capabilities]:
+        """The backend (auto resolved) and what it enforces here, once the guard has admitted the request: the one
+        place the guard runs, for one-shots and sessions alike, each rule once."""
+        name = backend or (self.settings.session_backend if session else self.settings.backend)
+        if name == "auto" and options:
+            raise ConfigError("backend options were given without a backend: name the backend they are for, e.g. "
+                              "execbox.sandbox('docker', image=...)", env_var="CODE_EXEC_BACKEND")
+        impl = (await self.select("auto"))[0] if name == "auto" else self.backend(name, options)
+        self.guard.check_verdict(impl, resolved)  # cheap refusals first, before the backend is probed
+        self.guard.check_secrets(impl)
+        with backend_errors(impl.name):
+            caps = await _check(impl)  # for auto, select() just checked it: this is the cached answer
+        self.guard.check_policy(impl, caps, resolved, asked)
+        if session and not caps.persistent_sessions:
+            raise UnsupportedPolicyError(
+                f"refused: backend {impl.name!r} has no persistent sessions; use execbox.run for one-shot runs "
+                "or a backend that keeps sessions", backend=impl.name)
+        return impl, caps
+
+    async def run(self, command: str | Sequence[str], *, backend: str | None = None, network: NetworkMode | None = None,
+                  timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+                  files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+                  max_output_bytes: int | None = None, limits: Limits | None = None,
+                  on_stdout: OnText | None = None, on_stderr: OnText | None = None,
+                  mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                  upload: Uploads | None = None, download: Uploads | None = None,
+                  options: Mapping[str, Any] | None = None,
+                  secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
+                  secrets_at_egress: egress_secrets.Given | None = None) -> ExecResult:
+        """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox. ``on_stdout(text)`` /
+        ``on_stderr(text)`` get the output as it arrives (the result is the same as without them). Files: see
+        ``execute``; ``mounts`` bind host paths (read-only unless ``Mount(..., writable=True)``); ``collect``
+        globs return matching workspace files on ``result.files``."""
+        request = _command_request(command, **_request_kw(network, timeout, env, stdin, files, workdir,
+                                                          max_output_bytes, limits, mounts, collect, secrets,
+                                                          secrets_at_egress))
+        return await deliver(lambda out: self.execute(request, backend=backend, output=out, options=options,
+                                                      upload=upload, download=download), on_stdout, on_stderr)
+
+    async def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
+        backend, on_stdout, on_stderr = kw.pop("backend", None), kw.pop("on_stdout", None), kw.pop("on_stderr", None)
+        extra = {k: kw.pop(k, None) for k in ("options", "upload", "download")}
+        request = _request(code=code, language=language, **_request_kw(**kw))
+        return await deliver(lambda out: self.execute(request, backend=backend, output=out, **extra), on_stdout,
+                             on_stderr)
+
+    def stream(self, command: str | Sequence[str], *, backend: str | None = None,
+               **kw: Any) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+        """``async for event in runner.stream(cmd):`` OutputEvents as the output arrives, then the ExecResult."""
+        request = _command_request(command, **_request_kw(**kw))
+        return stream_events(lambda out: self.execute(request, backend=backend, output=out))
+
+    def stream_code(self, code: str, language: Language = "python", *, backend: str | None = None,
+                    **kw: Any) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+        request = _request(code=code, language=language, **_request_kw(**kw))
+        return stream_events(lambda out: self.execute(request, backend=backend, output=out))
+
+    def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
+                name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
+                package_cache: bool = False, pip: Sequence[str] | None = None,
+                secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
+                secrets_at_egress: egress_secrets.Given | None = None,
+                **options: Any) -> AsyncSandbox:
+        """A persistent sandbox. Keywords beyond these are the backend's own options (its settings_model's fields,
+        e.g. ``image=`` for docker), on top of the runner's and the environment's. ``mounts``: host paths bound
+        in for the sandbox's life. ``package_cache``: the per-user wheel cache, read-only, where pip looks;
+        ``pip``: requirements installed from it when the sandbox opens (implies ``package_cache``). ``secrets``:
+        given to every exec (on top of an exec's own), redacted from what every exec returns; ``secrets_at_egress``
+        likewise (network mode proxy)."""
+        sandbox = AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s,
+                               options=options, mounts=mounts, package_cache=package_cache or bool(pip), pip=pip)
+        sandbox.secrets = _sandbox_secrets(secrets)
+        sandbox.secrets_at_egress = _sandbox_secrets(secrets_at_egress, egress=True)
+        return sandbox
+

@@ -1,0 +1,192 @@
+"""The sync facades: Runner and Sandbox, each call run in an event-loop thread (loop_thread)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import os
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from execbox.core import audit as audit_log
+from execbox.core.backend import ExecutionBackend
+from execbox.core.errors import (
+    SandboxError,
+)
+from execbox.core.models import (
+    CellResult,
+    ExecRequest,
+    ExecResult,
+    FileInfo,
+    Language,
+    Transfer,
+)
+from execbox.core.settings import Settings
+
+if TYPE_CHECKING:
+    pass
+
+from execbox.runner.async_runner import AsyncRunner
+from execbox.runner.loop_thread import _OPEN_FACADES, _Closing, _LoopThread, run_blocking
+from execbox.runner.sandbox import AsyncSandbox
+
+T = TypeVar("T")
+
+
+class Runner:
+    """The sync facade of AsyncRunner: same methods, blocking; ``with Runner() as runner:`` closes its backends.
+
+    Its first call starts an event-loop thread that its later calls reuse (a thread per call cost ~1-2 ms);
+    ``close``, or the runner's garbage collection, or the interpreter's exit ends it."""
+
+    def __init__(self, settings: Settings | None = None, *,
+                 options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self.aio = AsyncRunner(settings, options=options)
+        self._loop: _LoopThread | None = None
+        self._closing: _Closing | None = None
+        self._pool_task: concurrent.futures.Future[None] | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Runner:
+        # With a warm pool, the pool refills in the background in the runner's event loop for its life.
+        loop = self._loop_thread()
+        with self._lock:
+            if self.aio.settings.pool_size and self._pool_task is None:
+                self._pool_task, _ = loop.portal.start_task(self.aio.serve_pool)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _loop_thread(self) -> _LoopThread:
+        with self._lock:
+            if self._loop is None:
+                self._loop = _LoopThread()
+                self._closing = _Closing(self, self._loop, self.aio.aclose)
+            return self._loop
+
+    def _forget(self) -> None:
+        if self._closing is not None:
+            self._closing.forget()
+        self._loop = self._closing = self._pool_task = None
+        self._lock = threading.Lock()  # held by the parent's thread at the fork, maybe
+
+    def close(self) -> None:
+        with self._lock:
+            closing, pool_task = self._closing, self._pool_task
+            self._loop = self._closing = self._pool_task = None
+        _OPEN_FACADES.discard(self)
+        if closing is None:
+            run_blocking(self.aio.aclose)
+            return
+        closing.now()
+        if pool_task is not None:
+            pool_task.result()  # what went wrong in the pool's background work, if anything
+
+    def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return self._loop_thread().call(fn)
+
+    def warm(self, backend: str | None = None, **kw: Any) -> int:
+        return self._call(functools.partial(self.aio.warm, backend, **kw))
+
+    @property
+    def settings(self) -> Settings:
+        return self.aio.settings
+
+    @property
+    def audit(self) -> audit_log.AuditLog:
+        return self.aio.audit
+
+    def run(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
+        return self._call(functools.partial(self.aio.run, command, **kw))
+
+    def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
+        return self._call(functools.partial(self.aio.run_code, code, language, **kw))
+
+    def execute(self, request: ExecRequest, *, backend: str | None = None, **kw: Any) -> ExecResult:
+        return self._call(functools.partial(self.aio.execute, request, backend=backend, **kw))
+
+    def sandbox(self, backend: str | None = None, **kw: Any) -> Sandbox:
+        return Sandbox(self.aio.sandbox(backend, **kw), runner=self)
+
+
+
+class Sandbox:
+    """The sync facade of AsyncSandbox; use it as a context manager."""
+
+    def __init__(self, inner: AsyncSandbox, *, runner: Runner | None = None) -> None:
+        self.aio = inner
+        # The facade of the runner it came from, kept alive: collected, it would close the backends this uses.
+        self._runner = runner
+        self._loop: _LoopThread | None = None
+        self._closing: _Closing | None = None
+
+    def __enter__(self) -> Sandbox:
+        loop = _LoopThread()
+        try:
+            loop.portal.call(self.aio.__aenter__)
+        except BaseException:
+            loop.stop(cancel=True)
+            raise
+        self._loop = loop
+        closers = [self.aio.close, *([self.aio.runner.aclose] if self.aio.owns_runner else [])]
+        self._closing = _Closing(self, loop, *closers)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close(*exc)
+
+    def _forget(self) -> None:
+        if self._closing is not None:
+            self._closing.forget()
+        self._loop = self._closing = None
+
+    def close(self, *exc: Any) -> None:
+        """Close the sandbox (what ``with`` does on leaving the block); a second call does nothing."""
+        closing, self._loop, self._closing = self._closing, None, None
+        _OPEN_FACADES.discard(self)
+        if closing is not None:
+            closing.now(cancel=bool(exc) and exc[0] is not None)
+
+    @property
+    def backend(self) -> ExecutionBackend | None:
+        return self.aio.backend
+
+    def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
+        if self._loop is None:
+            raise SandboxError("this sandbox is not open (closed already, never entered, or opened by the process "
+                               "this one was forked from): use it as `with execbox.sandbox() as sb:` and call it "
+                               "inside that block")
+        return self._loop.call(functools.partial(fn, *args, **kw))
+
+    def exec(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
+        return self._call(self.aio.exec, command, **kw)
+
+    def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
+        return self._call(self.aio.run_code, code, language, **kw)
+
+    def run_cell(self, code: str, **kw: Any) -> CellResult:
+        """Python in this sandbox's persistent interpreter; see AsyncSandbox.run_cell."""
+        return self._call(self.aio.run_cell, code, **kw)
+
+    def execute(self, request: ExecRequest) -> ExecResult:
+        return self._call(self.aio.execute, request)
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        self._call(self.aio.write_file, path, data)
+
+    def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        return self._call(self.aio.read_file, path, max_bytes=max_bytes)
+
+    def list_files(self, path: str = ".", *, recursive: bool = False) -> list[FileInfo]:
+        return self._call(self.aio.list_files, path, recursive=recursive)
+
+    def upload(self, local_path: str | os.PathLike[str], remote: str | None = None) -> Transfer:
+        return self._call(self.aio.upload, local_path, remote)
+
+    def download(self, remote: str, local_path: str | os.PathLike[str]) -> Transfer:
+        return self._call(self.aio.download, remote, local_path)
+
+    def pip_install(self, *requirements: str) -> ExecResult:
+        return self._call(self.aio.pip_install, *requirements)
