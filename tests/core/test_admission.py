@@ -15,8 +15,6 @@ from tests.core import stuck_backends
 from tests.core.support import FakeDistributions
 
 SECRET = "sk-test-0123456789abcdef"
-#: Judged outside the one admission until it exists (issue 26, the two bugs).
-pytestmark = pytest.mark.xfail(strict=True, reason="issue 26: refusals judged after admission")
 
 
 @pytest.fixture(autouse=True)

@@ -767,30 +767,36 @@ class RunPlan:
         return redact_result(result, self.redactor, self.names)
 
 
-def plan(request: Any, argv: list[str], *, backend: Any) -> RunPlan:
-    """The run plan of a resolved request (UnsupportedPolicyError when its secrets at egress cannot work)."""
-    from execbox.core.errors import UnsupportedPolicyError
+def refuse_uncarried(request: Any, *, backend: Any) -> None:
+    """Refuse (before any sandbox opens) secrets at egress that this request's network mode or backend cannot
+    carry, and a name declared both as a secret and as a secret at egress. The admission asks this."""
+    from execbox.core.errors import ConfigError, UnsupportedPolicyError
+
+    both = sorted(set(request.secrets) & set(request.secrets_at_egress))
+    if both:  # a sandbox's secrets and an exec's, say
+        raise ConfigError(f"{', '.join(both)} declared both as a secret and as a secret at egress; give each once")
+    if not request.secrets_at_egress:
+        return
+    if request.network != "proxy":
+        raise UnsupportedPolicyError(
+            f"refused: secrets at egress ({', '.join(sorted(request.secrets_at_egress))}) need network mode "
+            f"proxy, which substitutes them; this run's is {request.network!r}. Use network='proxy' (and "
+            "allow the hosts in CODE_EXEC_EGRESS_ALLOW), or pass the values as secrets=", backend=backend.name,
+            env_var="CODE_EXEC_NETWORK")
+    if backend.capabilities.remote:
+        raise UnsupportedPolicyError(
+            f"refused: secrets at egress need execbox's own egress proxy; {backend.name} hands network mode "
+            "proxy to its provider, which cannot substitute them. Use docker or bubblewrap, or secrets=",
+            backend=backend.name)
+
+
+def plan(request: Any, argv: list[str]) -> RunPlan:
+    """The run plan of an admitted request (``refuse_uncarried`` said yes to its secrets at egress)."""
     from execbox.core.secrets_inject import Redactor, deliver
 
     stdin, env = request.stdin, dict(request.env)
     egress: RunSecrets | None = None
-    both = sorted(set(request.secrets) & set(request.secrets_at_egress))
-    if both:  # a sandbox's secrets and an exec's, say
-        from execbox.core.errors import ConfigError
-
-        raise ConfigError(f"{', '.join(both)} declared both as a secret and as a secret at egress; give each once")
     if request.secrets_at_egress:
-        if request.network != "proxy":
-            raise UnsupportedPolicyError(
-                f"refused: secrets at egress ({', '.join(sorted(request.secrets_at_egress))}) need network mode "
-                f"proxy, which substitutes them; this run's is {request.network!r}. Use network='proxy' (and "
-                "allow the hosts in CODE_EXEC_EGRESS_ALLOW), or pass the values as secrets=", backend=backend.name,
-                env_var="CODE_EXEC_NETWORK")
-        if backend.capabilities.remote:
-            raise UnsupportedPolicyError(
-                f"refused: secrets at egress need execbox's own egress proxy; {backend.name} hands network mode "
-                "proxy to its provider, which cannot substitute them. Use docker or bubblewrap, or secrets=",
-                backend=backend.name)
         egress = RunSecrets(request.secrets_at_egress)
         env.update(egress.env())
     values = {**{n: s.reveal() for n, s in request.secrets.items()}, **(egress.values() if egress else {})}

@@ -14,12 +14,9 @@ import anyio.abc
 from execbox.core import audit as audit_log
 from execbox.core import egress_secrets, packages, secrets_inject, transfer
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, bounded, close_bounded
-from execbox.core.envpolicy import filter_env
 from execbox.core.errors import (
     BackendUnavailableError,
     ConfigError,
-    ExecboxError,
-    UnsupportedPolicyError,
 )
 from execbox.core.models import (
     ISOLATION_STRENGTH,
@@ -38,7 +35,6 @@ from execbox.core.scheduler import Slots, default_max_concurrent
 from execbox.core.settings import Settings
 from execbox.core.workspace import normalize
 from execbox.guard.guard import Guard
-from execbox.guard.mounts import admit_upload
 from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
 
 if TYPE_CHECKING:
@@ -58,7 +54,9 @@ from execbox.runner.pipeline import (
     _request_kw,
     _sandbox_secrets,
     _text,
+    admit,
     backend_errors,
+    resolve,
 )
 from execbox.runner.sandbox import AsyncSandbox
 
@@ -139,14 +137,16 @@ class AsyncRunner:
             self._backends[key] = self.registry.get(name).cls(self.settings, merged)
         return self._backends[key]
 
-    async def select(self, name: str | None = None, *, session: bool = False) -> tuple[ExecutionBackend, Capabilities]:
-        """The backend to use and what it enforces here; ``auto`` picks the strongest sandbox that runs here."""
+    async def select(self, name: str | None = None, *, session: bool = False,
+                     request: ExecRequest | None = None) -> tuple[ExecutionBackend, Capabilities]:
+        """The backend to use and what it enforces here; ``auto`` picks the strongest sandbox that runs here, for
+        ``request`` (admitted, its settings resolved) or, without one, for the configured network."""
         name = name or (self.settings.session_backend if session else self.settings.backend)
         if name != "auto":
             backend = self.backend(name)
             return backend, await _check(backend)
         tried: list[str] = []
-        probe = ExecRequest(argv=["true"], network=self.settings.network)
+        probe = request or ExecRequest(argv=["true"], network=self.settings.network)
         for candidate in self.auto_candidates():
             try:
                 backend = self.backend(candidate)
@@ -192,34 +192,8 @@ class AsyncRunner:
         return names
 
     def prepare(self, request: ExecRequest) -> tuple[ExecRequest, list[str], set[str]]:
-        """The request with the settings applied (defaults, clamps, env policy); the dropped env names; the
-        limits demanded: those the request names, and those the operator set explicitly (CODE_EXEC_MEMORY_MB,
-        CODE_EXEC_CPUS, CODE_EXEC_PIDS_LIMIT). A backend that cannot enforce a demanded limit refuses; the
-        built-in defaults apply wherever a backend can enforce them."""
-        s = self.settings
-        env, dropped = filter_env(request.env)
-        asked = request.limits or Limits()
-        limits = Limits(
-            memory_mb=min(asked.memory_mb or s.memory_mb, s.memory_mb),
-            cpus=min(asked.cpus or s.cpus, s.cpus),
-            pids=min(asked.pids or s.pids_limit, s.pids_limit),
-            disk_mb=min(asked.disk_mb or s.disk_mb, s.disk_mb),
-        )
-        resolved = request.model_copy(update={
-            "env": env,
-            "timeout": min(request.timeout or s.max_timeout_sec, s.max_timeout_sec),
-            "max_output_bytes": min(request.max_output_bytes or s.max_output_bytes, s.max_output_bytes),
-            "network": request.network or s.network,
-            "limits": limits,
-        })
-        if s.egress_secrets and resolved.network == "proxy":  # CODE_EXEC_EGRESS_SECRETS: the operator's
-            resolved = resolved.model_copy(update={"secrets_at_egress": {
-                **egress_secrets.from_setting(s.egress_secrets), **resolved.secrets_at_egress}})
-        return resolved, dropped, asked.names() | self._operator_limits()
-
-    def _operator_limits(self) -> set[str]:
-        by_field = {"memory_mb": "memory", "cpus": "cpu", "pids_limit": "pids", "disk_mb": "disk"}
-        return {limit for field, limit in by_field.items() if field in self.settings.model_fields_set}
+        """The request with this runner's settings applied (pipeline.resolve)."""
+        return resolve(self.settings, request)
 
     async def execute(self, request: ExecRequest, *, backend: str | None = None,
                       output: LiveOutput | None = None, options: Mapping[str, Any] | None = None,
@@ -228,12 +202,9 @@ class AsyncRunner:
         receives the output as it arrives (see ``stream``). ``options``: the backend's own options for this run
         (``{"image": ...}`` for docker). ``upload``: local paths copied in first, ``{local: remote}``;
         ``download``: workspace paths copied out after the run, ``{remote: local}`` ("." = the whole workspace)."""
-        resolved, dropped, asked = self.prepare(request)
         uploads, downloads = _pairs(upload, "upload"), _pairs(download, "download")
-        for local, _remote in uploads:
-            admit_upload(local, state=self.state_places())
-        impl, caps = await self._admitted(backend, resolved, asked, session=False, dropped=dropped, options=options)
-        mounts = self.guard.check_mounts(impl, caps, resolved.mounts, state=self.state_places())
+        admission = await admit(self, request, backend=backend, options=options, uploads=uploads)
+        impl, resolved, dropped, mounts = admission.backend, admission.request, admission.dropped, admission.mounts
         spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60,
                            mounts=mounts)
         _enough_threads(self.slots.total)
@@ -339,45 +310,12 @@ class AsyncRunner:
         if not self.pool.active:
             raise ConfigError("the warm pool is off: set CODE_EXEC_POOL_SIZE (or Settings(pool_size=...)) and use "
                               "the runner as `async with AsyncRunner() as runner:`", env_var="CODE_EXEC_POOL_SIZE")
-        resolved, _, asked = self.prepare(ExecRequest(argv=["true"], network=network, limits=limits, timeout=timeout))
-        impl, _ = await self._admitted(backend, resolved, asked, session=False)
+        admission = await admit(self, ExecRequest(argv=["true"], network=network, limits=limits, timeout=timeout),
+                                backend=backend)
+        impl, resolved = admission.backend, admission.request
         spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60)
         self.pool.refill(impl, spec)
         return self.pool.ready(impl, spec)
-
-    async def _admitted(self, backend: str | None, resolved: ExecRequest, asked: set[str], *, session: bool,
-                        options: Mapping[str, Any] | None = None,
-                        session_id: str | None = None,
-                        dropped: list[str] | None = None) -> tuple[ExecutionBackend, Capabilities]:
-        """``_admit``, with every refusal recorded in the audit log (its reason: the error raised)."""
-        try:
-            return await self._admit(backend, resolved, asked, session=session, options=options)
-        except ExecboxError as exc:
-            named = backend or (self.settings.session_backend if session else self.settings.backend)
-            await self.audit.arecord("refused", **audit_log.refusal_fields(
-                exc, resolved, backend=exc.backend or named, session=session_id, oneshot=not session,
-                opening=session, dropped=dropped))
-            raise
-
-    async def _admit(self, backend: str | None, resolved: ExecRequest, asked: set[str], *, session: bool,
-                     options: Mapping[str, Any] | None = None) -> tuple[ExecutionBackend, Capabilities]:
-        """The backend (auto resolved) and what it enforces here, once the guard has admitted the request: the one
-        place the guard runs, for one-shots and sessions alike, each rule once."""
-        name = backend or (self.settings.session_backend if session else self.settings.backend)
-        if name == "auto" and options:
-            raise ConfigError("backend options were given without a backend: name the backend they are for, e.g. "
-                              "execbox.sandbox('docker', image=...)", env_var="CODE_EXEC_BACKEND")
-        impl = (await self.select("auto"))[0] if name == "auto" else self.backend(name, options)
-        self.guard.check_verdict(impl, resolved)  # cheap refusals first, before the backend is probed
-        self.guard.check_secrets(impl)
-        with backend_errors(impl.name):
-            caps = await _check(impl)  # for auto, select() just checked it: this is the cached answer
-        self.guard.check_policy(impl, caps, resolved, asked)
-        if session and not caps.persistent_sessions:
-            raise UnsupportedPolicyError(
-                f"refused: backend {impl.name!r} has no persistent sessions; use execbox.run for one-shot runs "
-                "or a backend that keeps sessions", backend=impl.name)
-        return impl, caps
 
     async def run(self, command: str | Sequence[str], *, backend: str | None = None, network: NetworkMode | None = None,
                   timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,

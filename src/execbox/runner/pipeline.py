@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import posixpath
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,10 +17,12 @@ from pydantic import ValidationError
 from execbox.core import audit as audit_log
 from execbox.core import egress_secrets, secrets_inject
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, bounded, close_bounded
+from execbox.core.envpolicy import filter_env
 from execbox.core.errors import (
     ConfigError,
     ExecboxError,
     SandboxError,
+    UnsupportedPolicyError,
     WorkspacePathError,
 )
 from execbox.core.models import (
@@ -35,9 +38,11 @@ from execbox.core.models import (
 from execbox.core.output import LiveOutput
 from execbox.core.results import explain
 from execbox.core.workspace import normalize
+from execbox.guard.mounts import admit_upload
 
 if TYPE_CHECKING:
-    pass
+    from execbox.core.settings import Settings
+    from execbox.runner.async_runner import AsyncRunner
 
 
 def _request(**kw: Any) -> ExecRequest:
@@ -96,6 +101,153 @@ def _sandbox_secrets(secrets: Mapping[str, Any] | None, *, egress: bool = False)
         return egress_secrets.check(secrets or {}) if egress else secrets_inject.check_secrets(secrets or {})
     except ValueError as exc:
         raise ConfigError(f"invalid {'secrets_at_egress' if egress else 'secrets'}: {exc}") from None
+
+
+# --- stage 1: admission ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """A request judged and resolved before any sandbox opens: what the later stages run, and nothing else.
+
+    ``request`` has the settings applied (defaults, clamps, the env policy; ``dropped`` names what the policy
+    took out); ``asked`` is the request as the caller gave it. ``mounts`` are resolved and admitted; ``uploads``
+    were judged like mounts. ``session`` is the audit id of the sandbox it runs in (None for a one-shot)."""
+
+    backend: ExecutionBackend
+    capabilities: Capabilities
+    request: ExecRequest
+    asked: ExecRequest
+    dropped: list[str]
+    mounts: tuple[Mount, ...] = ()
+    uploads: tuple[tuple[str, str], ...] = ()
+    session: str | None = None
+
+
+def resolve(settings: Settings, request: ExecRequest) -> tuple[ExecRequest, list[str], set[str]]:
+    """The request with the settings applied (defaults, clamps, env policy); the dropped env names; the
+    limits demanded: those the request names, and those the operator set explicitly (CODE_EXEC_MEMORY_MB,
+    CODE_EXEC_CPUS, CODE_EXEC_PIDS_LIMIT). A backend that cannot enforce a demanded limit refuses; the
+    built-in defaults apply wherever a backend can enforce them."""
+    s = settings
+    env, dropped = filter_env(request.env)
+    asked = request.limits or Limits()
+    limits = Limits(
+        memory_mb=min(asked.memory_mb or s.memory_mb, s.memory_mb),
+        cpus=min(asked.cpus or s.cpus, s.cpus),
+        pids=min(asked.pids or s.pids_limit, s.pids_limit),
+        disk_mb=min(asked.disk_mb or s.disk_mb, s.disk_mb),
+    )
+    resolved = request.model_copy(update={
+        "env": env,
+        "timeout": min(request.timeout or s.max_timeout_sec, s.max_timeout_sec),
+        "max_output_bytes": min(request.max_output_bytes or s.max_output_bytes, s.max_output_bytes),
+        "network": request.network or s.network,
+        "limits": limits,
+    })
+    if s.egress_secrets and resolved.network == "proxy":  # CODE_EXEC_EGRESS_SECRETS: the operator's
+        resolved = resolved.model_copy(update={"secrets_at_egress": {
+            **egress_secrets.from_setting(s.egress_secrets), **resolved.secrets_at_egress}})
+    by_field = {"memory_mb": "memory", "cpus": "cpu", "pids_limit": "pids", "disk_mb": "disk"}
+    operator = {limit for field, limit in by_field.items() if field in s.model_fields_set}
+    return resolved, dropped, asked.names() | operator
+
+
+async def admit(runner: AsyncRunner, request: ExecRequest, *, backend: str | None = None,
+                options: Mapping[str, Any] | None = None, uploads: Sequence[tuple[str, str]] = (),
+                opening: str | None = None, within: Admission | None = None,
+                extra_env: Mapping[str, str] | None = None) -> Admission:
+    """The one place a request is judged, before any sandbox opens: settings resolved, env filtered, the backend
+    chosen (``auto`` resolved) and the guard run once (verdict, seed scan, network and limits, mounts, uploads,
+    secrets at egress). Any refusal is raised after exactly one `refused` audit record.
+
+    ``opening``: the audit id of a sandbox this request opens (the sandbox's own configuration, not a command).
+    ``within``: the admission of the open sandbox this request runs in (its backend, network and limits are
+    fixed; ``extra_env`` is what that sandbox adds to every exec)."""
+    session = within.session if within is not None else opening
+    resolved, dropped = request, None
+    named = within.backend.name if within is not None else backend or (
+        runner.settings.session_backend if opening else runner.settings.backend)
+    try:
+        if within is not None:
+            impl, caps = within.backend, within.capabilities
+            _session_rules(within, request)
+            resolved, dropped, _ = resolve(runner.settings, request.model_copy(update={
+                "network": within.asked.network, "limits": within.asked.limits}))
+            # Admitted when it opened: the network and limits cannot change, and the backend is the same one. Only
+            # the seed scan runs again: it guards every unsandboxed run, and a seed may have appeared since.
+            runner.guard.check_secrets(impl)
+            if extra_env:
+                resolved = resolved.model_copy(update={"env": {**extra_env, **resolved.env}})
+            mounts: tuple[Mount, ...] = ()
+        else:
+            resolved, dropped, demanded = resolve(runner.settings, request)
+            for local, _remote in uploads:
+                admit_upload(local, state=runner.state_places())
+            impl, caps = await _choose(runner, backend, resolved, demanded, session=opening is not None,
+                                       options=options)
+            mounts = runner.guard.check_mounts(impl, caps, resolved.mounts, state=runner.state_places())
+        egress_secrets.refuse_uncarried(resolved, backend=impl)
+    except ExecboxError as exc:
+        record = request if within is not None else resolved  # a session's refusal says what the caller asked
+        await _refused(runner, exc, record, backend=exc.backend or named, session=session,
+                       opening=opening is not None, dropped=None if within is not None else dropped)
+        raise
+    return Admission(impl, caps, resolved, request, dropped, mounts, tuple(uploads), session)
+
+
+async def admit_upload_into(runner: AsyncRunner, within: Admission, local: str) -> None:
+    """An upload into an open sandbox, judged as a one-shot's uploads are (the places a mount may not show, the
+    seed scan); a refusal is one `refused` audit record."""
+    try:
+        admit_upload(local, backend=within.backend.name, state=runner.state_places())
+    except ExecboxError as exc:
+        await _refused(runner, exc, within.asked, backend=within.backend.name, session=within.session, opening=True)
+        raise
+
+
+async def _refused(runner: AsyncRunner, exc: ExecboxError, request: ExecRequest, *, backend: str | None,
+                   session: str | None, opening: bool, dropped: list[str] | None = None) -> None:
+    """The one audit record of a refusal (its reason: the error raised); ``opening``: the request is a sandbox's
+    configuration, not a command, so no command fields."""
+    await runner.audit.arecord("refused", **audit_log.refusal_fields(
+        exc, request, backend=backend, session=session, oneshot=session is None, opening=opening, dropped=dropped))
+
+
+def _session_rules(within: Admission, request: ExecRequest) -> None:
+    """What an exec in an open sandbox may not ask for: its network, limits and mounts were fixed at the open."""
+    backend, network, limits = within.backend.name, within.asked.network, within.asked.limits
+    if request.network is not None and request.network != network:
+        raise UnsupportedPolicyError(
+            f"refused: this sandbox was opened with network {network!r}; a session cannot change it. "
+            "Open another sandbox with the network mode you need", backend=backend)
+    if request.limits is not None and request.limits != limits:
+        raise UnsupportedPolicyError(
+            f"refused: this sandbox was opened with limits {limits}; a session cannot change them per exec. "
+            "Open another sandbox with the limits you need", backend=backend)
+    if request.mounts:
+        raise UnsupportedPolicyError(
+            "refused: a sandbox's mounts are fixed when it opens; give them to sandbox(mounts=[...])", backend=backend)
+
+
+async def _choose(runner: AsyncRunner, backend: str | None, resolved: ExecRequest, demanded: set[str], *,
+                  session: bool, options: Mapping[str, Any] | None) -> tuple[ExecutionBackend, Capabilities]:
+    """The backend (auto resolved) and what it enforces here, once the guard has admitted the request for it."""
+    name = backend or (runner.settings.session_backend if session else runner.settings.backend)
+    if name == "auto" and options:
+        raise ConfigError("backend options were given without a backend: name the backend they are for, e.g. "
+                          "execbox.sandbox('docker', image=...)", env_var="CODE_EXEC_BACKEND")
+    impl = (await runner.select("auto", request=resolved))[0] if name == "auto" else runner.backend(name, options)
+    runner.guard.check_verdict(impl, resolved)  # cheap refusals first, before the backend is probed
+    runner.guard.check_secrets(impl)
+    with backend_errors(impl.name):
+        caps = await _check(impl)  # for auto, select() just checked it: this is the cached answer
+    runner.guard.check_policy(impl, caps, resolved, demanded)
+    if session and not caps.persistent_sessions:
+        raise UnsupportedPolicyError(
+            f"refused: backend {impl.name!r} has no persistent sessions; use execbox.run for one-shot runs "
+            "or a backend that keeps sessions", backend=impl.name)
+    return impl, caps
 
 
 async def _open(backend: ExecutionBackend, spec: SessionSpec) -> Session:
@@ -195,7 +347,7 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
     # Declared secrets reach the command through its stdin and a wrapper, never the env a backend sees, and the
     # output is redacted as it is captured (core.secrets_inject); secrets at egress give it placeholders that the
     # egress proxy swaps for the values in HTTPS requests to their hosts only (core.egress_secrets).
-    secrets = egress_secrets.plan(request, argv, backend=backend)
+    secrets = egress_secrets.plan(request, argv)
     spec = ExecSpec(argv=secrets.argv, env=secrets.env, stdin=secrets.stdin, workdir=session.workspace,
                     timeout=request.timeout, max_output_bytes=request.max_output_bytes, network=request.network,
                     limits=request.limits, on_output=output.feed if output else None)

@@ -16,7 +16,6 @@ from execbox.core import packages, secrets_inject
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, bounded, broken, close_bounded
 from execbox.core.errors import (
     ConfigError,
-    ExecboxError,
     SandboxError,
     UnsupportedPolicyError,
 )
@@ -35,12 +34,12 @@ from execbox.core.models import (
 from execbox.core.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
 from execbox.core.results import clamp_note
 from execbox.core.workspace import is_directory_error, normalize
-from execbox.guard.mounts import admit_upload
 
 if TYPE_CHECKING:
     from execbox.core.kernel import Kernel
 
 from execbox.runner.pipeline import (
+    Admission,
     _bytes,
     _cell_fields,
     _command_request,
@@ -52,6 +51,8 @@ from execbox.runner.pipeline import (
     _request_kw,
     _session_exec,
     _text,
+    admit,
+    admit_upload_into,
     backend_errors,
 )
 
@@ -93,15 +94,19 @@ class AsyncSandbox:
         self.secrets: dict[str, secrets_inject.Secret] = {}
         self.secrets_at_egress: dict[str, tuple[str, int, secrets_inject.Secret]] = {}
         self._given: dict[str, secrets_inject.Secret] = {}
+        #: How the sandbox was admitted when it opened (its backend, network, limits, mounts); its execs' rules.
+        self.admission: Admission | None = None
 
     async def __aenter__(self) -> AsyncSandbox:
-        probe = ExecRequest(argv=["true"], network=self._network, limits=self._limits)
-        resolved, _, asked = self.runner.prepare(probe)
-        self.backend, self.capabilities = await self.runner._admitted(self._backend_name, resolved, asked, session=True,
-                                                                      options=self._options, session_id=self.id)
+        # The sandbox's own configuration as a request (no command of the caller's: the audit record says none).
+        opening = ExecRequest(argv=["true"], network=self._network, limits=self._limits, mounts=self._mounts)
+        opening = opening.model_copy(update={"secrets": self.secrets, "secrets_at_egress": self.secrets_at_egress})
+        self.admission = await admit(self.runner, opening, backend=self._backend_name, options=self._options,
+                                     opening=self.id)
+        self.backend, self.capabilities = self.admission.backend, self.admission.capabilities
+        resolved = self.admission.request
         cache = self.runner.package_cache
-        mounts = self.runner.guard.check_mounts(self.backend, self.capabilities, self._mounts,
-                                                state=self.runner.state_places())
+        mounts = self.admission.mounts
         if self._package_cache:
             mounts = (*mounts, *self._cache_mount(self.backend, self.capabilities, cache))
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name,
@@ -183,38 +188,15 @@ class AsyncSandbox:
             request = request.model_copy(update={"secrets": {**self.secrets, **request.secrets}, "secrets_at_egress": {
                 **self.secrets_at_egress, **request.secrets_at_egress}})
         self._given.update(request.secrets)
-        try:
-            resolved, dropped = self._admit(backend, request)
-        except ExecboxError as exc:
-            await self.runner.audit.arecord("refused", **audit_log.refusal_fields(
-                exc, request, backend=backend.name, session=self.id, oneshot=False))
-            raise
+        admission = await admit(self.runner, request, within=self._opened(), extra_env=self._extra_env)
+        resolved, dropped = admission.request, admission.dropped
         result = await _exec_audited(self.runner.audit, backend, session, resolved, dropped, session_id=self.id,
                                      asked_timeout=request.timeout, output=output)
         return await self.runner.collected(backend, session, resolved, result)
 
-    def _admit(self, backend: ExecutionBackend, request: ExecRequest) -> tuple[ExecRequest, list[str]]:
-        """The request resolved for this sandbox, or the refusal: the session's rules."""
-        if request.network is not None and request.network != self._network:
-            raise UnsupportedPolicyError(
-                f"refused: this sandbox was opened with network {self._network!r}; a session cannot change it. "
-                "Open another sandbox with the network mode you need", backend=backend.name)
-        if request.limits is not None and request.limits != self._limits:
-            raise UnsupportedPolicyError(
-                f"refused: this sandbox was opened with limits {self._limits}; a session cannot change them per exec. "
-                "Open another sandbox with the limits you need", backend=backend.name)
-        if request.mounts:
-            raise UnsupportedPolicyError(
-                "refused: a sandbox's mounts are fixed when it opens; give them to sandbox(mounts=[...])",
-                backend=backend.name)
-        # Admitted when it opened: the network and limits cannot change, and the backend is the same one. Only
-        # the seed scan runs again: it guards every unsandboxed run, and a seed may have appeared since.
-        resolved, dropped, _ = self.runner.prepare(request.model_copy(update={"network": self._network,
-                                                                               "limits": self._limits}))
-        self.runner.guard.check_secrets(backend)
-        if self._extra_env:
-            resolved = resolved.model_copy(update={"env": {**self._extra_env, **resolved.env}})
-        return resolved, dropped
+    def _opened(self) -> Admission:
+        assert self.admission is not None  # set by __aenter__, before any call reaches _live()
+        return self.admission
 
     async def exec(self, command: str | Sequence[str], *, on_stdout: OnText | None = None,
                    on_stderr: OnText | None = None, **kw: Any) -> ExecResult:
@@ -245,12 +227,7 @@ class AsyncSandbox:
         it does not stop, its interpreter is killed: the result then says ``state_lost``, never silently."""
         backend, session = self._live()
         request = _request(code=_text(code, "code"), language="python", timeout=timeout)
-        try:
-            resolved, _ = self._admit(backend, request)
-        except ExecboxError as exc:
-            await self.runner.audit.arecord("refused", **audit_log.refusal_fields(
-                exc, request, backend=backend.name, session=self.id, oneshot=False))
-            raise
+        resolved = (await admit(self.runner, request, within=self._opened(), extra_env=self._extra_env)).request
         if self._kernel is None:
             from execbox.core.kernel import Kernel  # only sandboxes that run cells need the kernel's client
 
@@ -327,7 +304,7 @@ class AsyncSandbox:
         mount (your home itself, ~/.ssh, ...) and scans the tree for wallet seeds."""
         backend, session = self._live()
         local = _text(os.fspath(local_path), "local path")
-        admit_upload(local, backend=backend.name, state=self.runner.state_places())
+        await admit_upload_into(self.runner, self._opened(), local)
         return await self.runner.upload_to(backend, session, local,
                                            remote if remote is not None else os.path.basename(os.path.abspath(local)))
 
