@@ -194,8 +194,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
         proxy = EgressProxy(EgressPolicy.build(allowed, defaults=False), ca_bundle=ca)
         proxies.append(proxy)
         destination = f"{SECRET_HOST}:{server.port}" + (es.IN_BODY if body else "")
-        with es.at_egress(es.RunSecrets(es.check({NAME: (destination, VALUE)}))):
-            run = proxy.start_run()
+        run = proxy.start_run(es.RunSecrets(es.check({NAME: (destination, VALUE)})))
         return proxy, run, server, run.secrets.secrets[0].placeholder
 
     proxies: list[EgressProxy] = []

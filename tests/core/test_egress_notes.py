@@ -96,8 +96,7 @@ def test_a_host_certificate_the_proxy_cannot_verify_names_the_ca_bundle(
     monkeypatch.setattr(px, "resolve", resolve)
     proxy = EgressProxy(EgressPolicy.build([f"127.0.0.1/32:{port}"], defaults=False))  # no CODE_EXEC_CA_BUNDLE
     try:
-        with es.at_egress(es.RunSecrets(es.check({"K": (f"{SECRET_HOST}:{port}", "sk-live-0123456789abcdef")}))):
-            run = proxy.start_run()
+        run = proxy.start_run(es.RunSecrets(es.check({"K": (f"{SECRET_HOST}:{port}", "sk-live-0123456789abcdef")})))
         ctx = ssl.create_default_context(cafile=str(Path(proxy.directory) / es.BUNDLE_FILE))
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
             raw.settimeout(30)

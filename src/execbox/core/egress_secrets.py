@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import datetime
 import ipaddress
 import os
@@ -53,7 +52,7 @@ import secrets as random
 import ssl
 import string
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,26 +202,12 @@ class RunSecrets:
         return next((s for s in self.secrets if s.placeholder in data), None)
 
 
-_current: contextvars.ContextVar[RunSecrets | None] = contextvars.ContextVar("execbox_egress_secrets", default=None)
-
-
-@contextlib.contextmanager
-def at_egress(run: RunSecrets | None) -> Iterator[None]:
-    """Make ``run`` the current run's secrets at egress: the proxy run a backend starts inside takes them."""
-    token = _current.set(run)
-    try:
-        yield
-    finally:
-        _current.reset(token)
-
-
 # --- the proxy's hooks (core.proxy calls these) ------------------------------------------------------------
 
 
-def for_run(proxy: Any) -> RunSecrets | None:
-    """The current run's secrets at egress, for the proxy run being started (and the proxy's interceptor,
-    made on first use)."""
-    run = _current.get()
+def for_run(proxy: Any, run: RunSecrets | None) -> RunSecrets | None:
+    """A run's secrets at egress (its spec's ``egress``), for the proxy run being started (and the proxy's
+    interceptor, made on first use)."""
     if run is None:
         return None
     interceptor = getattr(proxy, "mitm", None)
@@ -233,10 +218,10 @@ def for_run(proxy: Any) -> RunSecrets | None:
     return run
 
 
-def ca_env(proxy: Any) -> dict[str, str]:
-    """The CA variables for the current run (empty unless it has secrets at egress)."""
+def ca_env(proxy: Any, run: RunSecrets | None) -> dict[str, str]:
+    """The CA variables for a run (empty unless it has secrets at egress)."""
     interceptor = getattr(proxy, "mitm", None)
-    if _current.get() is None or interceptor is None:
+    if run is None or interceptor is None:
         return {}
     from execbox.core.proxy import CA_VARIABLES, MOUNT_POINT
 
@@ -745,14 +730,6 @@ class RunPlan:
     names: list[str]
     redactor: Any = None
     egress: RunSecrets | None = None
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        """While the backend runs it: captures redact, and the proxy run it starts takes the secrets at egress."""
-        from execbox.core.secrets_inject import redacting
-
-        with redacting(self.redactor), at_egress(self.egress):
-            yield
 
     def finish(self, result: R) -> R:
         """The result as the caller may see it (core.secrets_inject.redact_result), and a note when secrets at

@@ -31,6 +31,7 @@ from execbox.core.errors import BackendUnavailableError, ExecboxError, FileTooLa
 from execbox.core.models import ExecResult, ExecSpec
 from execbox.core.output import BoundedCapture, OnOutput, StreamName
 from execbox.core.owner import owner_alive, owner_id
+from execbox.core.secrets_inject import Redactor
 from execbox.core.workspace import is_directory_error
 
 T = TypeVar("T")
@@ -241,8 +242,9 @@ class RemoteSession(Session):
 class TextCapture:
     """A text stream (write/flush) that feeds a BoundedCapture: for SDKs that deliver decoded chunks."""
 
-    def __init__(self, cap: int, on_output: OnOutput | None = None, stream: StreamName = "stdout") -> None:
-        self.capture = BoundedCapture(cap, on_output, stream)
+    def __init__(self, cap: int, on_output: OnOutput | None = None, stream: StreamName = "stdout", *,
+                 redactor: Redactor | None = None) -> None:
+        self.capture = BoundedCapture(cap, on_output, stream, redactor=redactor)
 
     def write(self, text: str) -> int:
         self.capture.write(text.encode("utf-8", errors="replace"))

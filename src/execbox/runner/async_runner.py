@@ -204,7 +204,7 @@ class AsyncRunner:
         ``download``: workspace paths copied out after the run, ``{remote: local}`` ("." = the whole workspace)."""
         uploads, downloads = _pairs(upload, "upload"), _pairs(download, "download")
         admission = await admit(self, request, backend=backend, options=options, uploads=uploads)
-        impl, resolved, dropped, mounts = admission.backend, admission.request, admission.dropped, admission.mounts
+        impl, resolved, mounts = admission.backend, admission.request, admission.mounts
         spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60,
                            mounts=mounts)
         _enough_threads(self.slots.total)
@@ -220,8 +220,7 @@ class AsyncRunner:
                 try:
                     for local, remote in uploads:
                         await self.upload_to(impl, session, local, remote)
-                    result = await _exec_audited(self.audit, impl, session, resolved, dropped,
-                                                 asked_timeout=request.timeout, output=output, records=records)
+                    result = await _exec_audited(self.audit, admission, session, output=output, records=records)
                     result = await self.collected(impl, session, resolved, result)
                     for remote, local in downloads:
                         moved = await self.download_from(impl, session, remote, local,

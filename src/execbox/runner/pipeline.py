@@ -326,55 +326,84 @@ def _request_kw(network: NetworkMode | None = None, timeout: float | None = None
     return {k: v for k, v in kw.items() if v is not None}
 
 
-async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecRequest, dropped: list[str], *,
-                   asked_timeout: float | None = None, output: LiveOutput | None = None) -> ExecResult:
-    """Place the files, resolve the workdir, run, and stamp the result with what the runner knows (the limit that
-    cut it short, in words: core.results.explain; ``asked_timeout`` is the timeout as requested, before clamping)."""
+# --- stage 2: the plan; stage 3: the session's exec; stage 4: the result finished ---------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """An admitted request as one session runs it: the spec (complete and frozen: the redactor and the secrets at
+    egress travel in it), the files to place in the workspace first, and its secrets (for ``finish``)."""
+
+    spec: ExecSpec
+    files: dict[str, bytes]
+    secrets: egress_secrets.RunPlan
+
+
+def plan(admission: Admission, session: Session, *, output: LiveOutput | None = None) -> Plan:
+    """The spec of an admitted request in ``session``: code as a file, the workdir created and entered, declared
+    secrets delivered through stdin and a wrapper and redacted as the output is captured (core.secrets_inject),
+    secrets at egress as placeholders the session's egress proxy swaps for their values (core.egress_secrets)."""
+    request = admission.request
     argv, files = request.materialize(session.workspace)
-    for path, data in files.items():
-        with backend_errors(backend.name):
-            await bounded(session.write_file(normalize(path, session.workspace), data), _files_s(backend),
-                          backend=backend, doing="write_file", session=session)
     if request.workdir:
         workdir = posixpath.join(session.workspace, normalize(request.workdir, session.workspace))
         # The backend starts in the workspace; a workdir below it is created (if missing) and entered inside
         # the sandbox, the same way on every backend.
         argv = ["/bin/sh", "-c", 'mkdir -p -- "$1" && cd -- "$1" && shift && exec "$@"', "execbox-workdir", workdir,
                 *argv]
-    assert request.timeout and request.max_output_bytes and request.network and request.limits  # prepare() set them
+    assert request.timeout and request.max_output_bytes and request.network and request.limits  # resolve() set them
     if output is not None:
         output.set_cap(request.max_output_bytes)
-    # Declared secrets reach the command through its stdin and a wrapper, never the env a backend sees, and the
-    # output is redacted as it is captured (core.secrets_inject); secrets at egress give it placeholders that the
-    # egress proxy swaps for the values in HTTPS requests to their hosts only (core.egress_secrets).
     secrets = egress_secrets.plan(request, argv)
     spec = ExecSpec(argv=secrets.argv, env=secrets.env, stdin=secrets.stdin, workdir=session.workspace,
                     timeout=request.timeout, max_output_bytes=request.max_output_bytes, network=request.network,
-                    limits=request.limits, on_output=output.feed if output else None)
-    with secrets.active():
-        result = await _session_exec(backend, session, spec)
-    result = result.model_copy(update={
-        "backend": backend.name, "filtered_env": dropped, "notes": [*result.notes, *backend.notes()],
+                    limits=request.limits, on_output=output.feed if output else None, redactor=secrets.redactor,
+                    egress=secrets.egress)
+    return Plan(spec, files, secrets)
+
+
+def finish(raw: ExecResult, admission: Admission, planned: Plan) -> ExecResult:
+    """The one place a run's result is finished: stamped with what the runner knows (the backend, the env names the
+    policy dropped, the backend's notes), the limit that cut it short said in words (core.results.explain; the
+    timeout as asked, before clamping), secrets at egress that no proxy took noted, and every secret redacted."""
+    backend, request = admission.backend, admission.request
+    assert request.timeout and request.network and request.limits  # resolve() set them
+    result = raw.model_copy(update={
+        "backend": backend.name, "filtered_env": admission.dropped, "notes": [*raw.notes, *backend.notes()],
     })
-    result = explain(result, timeout=request.timeout, asked_timeout=asked_timeout,
+    result = explain(result, timeout=request.timeout, asked_timeout=admission.asked.timeout,
                      max_timeout=backend.settings.max_timeout_sec, memory_mb=request.limits.memory_mb,
                      network=request.network)
-    return secrets.finish(result)
+    return planned.secrets.finish(result)
 
 
-async def _exec_audited(audit: audit_log.AuditLog, backend: ExecutionBackend, session: Session,
-                        request: ExecRequest, dropped: list[str], *, session_id: str | None = None,
-                        records: list[asyncio.Task[str | None]] | None = None, **kw: Any) -> ExecResult:
+async def _exec_in(admission: Admission, session: Session, *, output: LiveOutput | None = None) -> ExecResult:
+    """Plan, place the files, run, finish."""
+    backend = admission.backend
+    planned = plan(admission, session, output=output)
+    for path, data in planned.files.items():
+        with backend_errors(backend.name):
+            await bounded(session.write_file(normalize(path, session.workspace), data), _files_s(backend),
+                          backend=backend, doing="write_file", session=session)
+    with secrets_inject.redacting(planned.spec.redactor):  # a backend's error may quote what the code printed
+        raw = await _session_exec(backend, session, planned.spec)
+    return finish(raw, admission, planned)
+
+
+async def _exec_audited(audit: audit_log.AuditLog, admission: Admission, session: Session, *,
+                        records: list[asyncio.Task[str | None]] | None = None,
+                        output: LiveOutput | None = None) -> ExecResult:
     """``_exec_in``, recorded in the audit log: what ran (hashes and names, never values), where, and what came
     back; a run that raised is recorded as exec.error. A record that cannot be written is a note on the result,
     never an error instead of it. With ``records``, the record of a run that returned is started there, for the
     caller to await (and take its note from) after what it does next."""
     if not audit.enabled:
-        return await _exec_in(backend, session, request, dropped, **kw)
-    fields = audit_log.exec_fields(backend, request, dropped, session=session_id or audit_log.new_session_id(),
-                                   oneshot=session_id is None)
+        return await _exec_in(admission, session, output=output)
+    fields = audit_log.exec_fields(admission.backend, admission.request, admission.dropped,
+                                   session=admission.session or audit_log.new_session_id(),
+                                   oneshot=admission.session is None)
     try:
-        result = await _exec_in(backend, session, request, dropped, **kw)
+        result = await _exec_in(admission, session, output=output)
     except BaseException as exc:
         await audit.arecord("exec.error", **fields, **audit_log.error_fields(exc))
         raise

@@ -189,10 +189,8 @@ class AsyncSandbox:
                 **self.secrets_at_egress, **request.secrets_at_egress}})
         self._given.update(request.secrets)
         admission = await admit(self.runner, request, within=self._opened(), extra_env=self._extra_env)
-        resolved, dropped = admission.request, admission.dropped
-        result = await _exec_audited(self.runner.audit, backend, session, resolved, dropped, session_id=self.id,
-                                     asked_timeout=request.timeout, output=output)
-        return await self.runner.collected(backend, session, resolved, result)
+        result = await _exec_audited(self.runner.audit, admission, session, output=output)
+        return await self.runner.collected(backend, session, admission.request, result)
 
     def _opened(self) -> Admission:
         assert self.admission is not None  # set by __aenter__, before any call reaches _live()
@@ -244,8 +242,9 @@ class AsyncSandbox:
         fields = audit_log.exec_fields(backend, resolved, [], session=self.id, oneshot=False)
         try:
             with secrets_inject.redacting(redactor):  # the interpreter's errors quote what the code left, too
-                result = await deliver(lambda out: kernel.run_cell(code, timeout=timeout_s, live=out), on_stdout,
-                                       on_stderr)
+                result = await deliver(
+                    lambda out: kernel.run_cell(code, timeout=timeout_s, live=out, redactor=redactor), on_stdout,
+                    on_stderr)
         except BaseException as exc:  # recorded as an exec that raised is (a stuck backend, a broken sandbox)
             await self.runner.audit.arecord("cell.error", **fields, **audit_log.error_fields(exc))
             raise
