@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from execbox import Mount, RefusedError, Runner, Settings, UnsupportedPolicyError
+from execbox import AsyncRunner, Mount, NotASandboxError, RefusedError, Runner, Settings, UnsupportedPolicyError
 from execbox.core import audit
 from tests.core import stuck_backends
 from tests.core.support import FakeDistributions
@@ -91,3 +91,15 @@ def test_a_sandbox_with_secrets_at_egress_it_cannot_carry_never_opens() -> None:
             sandbox.__enter__()
     _one_refusal(UnsupportedPolicyError, oneshot=False)
     assert stuck_backends.OPENS == []
+
+
+def test_judge_asks_the_guard_about_the_default_configuration_and_records_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = AsyncRunner(Settings(backend="counting", network="none"))
+    assert runner.judge(runner.backend("counting")).sandbox
+    with pytest.raises(NotASandboxError):
+        runner.judge(runner.backend("local_subprocess"))
+    with pytest.raises(UnsupportedPolicyError, match="network mode 'none'"):
+        runner.judge(runner.backend("counting_remote"),
+                     stuck_backends.CLAIMS.model_copy(update={"network_modes": frozenset({"proxy"})}))
+    assert events() == [] and stuck_backends.OPENS == []

@@ -13,7 +13,7 @@ import anyio.abc
 
 from execbox.core import audit as audit_log
 from execbox.core import egress_secrets, packages, secrets_inject, transfer
-from execbox.core.backend import ExecutionBackend, Session, SessionSpec, bounded, close_bounded
+from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict, bounded, close_bounded
 from execbox.core.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -56,6 +56,7 @@ from execbox.runner.pipeline import (
     _text,
     admit,
     backend_errors,
+    configuration,
     resolve,
 )
 from execbox.runner.sandbox import AsyncSandbox
@@ -146,7 +147,7 @@ class AsyncRunner:
             backend = self.backend(name)
             return backend, await _check(backend)
         tried: list[str] = []
-        probe = request or ExecRequest(argv=["true"], network=self.settings.network)
+        probe = request or configuration(self.settings.network)
         for candidate in self.auto_candidates():
             try:
                 backend = self.backend(candidate)
@@ -190,6 +191,18 @@ class AsyncRunner:
         if self.settings.local and LOCAL_FALLBACK in self.registry.backends:
             names.append(LOCAL_FALLBACK)
         return names
+
+    def judge(self, backend: ExecutionBackend, capabilities: Capabilities | None = None) -> Verdict:
+        """Would the guard admit this runner's default configuration on ``backend`` here? The backend's verdict, or
+        the guard's refusal raised (RefusedError): a question (``doctor``, ``backends``), so nothing is recorded.
+        ``capabilities``: what the backend enforces here, when known (then the network mode is judged too)."""
+        request = configuration(self.settings.network)
+        verdict = backend.verdict(request)
+        self.guard.check_verdict(backend, request)
+        self.guard.check_secrets(backend)
+        if capabilities is not None:
+            self.guard.check_policy(backend, capabilities, request, set())
+        return verdict
 
     def prepare(self, request: ExecRequest) -> tuple[ExecRequest, list[str], set[str]]:
         """The request with this runner's settings applied (pipeline.resolve)."""
@@ -309,8 +322,7 @@ class AsyncRunner:
         if not self.pool.active:
             raise ConfigError("the warm pool is off: set CODE_EXEC_POOL_SIZE (or Settings(pool_size=...)) and use "
                               "the runner as `async with AsyncRunner() as runner:`", env_var="CODE_EXEC_POOL_SIZE")
-        admission = await admit(self, ExecRequest(argv=["true"], network=network, limits=limits, timeout=timeout),
-                                backend=backend)
+        admission = await admit(self, configuration(network, limits, timeout=timeout), backend=backend)
         impl, resolved = admission.backend, admission.request
         spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60)
         self.pool.refill(impl, spec)

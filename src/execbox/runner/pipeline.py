@@ -124,6 +124,18 @@ class Admission:
     session: str | None = None
 
 
+def configuration(network: NetworkMode | None, limits: Limits | None = None, *, mounts: Sequence[Mount] = (),
+                  secrets: Mapping[str, secrets_inject.Secret] | None = None,
+                  secrets_at_egress: Mapping[str, tuple[str, int, secrets_inject.Secret]] | None = None,
+                  timeout: float | None = None) -> ExecRequest:
+    """A sandbox's configuration (or a backend's default one) as the request the guard judges: what a sandbox
+    opens with, what the warm pool fills for, what ``doctor`` and ``auto`` ask about. It names no command of the
+    caller's: the audit record of its refusal has no command fields (``admit(opening=...)``)."""
+    request = ExecRequest(argv=["true"], network=network, limits=limits, mounts=list(mounts), timeout=timeout)
+    return request.model_copy(update={"secrets": dict(secrets or {}),
+                                      "secrets_at_egress": dict(secrets_at_egress or {})})
+
+
 def resolve(settings: Settings, request: ExecRequest) -> tuple[ExecRequest, list[str], set[str]]:
     """The request with the settings applied (defaults, clamps, env policy); the dropped env names; the
     limits demanded: those the request names, and those the operator set explicitly (CODE_EXEC_MEMORY_MB,

@@ -54,6 +54,7 @@ from execbox.runner.pipeline import (
     admit,
     admit_upload_into,
     backend_errors,
+    configuration,
 )
 
 if TYPE_CHECKING:
@@ -98,9 +99,8 @@ class AsyncSandbox:
         self.admission: Admission | None = None
 
     async def __aenter__(self) -> AsyncSandbox:
-        # The sandbox's own configuration as a request (no command of the caller's: the audit record says none).
-        opening = ExecRequest(argv=["true"], network=self._network, limits=self._limits, mounts=self._mounts)
-        opening = opening.model_copy(update={"secrets": self.secrets, "secrets_at_egress": self.secrets_at_egress})
+        opening = configuration(self._network, self._limits, mounts=self._mounts, secrets=self.secrets,
+                                secrets_at_egress=self.secrets_at_egress)
         self.admission = await admit(self.runner, opening, backend=self._backend_name, options=self._options,
                                      opening=self.id)
         self.backend, self.capabilities = self.admission.backend, self.admission.capabilities
