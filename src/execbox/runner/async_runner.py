@@ -6,7 +6,7 @@ import asyncio
 import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -14,6 +14,7 @@ import anyio.abc
 from execbox.core import audit as audit_log
 from execbox.core import egress_secrets, packages, secrets_inject, transfer
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, Verdict, bounded, close_bounded
+from execbox.core.egress_secrets import Given
 from execbox.core.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -32,14 +33,11 @@ from execbox.core.models import (
 from execbox.core.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
 from execbox.core.pool import WarmPool
 from execbox.core.scheduler import Slots, default_max_concurrent
+from execbox.core.secrets_inject import Secret
 from execbox.core.settings import Settings
 from execbox.core.workspace import normalize
 from execbox.guard.guard import Guard
 from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
-
-if TYPE_CHECKING:
-    pass
-
 from execbox.runner.pipeline import (
     Uploads,
     _check,
@@ -348,22 +346,47 @@ class AsyncRunner:
         return await deliver(lambda out: self.execute(request, backend=backend, output=out, options=options,
                                                       upload=upload, download=download), on_stdout, on_stderr)
 
-    async def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
-        backend, on_stdout, on_stderr = kw.pop("backend", None), kw.pop("on_stdout", None), kw.pop("on_stderr", None)
-        extra = {k: kw.pop(k, None) for k in ("options", "upload", "download")}
-        request = _request(code=code, language=language, **_request_kw(**kw))
-        return await deliver(lambda out: self.execute(request, backend=backend, output=out, **extra), on_stdout,
-                             on_stderr)
+    async def run_code(self, code: str, language: Language = "python", *, backend: str | None = None,
+                       network: NetworkMode | None = None, timeout: float | None = None,
+                       env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+                       files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+                       max_output_bytes: int | None = None, limits: Limits | None = None,
+                       mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                       secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+                       on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
+                       download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
+        """Run code (``language``: python or bash) in a fresh sandbox, as a file, never on the command line; the
+        keywords are ``run``'s."""
+        request = _request(code=code, language=language, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
+        return await deliver(lambda out: self.execute(request, backend=backend, output=out, options=options,
+                                                      upload=upload, download=download), on_stdout, on_stderr)
 
-    def stream(self, command: str | Sequence[str], *, backend: str | None = None,
-               **kw: Any) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+    def stream(self, command: str | Sequence[str], *, backend: str | None = None, network: NetworkMode | None = None,
+               timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+               files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+               max_output_bytes: int | None = None, limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+               collect: Sequence[str] | None = None, secrets: Mapping[str, Secret | str] | None = None,
+               secrets_at_egress: Given | None = None) -> AsyncGenerator[OutputEvent | ExecResult, None]:
         """``async for event in runner.stream(cmd):`` OutputEvents as the output arrives, then the ExecResult."""
-        request = _command_request(command, **_request_kw(**kw))
+        request = _command_request(command, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
         return stream_events(lambda out: self.execute(request, backend=backend, output=out))
 
     def stream_code(self, code: str, language: Language = "python", *, backend: str | None = None,
-                    **kw: Any) -> AsyncGenerator[OutputEvent | ExecResult, None]:
-        request = _request(code=code, language=language, **_request_kw(**kw))
+                    network: NetworkMode | None = None, timeout: float | None = None,
+                    env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+                    files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+                    max_output_bytes: int | None = None, limits: Limits | None = None,
+                    mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                    secrets: Mapping[str, Secret | str] | None = None,
+                    secrets_at_egress: Given | None = None) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+        """``stream`` for code, as ``run_code`` runs it."""
+        request = _request(code=code, language=language, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
         return stream_events(lambda out: self.execute(request, backend=backend, output=out))
 
     def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,

@@ -16,9 +16,6 @@ import anyio.abc
 from anyio.from_thread import BlockingPortal
 
 if TYPE_CHECKING:
-    pass
-
-if TYPE_CHECKING:
     from execbox.runner.sync import Runner, Sandbox
 
 T = TypeVar("T")

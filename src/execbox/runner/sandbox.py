@@ -14,6 +14,7 @@ import anyio.abc
 from execbox.core import audit as audit_log
 from execbox.core import packages, secrets_inject
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, bounded, broken, close_bounded
+from execbox.core.egress_secrets import Given
 from execbox.core.errors import (
     ConfigError,
     SandboxError,
@@ -33,11 +34,8 @@ from execbox.core.models import (
 )
 from execbox.core.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
 from execbox.core.results import clamp_note
+from execbox.core.secrets_inject import Secret
 from execbox.core.workspace import is_directory_error, normalize
-
-if TYPE_CHECKING:
-    from execbox.core.kernel import Kernel
-
 from execbox.runner.pipeline import (
     Admission,
     _bytes,
@@ -58,6 +56,7 @@ from execbox.runner.pipeline import (
 )
 
 if TYPE_CHECKING:
+    from execbox.core.kernel import Kernel
     from execbox.runner.async_runner import AsyncRunner
 
 
@@ -196,25 +195,56 @@ class AsyncSandbox:
         assert self.admission is not None  # set by __aenter__, before any call reaches _live()
         return self.admission
 
-    async def exec(self, command: str | Sequence[str], *, on_stdout: OnText | None = None,
-                   on_stderr: OnText | None = None, **kw: Any) -> ExecResult:
-        """Run a command in this sandbox; ``on_stdout`` / ``on_stderr`` get the output as it arrives."""
-        request = _command_request(command, **_request_kw(**kw))
+    async def exec(self, command: str | Sequence[str], *, network: NetworkMode | None = None,
+                   timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+                   files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+                   max_output_bytes: int | None = None, limits: Limits | None = None,
+                   mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                   secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+                   on_stdout: OnText | None = None, on_stderr: OnText | None = None) -> ExecResult:
+        """Run a command in this sandbox; ``on_stdout`` / ``on_stderr`` get the output as it arrives. The network,
+        limits and mounts are the sandbox's (asking for others is refused)."""
+        request = _command_request(command, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
         return await deliver(lambda out: self.execute(request, output=out), on_stdout, on_stderr)
 
-    async def run_code(self, code: str, language: Language = "python", *, on_stdout: OnText | None = None,
-                       on_stderr: OnText | None = None, **kw: Any) -> ExecResult:
-        request = _request(code=code, language=language, **_request_kw(**kw))
+    async def run_code(self, code: str, language: Language = "python", *, network: NetworkMode | None = None,
+                       timeout: float | None = None, env: Mapping[str, str] | None = None,
+                       stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
+                       workdir: str | None = None, max_output_bytes: int | None = None, limits: Limits | None = None,
+                       mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                       secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+                       on_stdout: OnText | None = None, on_stderr: OnText | None = None) -> ExecResult:
+        """Run code (python or bash) in this sandbox, as a file; the keywords are ``exec``'s."""
+        request = _request(code=code, language=language, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
         return await deliver(lambda out: self.execute(request, output=out), on_stdout, on_stderr)
 
-    def stream(self, command: str | Sequence[str], **kw: Any) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+    def stream(self, command: str | Sequence[str], *, network: NetworkMode | None = None, timeout: float | None = None,
+               env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+               files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+               max_output_bytes: int | None = None, limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+               collect: Sequence[str] | None = None, secrets: Mapping[str, Secret | str] | None = None,
+               secrets_at_egress: Given | None = None) -> AsyncGenerator[OutputEvent | ExecResult, None]:
         """``async for event in sb.stream(cmd):`` OutputEvents as the output arrives, then the ExecResult."""
-        request = _command_request(command, **_request_kw(**kw))
+        request = _command_request(command, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
         return stream_events(lambda out: self.execute(request, output=out))
 
-    def stream_code(self, code: str, language: Language = "python",
-                    **kw: Any) -> AsyncGenerator[OutputEvent | ExecResult, None]:
-        request = _request(code=code, language=language, **_request_kw(**kw))
+    def stream_code(self, code: str, language: Language = "python", *, network: NetworkMode | None = None,
+                    timeout: float | None = None, env: Mapping[str, str] | None = None,
+                    stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
+                    workdir: str | None = None, max_output_bytes: int | None = None, limits: Limits | None = None,
+                    mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                    secrets: Mapping[str, Secret | str] | None = None,
+                    secrets_at_egress: Given | None = None) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+        """``stream`` for code, as ``run_code`` runs it."""
+        request = _request(code=code, language=language, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
         return stream_events(lambda out: self.execute(request, output=out))
 
     async def run_cell(self, code: str, *, timeout: float | None = None, on_stdout: OnText | None = None,

@@ -7,10 +7,11 @@ import functools
 import os
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from execbox.core import audit as audit_log
 from execbox.core.backend import ExecutionBackend
+from execbox.core.egress_secrets import Given
 from execbox.core.errors import (
     SandboxError,
 )
@@ -20,15 +21,17 @@ from execbox.core.models import (
     ExecResult,
     FileInfo,
     Language,
+    Limits,
+    Mount,
+    NetworkMode,
     Transfer,
 )
+from execbox.core.output import LiveOutput, OnText
+from execbox.core.secrets_inject import Secret
 from execbox.core.settings import Settings
-
-if TYPE_CHECKING:
-    pass
-
 from execbox.runner.async_runner import AsyncRunner
 from execbox.runner.loop_thread import _OPEN_FACADES, _Closing, _LoopThread, run_blocking
+from execbox.runner.pipeline import Uploads
 from execbox.runner.sandbox import AsyncSandbox
 
 T = TypeVar("T")
@@ -87,8 +90,9 @@ class Runner:
     def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
         return self._loop_thread().call(fn)
 
-    def warm(self, backend: str | None = None, **kw: Any) -> int:
-        return self._call(functools.partial(self.aio.warm, backend, **kw))
+    def warm(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
+             timeout: float | None = None) -> int:
+        return self._call(functools.partial(self.aio.warm, backend, network=network, limits=limits, timeout=timeout))
 
     @property
     def settings(self) -> Settings:
@@ -98,18 +102,53 @@ class Runner:
     def audit(self) -> audit_log.AuditLog:
         return self.aio.audit
 
-    def run(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
-        return self._call(functools.partial(self.aio.run, command, **kw))
+    def run(self, command: str | Sequence[str], *, backend: str | None = None, network: NetworkMode | None = None,
+            timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+            files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+            max_output_bytes: int | None = None, limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+            collect: Sequence[str] | None = None, secrets: Mapping[str, Secret | str] | None = None,
+            secrets_at_egress: Given | None = None, on_stdout: OnText | None = None, on_stderr: OnText | None = None,
+            upload: Uploads | None = None, download: Uploads | None = None,
+            options: Mapping[str, Any] | None = None) -> ExecResult:
+        return self._call(functools.partial(
+            self.aio.run, command,
+            backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
+            max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+            secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
+            download=download, options=options))
 
-    def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
-        return self._call(functools.partial(self.aio.run_code, code, language, **kw))
+    def run_code(self, code: str, language: Language = "python", *, backend: str | None = None,
+                 network: NetworkMode | None = None, timeout: float | None = None, env: Mapping[str, str] | None = None,
+                 stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
+                 workdir: str | None = None, max_output_bytes: int | None = None, limits: Limits | None = None,
+                 mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                 secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+                 on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
+                 download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
+        return self._call(functools.partial(
+            self.aio.run_code, code, language,
+            backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
+            max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+            secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
+            download=download, options=options))
 
-    def execute(self, request: ExecRequest, *, backend: str | None = None, **kw: Any) -> ExecResult:
-        return self._call(functools.partial(self.aio.execute, request, backend=backend, **kw))
+    def execute(self, request: ExecRequest, *, backend: str | None = None, output: LiveOutput | None = None,
+                upload: Uploads | None = None, download: Uploads | None = None,
+                options: Mapping[str, Any] | None = None) -> ExecResult:
+        return self._call(functools.partial(self.aio.execute, request, backend=backend, output=output, options=options,
+                                            upload=upload, download=download))
 
-    def sandbox(self, backend: str | None = None, **kw: Any) -> Sandbox:
-        return Sandbox(self.aio.sandbox(backend, **kw), runner=self)
-
+    def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
+                name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
+                package_cache: bool = False, pip: Sequence[str] | None = None,
+                secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+                **options: Any) -> Sandbox:
+        """See AsyncRunner.sandbox; keywords beyond these are the backend's own options."""
+        return Sandbox(self.aio.sandbox(
+            backend,
+            network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts,
+            package_cache=package_cache, pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress,
+            **options), runner=self)
 
 
 class Sandbox:
@@ -160,15 +199,36 @@ class Sandbox:
                                "inside that block")
         return self._loop.call(functools.partial(fn, *args, **kw))
 
-    def exec(self, command: str | Sequence[str], **kw: Any) -> ExecResult:
-        return self._call(self.aio.exec, command, **kw)
+    def exec(self, command: str | Sequence[str], *, network: NetworkMode | None = None, timeout: float | None = None,
+             env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+             files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+             max_output_bytes: int | None = None, limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+             collect: Sequence[str] | None = None, secrets: Mapping[str, Secret | str] | None = None,
+             secrets_at_egress: Given | None = None, on_stdout: OnText | None = None,
+             on_stderr: OnText | None = None) -> ExecResult:
+        return self._call(
+            self.aio.exec, command,
+            network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
+            max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+            secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr)
 
-    def run_code(self, code: str, language: Language = "python", **kw: Any) -> ExecResult:
-        return self._call(self.aio.run_code, code, language, **kw)
+    def run_code(self, code: str, language: Language = "python", *, network: NetworkMode | None = None,
+                 timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+                 files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+                 max_output_bytes: int | None = None, limits: Limits | None = None,
+                 mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                 secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+                 on_stdout: OnText | None = None, on_stderr: OnText | None = None) -> ExecResult:
+        return self._call(
+            self.aio.run_code, code, language,
+            network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
+            max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+            secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr)
 
-    def run_cell(self, code: str, **kw: Any) -> CellResult:
+    def run_cell(self, code: str, *, timeout: float | None = None, on_stdout: OnText | None = None,
+                 on_stderr: OnText | None = None) -> CellResult:
         """Python in this sandbox's persistent interpreter; see AsyncSandbox.run_cell."""
-        return self._call(self.aio.run_cell, code, **kw)
+        return self._call(self.aio.run_cell, code, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
 
     def execute(self, request: ExecRequest) -> ExecResult:
         return self._call(self.aio.execute, request)
