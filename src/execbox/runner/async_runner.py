@@ -56,6 +56,7 @@ from execbox.runner.pipeline import (
     backend_errors,
     configuration,
     resolve,
+    transfer_bounds,
 )
 from execbox.runner.sandbox import AsyncSandbox
 
@@ -232,7 +233,6 @@ class AsyncRunner:
                     for local, remote in uploads:
                         await self.upload_to(impl, session, local, remote)
                     result = await _exec_audited(self.audit, admission, session, output=output, records=records)
-                    result = await self.collected(impl, session, resolved, result)
                     for remote, local in downloads:
                         moved = await self.download_from(impl, session, remote, local,
                                                          secrets_inject.redactor_for(resolved.secrets))
@@ -258,7 +258,7 @@ class AsyncRunner:
     @property
     def transfer_limits(self) -> transfer.TransferLimits:
         """The bounds of uploads, downloads and listings (CODE_EXEC_MAX_TRANSFER_BYTES / _FILES)."""
-        return transfer.TransferLimits(self.settings.max_transfer_bytes, self.settings.max_transfer_files)
+        return transfer_bounds(self.settings)
 
     def state_places(self) -> list[str]:
         """What of execbox's own a mount or an upload must never hand to the code, beyond the default places:
@@ -298,20 +298,6 @@ class AsyncRunner:
         if redactor is not None:
             moved = moved.model_copy(update={"skipped": [redactor.redact_text(s) for s in moved.skipped]})
         return moved
-
-    async def collected(self, backend: ExecutionBackend, session: Session, request: ExecRequest,
-                        result: ExecResult) -> ExecResult:
-        """The result with the files the request's ``collect`` globs matched (bounded by CODE_EXEC_MAX_READ_BYTES
-        in all; what is left out is said in the notes)."""
-        if not request.collect:
-            return result
-        with backend_errors(backend.name):
-            files, notes = await bounded(
-                transfer.collect(session, list(request.collect), limits=self.transfer_limits,
-                                 max_bytes=self.settings.max_read_bytes),
-                _files_s(backend), backend=backend, doing="collecting files", session=session)
-        result = result.model_copy(update={"files": files, "notes": [*result.notes, *notes]})
-        return secrets_inject.redact_result(result, secrets_inject.redactor_for(request.secrets), result.secrets)
 
     async def warm(self, backend: str | None = None, *, network: NetworkMode | None = None,
                    limits: Limits | None = None, timeout: float | None = None) -> int:

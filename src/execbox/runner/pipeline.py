@@ -15,7 +15,7 @@ import anyio.abc
 from pydantic import ValidationError
 
 from execbox.core import audit as audit_log
-from execbox.core import egress_secrets, secrets_inject
+from execbox.core import egress_secrets, secrets_inject, transfer
 from execbox.core.backend import ExecutionBackend, Session, SessionSpec, bounded, close_bounded
 from execbox.core.envpolicy import filter_env
 from execbox.core.errors import (
@@ -374,10 +374,12 @@ def plan(admission: Admission, session: Session, *, output: LiveOutput | None = 
     return Plan(spec, files, secrets)
 
 
-def finish(raw: ExecResult, admission: Admission, planned: Plan) -> ExecResult:
+def finish(raw: ExecResult, admission: Admission, planned: Plan,
+           collected: tuple[dict[str, bytes], list[str]] | None = None) -> ExecResult:
     """The one place a run's result is finished: stamped with what the runner knows (the backend, the env names the
     policy dropped, the backend's notes), the limit that cut it short said in words (core.results.explain; the
-    timeout as asked, before clamping), secrets at egress that no proxy took noted, and every secret redacted."""
+    timeout as asked, before clamping), the files ``collect`` matched (and what was left out, in the notes), secrets
+    at egress that no proxy took noted, and every secret redacted (the collected files' paths and contents too)."""
     backend, request = admission.backend, admission.request
     assert request.timeout and request.network and request.limits  # resolve() set them
     result = raw.model_copy(update={
@@ -386,11 +388,33 @@ def finish(raw: ExecResult, admission: Admission, planned: Plan) -> ExecResult:
     result = explain(result, timeout=request.timeout, asked_timeout=admission.asked.timeout,
                      max_timeout=backend.settings.max_timeout_sec, memory_mb=request.limits.memory_mb,
                      network=request.network)
+    if collected is not None:
+        files, notes = collected
+        result = result.model_copy(update={"files": files, "notes": [*result.notes, *notes]})
     return planned.secrets.finish(result)
 
 
+def transfer_bounds(settings: Settings) -> transfer.TransferLimits:
+    """The bounds of uploads, downloads, listings and collected files (CODE_EXEC_MAX_TRANSFER_BYTES / _FILES)."""
+    return transfer.TransferLimits(settings.max_transfer_bytes, settings.max_transfer_files)
+
+
+async def _collect(admission: Admission, session: Session) -> tuple[dict[str, bytes], list[str]] | None:
+    """The files the request's ``collect`` globs matched (bounded by CODE_EXEC_MAX_READ_BYTES in all), and notes
+    on what was left out; None when it has none."""
+    backend, request = admission.backend, admission.request
+    if not request.collect:
+        return None
+    settings = backend.settings
+    with backend_errors(backend.name):
+        return await bounded(
+            transfer.collect(session, list(request.collect), limits=transfer_bounds(settings),
+                             max_bytes=settings.max_read_bytes),
+            _files_s(backend), backend=backend, doing="collecting files", session=session)
+
+
 async def _exec_in(admission: Admission, session: Session, *, output: LiveOutput | None = None) -> ExecResult:
-    """Plan, place the files, run, finish."""
+    """Plan, place the files, run, collect the files asked for, finish."""
     backend = admission.backend
     planned = plan(admission, session, output=output)
     for path, data in planned.files.items():
@@ -399,7 +423,7 @@ async def _exec_in(admission: Admission, session: Session, *, output: LiveOutput
                           backend=backend, doing="write_file", session=session)
     with secrets_inject.redacting(planned.spec.redactor):  # a backend's error may quote what the code printed
         raw = await _session_exec(backend, session, planned.spec)
-    return finish(raw, admission, planned)
+    return finish(raw, admission, planned, await _collect(admission, session))
 
 
 async def _exec_audited(audit: audit_log.AuditLog, admission: Admission, session: Session, *,

@@ -182,14 +182,13 @@ class AsyncSandbox:
         return self.backend, self._session
 
     async def execute(self, request: ExecRequest, *, output: LiveOutput | None = None) -> ExecResult:
-        backend, session = self._live()
+        session = self._live()[1]
         if self.secrets or self.secrets_at_egress:
             request = request.model_copy(update={"secrets": {**self.secrets, **request.secrets}, "secrets_at_egress": {
                 **self.secrets_at_egress, **request.secrets_at_egress}})
         self._given.update(request.secrets)
         admission = await admit(self.runner, request, within=self._opened(), extra_env=self._extra_env)
-        result = await _exec_audited(self.runner.audit, admission, session, output=output)
-        return await self.runner.collected(backend, session, admission.request, result)
+        return await _exec_audited(self.runner.audit, admission, session, output=output)
 
     def _opened(self) -> Admission:
         assert self.admission is not None  # set by __aenter__, before any call reaches _live()
