@@ -1,4 +1,16 @@
-"""The one path of a request: settings -> registry -> guard -> session -> result (issue 26's pipeline)."""
+"""The one path of a request, in four stages, each only calling down:
+
+    admit(runner, request, ...) -> Admission   settings resolved, env filtered, backend chosen, the guard run once
+                                               (mounts, uploads, secrets at egress included); a refusal is one
+                                               `refused` audit record, before any sandbox opens
+    plan(admission, session) -> Plan          the ExecSpec, complete and frozen: the redactor and the secrets at
+                                               egress travel in it
+    session.exec(spec)                        bounded by the timeout and the grace (_session_exec)
+    finish(raw, admission, plan) -> ExecResult  stamped, explained, collected files added, redacted
+
+One-shots (AsyncRunner.execute), a sandbox's execs (AsyncSandbox.execute) and its opening, the warm pool's
+configurations and the guard questions of doctor (``configuration``, AsyncRunner.judge) all go through here.
+"""
 
 from __future__ import annotations
 
