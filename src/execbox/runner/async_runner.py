@@ -137,16 +137,15 @@ class AsyncRunner:
             self._backends[key] = self.registry.get(name).cls(self.settings, merged)
         return self._backends[key]
 
-    async def select(self, name: str | None = None, *, session: bool = False,
-                     request: ExecRequest | None = None) -> tuple[ExecutionBackend, Capabilities]:
-        """The backend to use and what it enforces here; ``auto`` picks the strongest sandbox that runs here, for
-        ``request`` (admitted, its settings resolved) or, without one, for the configured network."""
+    async def select(self, name: str | None = None, *, session: bool = False) -> tuple[ExecutionBackend, Capabilities]:
+        """The backend to use and what it enforces here; ``auto`` picks the strongest sandbox that runs here for the
+        configured network (CODE_EXEC_NETWORK; the request's own is judged when it is admitted)."""
         name = name or (self.settings.session_backend if session else self.settings.backend)
         if name != "auto":
             backend = self.backend(name)
             return backend, await _check(backend)
         tried: list[str] = []
-        probe = request or configuration(self.settings.network)
+        probe = configuration(self.settings.network)
         for candidate in self.auto_candidates():
             try:
                 backend = self.backend(candidate)

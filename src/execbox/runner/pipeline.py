@@ -261,7 +261,7 @@ async def _choose(runner: AsyncRunner, backend: str | None, resolved: ExecReques
     if name == "auto" and options:
         raise ConfigError("backend options were given without a backend: name the backend they are for, e.g. "
                           "execbox.sandbox('docker', image=...)", env_var="CODE_EXEC_BACKEND")
-    impl = (await runner.select("auto", request=resolved))[0] if name == "auto" else runner.backend(name, options)
+    impl = (await runner.select("auto"))[0] if name == "auto" else runner.backend(name, options)
     runner.guard.check_verdict(impl, resolved)  # cheap refusals first, before the backend is probed
     runner.guard.check_secrets(impl)
     with backend_errors(impl.name):
