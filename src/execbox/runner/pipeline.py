@@ -48,7 +48,7 @@ from execbox.core.models import (
     NetworkMode,
 )
 from execbox.core.output import LiveOutput
-from execbox.core.results import explain
+from execbox.core.results import clamp_note, explain
 from execbox.core.workspace import normalize
 from execbox.guard.mounts import admit_upload
 
@@ -404,6 +404,14 @@ def finish(raw: ExecResult, admission: Admission, planned: Plan,
         files, notes = collected
         result = result.model_copy(update={"files": files, "notes": [*result.notes, *notes]})
     return planned.secrets.finish(result)
+
+
+def finish_cell(result: CellResult, admission: Admission, redactor: secrets_inject.Redactor | None) -> CellResult:
+    """``finish`` for a cell of a sandbox's interpreter: every secret the sandbox was given redacted (the code may
+    have left one where the cell reads it), and a timeout cut to the maximum said as an exec's is."""
+    result = secrets_inject.redact_model(result, redactor)
+    clamped = clamp_note(admission.asked.timeout, admission.backend.settings.max_timeout_sec)
+    return result if clamped is None else result.model_copy(update={"notes": [*result.notes, clamped]})
 
 
 def transfer_bounds(settings: Settings) -> transfer.TransferLimits:

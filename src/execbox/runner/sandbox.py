@@ -33,7 +33,6 @@ from execbox.core.models import (
     Transfer,
 )
 from execbox.core.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
-from execbox.core.results import clamp_note
 from execbox.core.secrets_inject import Secret
 from execbox.core.workspace import is_directory_error, normalize
 from execbox.runner.pipeline import (
@@ -53,6 +52,7 @@ from execbox.runner.pipeline import (
     admit_upload_into,
     backend_errors,
     configuration,
+    finish_cell,
 )
 
 if TYPE_CHECKING:
@@ -254,7 +254,8 @@ class AsyncSandbox:
         it does not stop, its interpreter is killed: the result then says ``state_lost``, never silently."""
         backend, session = self._live()
         request = _request(code=_text(code, "code"), language="python", timeout=timeout)
-        resolved = (await admit(self.runner, request, within=self._opened(), extra_env=self._extra_env)).request
+        admission = await admit(self.runner, request, within=self._opened(), extra_env=self._extra_env)
+        resolved = admission.request
         if self._kernel is None:
             from execbox.core.kernel import Kernel  # only sandboxes that run cells need the kernel's client
 
@@ -279,11 +280,9 @@ class AsyncSandbox:
             raise
         if redactor is not None:
             await finish()
-            result = secrets_inject.redact_model(result, redactor)
+        result = finish_cell(result, admission, redactor)
         note = await self.runner.audit.arecord("cell", **fields, **_cell_fields(result, self.runner.audit))
-        # Said as exec says it (core.results): a cell's timeout cut to the maximum.
-        notes = [clamp_note(timeout, backend.settings.max_timeout_sec), note]
-        return result.model_copy(update={"notes": [*result.notes, *(n for n in notes if n)]})
+        return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})
 
     @property
     def workspace(self) -> str:
