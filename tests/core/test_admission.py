@@ -103,3 +103,11 @@ def test_judge_asks_the_guard_about_the_default_configuration_and_records_nothin
         runner.judge(runner.backend("counting_remote"),
                      stuck_backends.CLAIMS.model_copy(update={"network_modes": frozenset({"proxy"})}))
     assert events() == [] and stuck_backends.OPENS == []
+
+
+def test_a_sandbox_whose_backend_cannot_bind_the_package_cache_is_one_refused_record() -> None:
+    with _runner("dataclass_ok") as runner:
+        sandbox = runner.sandbox(package_cache=True)
+        with pytest.raises(UnsupportedPolicyError, match="cannot bind the package cache"):
+            sandbox.__enter__()
+    _one_refusal(UnsupportedPolicyError, oneshot=False)

@@ -180,12 +180,13 @@ def resolve(settings: Settings, request: ExecRequest) -> tuple[ExecRequest, list
 async def admit(runner: AsyncRunner, request: ExecRequest, *, backend: str | None = None,
                 options: Mapping[str, Any] | None = None, uploads: Sequence[tuple[str, str]] = (),
                 opening: str | None = None, within: Admission | None = None,
-                extra_env: Mapping[str, str] | None = None) -> Admission:
+                extra_env: Mapping[str, str] | None = None, package_cache: bool = False) -> Admission:
     """The one place a request is judged, before any sandbox opens: settings resolved, env filtered, the backend
     chosen (``auto`` resolved) and the guard run once (verdict, seed scan, network and limits, mounts, uploads,
     secrets at egress). Any refusal is raised after exactly one `refused` audit record.
 
-    ``opening``: the audit id of a sandbox this request opens (the sandbox's own configuration, not a command).
+    ``opening``: the audit id of a sandbox this request opens (the sandbox's own configuration, not a command);
+    ``package_cache``: that sandbox binds the package cache.
     ``within``: the admission of the open sandbox this request runs in (its backend, network and limits are
     fixed; ``extra_env`` is what that sandbox adds to every exec)."""
     session = within.session if within is not None else opening
@@ -211,6 +212,10 @@ async def admit(runner: AsyncRunner, request: ExecRequest, *, backend: str | Non
             impl, caps = await _choose(runner, backend, resolved, demanded, session=opening is not None,
                                        options=options)
             mounts = runner.guard.check_mounts(impl, caps, resolved.mounts, state=runner.state_places())
+            if package_cache and not caps.mounts:
+                raise UnsupportedPolicyError(
+                    f"refused: backend {impl.name!r} cannot bind the package cache (it takes no mounts); install "
+                    "packages in the sandbox itself, or bake them into the image", backend=impl.name)
         egress_secrets.refuse_uncarried(resolved, backend=impl)
     except ExecboxError as exc:
         record = request if within is not None else resolved  # a session's refusal says what the caller asked

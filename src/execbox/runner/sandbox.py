@@ -18,7 +18,6 @@ from execbox.core.egress_secrets import Given
 from execbox.core.errors import (
     ConfigError,
     SandboxError,
-    UnsupportedPolicyError,
 )
 from execbox.core.models import (
     Capabilities,
@@ -101,7 +100,7 @@ class AsyncSandbox:
         opening = configuration(self._network, self._limits, mounts=self._mounts, secrets=self.secrets,
                                 secrets_at_egress=self.secrets_at_egress)
         self.admission = await admit(self.runner, opening, backend=self._backend_name, options=self._options,
-                                     opening=self.id)
+                                     opening=self.id, package_cache=self._package_cache)
         self.backend, self.capabilities = self.admission.backend, self.admission.capabilities
         resolved = self.admission.request
         cache = self.runner.package_cache
@@ -133,11 +132,7 @@ class AsyncSandbox:
     def _cache_mount(self, backend: ExecutionBackend, caps: Capabilities, cache: Path) -> tuple[Mount, ...]:
         """The package cache, read-only at packages.SANDBOX_DIR, and pip pointed at it (offline when the network is
         none). Trusted: execbox's own directory, filled only on the host (core.packages)."""
-        if not caps.mounts:
-            raise UnsupportedPolicyError(
-                f"refused: backend {backend.name!r} cannot bind the package cache (it takes no mounts); install "
-                "packages in the sandbox itself, or bake them into the image", backend=backend.name)
-        packages.ensure_cache(cache)
+        packages.ensure_cache(cache)  # the admission said the backend can bind it
         self._extra_env = {"PIP_FIND_LINKS": packages.SANDBOX_DIR, "PIP_BREAK_SYSTEM_PACKAGES": "1",
                            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
         if self._network == "none":
