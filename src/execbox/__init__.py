@@ -14,7 +14,7 @@ from __future__ import annotations
 TYPE_CHECKING = False
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from execbox.config.settings import Settings
@@ -28,10 +28,12 @@ if TYPE_CHECKING:
         EgressAttempt,
         ExecRequest,
         ExecResult,
+        Language,
         Limits,
         Mount,
+        NetworkMode,
     )
-    from execbox.contract.output import OutputEvent
+    from execbox.contract.output import OnText, OutputEvent
     from execbox.errors import (
         BackendTimeoutError,
         BackendUnavailableError,
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
     )
     from execbox.files.transfer import FileInfo, Transfer
     from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox, run_blocking
+    from execbox.runner.pipeline import Uploads
+    from execbox.secrets.egress import Given
     from execbox.secrets.values import Secret
 
 # Each public name and the module it lives in, imported on first use (PEP 562): `import execbox.cli` or a plugin's
@@ -62,7 +66,8 @@ _LAZY = {
                     "execbox.errors"),
     **dict.fromkeys(["PluginWarning", "hookimpl"], "execbox.contract.hookspecs"),
     **dict.fromkeys(["Capabilities", "CellError", "CellResult", "DisplayData", "EgressAttempt", "ExecRequest",
-                     "ExecResult", "FileInfo", "Limits", "Mount", "Transfer"], "execbox.contract.models"),
+                     "ExecResult", "Limits", "Mount"], "execbox.contract.models"),
+    **dict.fromkeys(["FileInfo", "Transfer"], "execbox.files.transfer"),
     "OutputEvent": "execbox.contract.output",
     "Secret": "execbox.secrets.values",
     "Settings": "execbox.config.settings",
@@ -138,50 +143,114 @@ __all__ = [
 ]
 
 
-def run(command: str | Sequence[str], **kw: Any) -> ExecResult:
+def run(command: str | Sequence[str], *, backend: str | None = None, network: NetworkMode | None = None,
+        timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+        files: Mapping[str, bytes | str] | None = None, workdir: str | None = None, max_output_bytes: int | None = None,
+        limits: Limits | None = None, mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+        secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+        on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
+        download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
     """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox. See AsyncRunner.run."""
     from execbox.runner import Runner
 
     with Runner() as runner:
-        return runner.run(command, **kw)
+        return runner.run(
+            command,
+                backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
+                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+                secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
+                download=download, options=options)
 
 
-def run_code(code: str, language: str = "python", **kw: Any) -> ExecResult:
-    """Run Python or bash code in a fresh sandbox."""
+def run_code(code: str, language: Language = "python", *, backend: str | None = None,
+             network: NetworkMode | None = None, timeout: float | None = None, env: Mapping[str, str] | None = None,
+             stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
+             workdir: str | None = None, max_output_bytes: int | None = None, limits: Limits | None = None,
+             mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+             secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+             on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
+             download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
+    """Run Python or bash code in a fresh sandbox. See AsyncRunner.run_code."""
     from execbox.runner import Runner
 
     with Runner() as runner:
-        return runner.run_code(code, language, **kw)  # type: ignore[arg-type]
+        return runner.run_code(
+            code, language,
+                backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
+                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+                secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
+                download=download, options=options)
 
 
-def sandbox(backend: str | None = None, **kw: Any) -> Sandbox:
+def sandbox(backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
+            name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
+            package_cache: bool = False, pip: Sequence[str] | None = None,
+            secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+            **options: Any) -> Sandbox:
     """A persistent sandbox: ``with execbox.sandbox() as sb: sb.exec(...)``; backend options as keywords
-    (``execbox.sandbox("docker", image="my-image")``)."""
+    (``execbox.sandbox("docker", image="my-image")``). See AsyncRunner.sandbox."""
     from execbox.runner import AsyncRunner, Sandbox
 
-    inner = AsyncRunner().sandbox(backend, **kw)
+    inner = AsyncRunner().sandbox(
+        backend,
+        network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts, package_cache=package_cache,
+        pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress, **options)
     inner.owns_runner = True
     return Sandbox(inner)
 
 
-async def arun(command: str | Sequence[str], **kw: Any) -> ExecResult:
+async def arun(command: str | Sequence[str], *, backend: str | None = None, network: NetworkMode | None = None,
+               timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+               files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+               max_output_bytes: int | None = None, limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+               collect: Sequence[str] | None = None, secrets: Mapping[str, Secret | str] | None = None,
+               secrets_at_egress: Given | None = None, on_stdout: OnText | None = None, on_stderr: OnText | None = None,
+               upload: Uploads | None = None, download: Uploads | None = None,
+               options: Mapping[str, Any] | None = None) -> ExecResult:
+    """``run``, awaited. See AsyncRunner.run."""
     from execbox.runner import AsyncRunner
 
     async with AsyncRunner() as runner:
-        return await runner.run(command, **kw)
+        return await runner.run(
+            command,
+                backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
+                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+                secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
+                download=download, options=options)
 
 
-async def arun_code(code: str, language: str = "python", **kw: Any) -> ExecResult:
+async def arun_code(code: str, language: Language = "python", *, backend: str | None = None,
+                    network: NetworkMode | None = None, timeout: float | None = None,
+                    env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+                    files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+                    max_output_bytes: int | None = None, limits: Limits | None = None,
+                    mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                    secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+                    on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
+                    download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
+    """``run_code``, awaited. See AsyncRunner.run_code."""
     from execbox.runner import AsyncRunner
 
     async with AsyncRunner() as runner:
-        return await runner.run_code(code, language, **kw)  # type: ignore[arg-type]
+        return await runner.run_code(
+            code, language,
+                backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
+                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+                secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
+                download=download, options=options)
 
 
-def asandbox(backend: str | None = None, **kw: Any) -> AsyncSandbox:
-    """``async with execbox.asandbox() as sb: await sb.exec(...)``."""
+def asandbox(backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
+             name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
+             package_cache: bool = False, pip: Sequence[str] | None = None,
+             secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+             **options: Any) -> AsyncSandbox:
+    """``async with execbox.asandbox() as sb: await sb.exec(...)``. See AsyncRunner.sandbox."""
     from execbox.runner import AsyncRunner
 
-    inner = AsyncRunner().sandbox(backend, **kw)
+    inner = AsyncRunner().sandbox(
+        backend,
+        network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts, package_cache=package_cache,
+        pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress, **options)
     inner.owns_runner = True
     return inner

@@ -13,6 +13,8 @@ Each is an ordinary local session (``HostWorkspaceSession``) with one call stuck
     dataclass_ok   an honest backend whose session is a dataclass (so, unhashable): nothing stuck
     pipe_holder    exec reads the command's stdout to its end, ignoring the deadline: a real setsid grandchild
                    that keeps the pipe open (``sleep`` behind ``setsid``) keeps it from ever returning
+    counting       an honest backend that takes mounts and counts the sandboxes it opens (OPENS): nothing stuck
+    counting_remote  the same, claiming to be a provider's sandbox (remote) that offers network mode proxy
 
 The threads they block in end when ``RELEASE`` is set (each test's teardown), so a test's event loop can close.
 They are NOT sandboxes: never use them outside these tests.
@@ -181,8 +183,26 @@ class PipeHolder(StuckBackend):
     session = PipeSession
 
 
+#: The names of the counting backends, once per sandbox they opened.
+OPENS: list[str] = []
+
+
+class Counting(StuckBackend):
+    name = "counting"
+    capabilities = CLAIMS.model_copy(update={"mounts": True})
+
+    async def open_session(self, spec: plugin.SessionSpec) -> plugin.Session:
+        OPENS.append(self.name)
+        return await super().open_session(spec)
+
+
+class CountingRemote(Counting):
+    name = "counting_remote"
+    capabilities = CLAIMS.model_copy(update={"remote": True, "network_modes": frozenset({"none", "proxy"})})
+
+
 BACKENDS = (StuckExec, StuckOpen, StuckProbe, StuckGc, StuckAclose, SlowOpen, StuckFiles, StuckClose, DataclassOk,
-            PipeHolder)
+            PipeHolder, Counting, CountingRemote)
 
 
 @plugin.hookimpl

@@ -195,8 +195,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
         proxy = EgressProxy(EgressPolicy.build(allowed, defaults=False), ca_bundle=ca)
         proxies.append(proxy)
         destination = f"{SECRET_HOST}:{server.port}" + (egress_given.IN_BODY if body else "")
-        with es.at_egress(es.RunSecrets(egress_given.check({NAME: (destination, VALUE)}))):
-            run = proxy.start_run()
+        run = proxy.start_run(egress_given.RunSecrets(egress_given.check({NAME: (destination, VALUE)})))
         return proxy, run, server, run.secrets.secrets[0].placeholder
 
     proxies: list[EgressProxy] = []
@@ -390,7 +389,7 @@ def test_the_body_opt_in_is_spelled_on_the_destination() -> None:
     [(_, _, plain)] = egress_given.check({NAME: ("api.example.com", VALUE)}).values()
     assert not isinstance(plain, egress_given.InBody)
     given = egress_given.check({"A": ("a.example+body", VALUE), "B": ("b.example", VALUE)})
-    assert [s.body for s in es.RunSecrets(given).secrets] == [True, False]
+    assert [s.body for s in egress_given.RunSecrets(given).secrets] == [True, False]
     assert egress_given.parse_setting("K=api.example.com+body") == "K=api.example.com+body"
     assert egress_given.from_setting(["K=api.example.com+BODY"], {"K": VALUE})["K"][:2] == ("api.example.com", 443)
     for bad in ("api.example.com+bodies", "+body", "api.example.com:+body"):

@@ -98,8 +98,7 @@ def test_a_host_certificate_the_proxy_cannot_verify_names_the_ca_bundle(
     proxy = EgressProxy(EgressPolicy.build([f"127.0.0.1/32:{port}"], defaults=False))  # no CODE_EXEC_CA_BUNDLE
     try:
         given = egress_given.check({"K": (f"{SECRET_HOST}:{port}", "sk-live-0123456789abcdef")})
-        with es.at_egress(es.RunSecrets(given)):
-            run = proxy.start_run()
+        run = proxy.start_run(egress_given.RunSecrets(given))
         ctx = ssl.create_default_context(cafile=str(Path(proxy.directory) / es.BUNDLE_FILE))
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
             raw.settimeout(30)

@@ -249,7 +249,7 @@ def test_an_intercepted_connection_that_dribbles_its_head_is_cut_with_nothing_se
 def test_a_placeholder_split_by_chunk_framing_is_still_caught_on_plain_http() -> None:
     """The guard looked at the body as it came, framing included, so a placeholder split over two chunks (which the
     upstream joins) went out unseen and the attempt read allowed."""
-    secrets = es.RunSecrets(egress_given.check({"K": ("api.example.com", VALUE)}))
+    secrets = egress_given.RunSecrets(egress_given.check({"K": ("api.example.com", VALUE)}))
     placeholder = secrets.secrets[0].placeholder
     attempt = px._Attempt("elsewhere.example", 80, allowed=True, reason="allowlisted")
     sent: list[bytes] = []

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -113,7 +114,13 @@ def test_a_backend_error_quoting_the_value_is_redacted(local_mode: None, monkeyp
 
 def test_output_captured_outside_the_run_is_still_redacted_and_said(local_mode: None,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("execbox.contract.output.current_stream", lambda: None)  # a backend capturing elsewhere
+    from execbox.kit import processes as procs
+    from execbox.kit.sessions import host as hostsession
+
+    async def unredacted(*args: Any, **kw: Any) -> procs.ProcessOutcome:  # a backend capturing elsewhere
+        return await procs.run_process(*args, **{**kw, "redactor": None})
+
+    monkeypatch.setattr(hostsession, "run_process", unredacted)
     result = execbox.run_code(USE, secrets={NAME: KEY})
     assert f"raw [secret {NAME}]" in result.stdout and not leaks(result.stdout)
     assert any("redacted after the run" in note for note in result.notes)

@@ -21,8 +21,8 @@ from execbox.secrets.values import Secret
 VALUE = "sk-live-0123456789abcdefABCDEF"
 
 
-def run_secrets(**hosts: str) -> es.RunSecrets:
-    return es.RunSecrets(egress_given.check({name: (host, VALUE + name) for name, host in hosts.items()}))
+def run_secrets(**hosts: str) -> egress_given.RunSecrets:
+    return egress_given.RunSecrets(egress_given.check({name: (host, VALUE + name) for name, host in hosts.items()}))
 
 
 @pytest.mark.parametrize("spec, expected", [
@@ -42,9 +42,9 @@ def test_destinations_that_are_not_one_host_are_refused(spec: str) -> None:
 
 def test_placeholders_are_random_and_as_long_as_the_value() -> None:
     for value in (b"12345678", VALUE.encode(), "é".encode() * 40):
-        one, two = es.placeholder_for(value), es.placeholder_for(value)
+        one, two = egress_given.placeholder_for(value), egress_given.placeholder_for(value)
         assert len(one) == len(value) and one != two and one.isascii()
-    assert es.placeholder_for(VALUE.encode() * 2).startswith(b"EXECBOX-PLACEHOLDER-")
+    assert egress_given.placeholder_for(VALUE.encode() * 2).startswith(b"EXECBOX-PLACEHOLDER-")
 
 
 def _swapped(data: bytes, table: list[tuple[bytes, bytes, str]], partial: int) -> bytes:

@@ -162,13 +162,14 @@ class DaytonaSession(_remote.RemoteSession):
         duration = time.monotonic() - started
         if timed_out and not self.oneshot:
             self._reap(marker)
-        out, err = self._collect(ctl, request.max_output_bytes)
+        out, err = self._collect(ctl, request)
         with self._finished_lock:
             self._finished.append(ctl)
         return build_result(exit_code=code, stdout=out, stderr=err, timed_out=timed_out, duration_s=duration)
 
-    def _collect(self, ctl: str, cap: int) -> tuple[BoundedCapture, BoundedCapture]:
+    def _collect(self, ctl: str, request: ExecSpec) -> tuple[BoundedCapture, BoundedCapture]:
         """Only the head and the tail of each stream leave the sandbox."""
+        cap = request.max_output_bytes
         daytona = _errors()
         probe = BoundedCapture(cap)
         sizes = self.sb.process.exec(f"sh {ctl}/collect.sh {ctl} {probe.head_cap} {probe.tail_cap}", timeout=60)
@@ -179,7 +180,7 @@ class DaytonaSession(_remote.RemoteSession):
         got = {r.source: r for r in self.sb.fs.download_files([daytona.FileDownloadRequest(source=n) for n in names])}
         captures = []
         for s in ("out", "err"):
-            capture = BoundedCapture(cap)
+            capture = BoundedCapture(cap, redactor=request.redactor)
             for part in ("h", "t"):
                 item = got.get(f"{ctl}/{s}.{part}")
                 if item is None or item.error or not isinstance(item.result, bytes):

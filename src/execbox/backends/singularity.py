@@ -133,6 +133,7 @@ class SingularitySession(Session):
             timeout=request.timeout,
             max_output_bytes=request.max_output_bytes,
             on_output=request.on_output,
+            redactor=request.redactor,
         )
         result = outcome.to_result()
         if outcome.timed_out and self.instance:

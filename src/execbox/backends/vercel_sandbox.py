@@ -86,8 +86,8 @@ class VercelSession(_remote.RemoteSession):
     def run_exec(self, request: ExecSpec) -> ExecResult:
         marker = _remote.new_marker()
         env = {**sandbox_env(request.env, home=WORKSPACE), _remote.MARKER: marker}
-        out = _remote.TextCapture(request.max_output_bytes, request.on_output, "stdout")
-        err = _remote.TextCapture(request.max_output_bytes, request.on_output, "stderr")
+        out = _remote.TextCapture(request.max_output_bytes, request.on_output, "stdout", redactor=request.redactor)
+        err = _remote.TextCapture(request.max_output_bytes, request.on_output, "stderr", redactor=request.redactor)
         argv = _remote.wrapped(request.argv)
         started = time.monotonic()
         done = self.sb.run_process(argv[0], argv[1:], cwd=request.workdir, env=env,

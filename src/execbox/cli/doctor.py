@@ -16,7 +16,7 @@ from execbox.audit import log as audit_log
 from execbox.cli.common import fail, load_settings
 from execbox.config.settings import EnvSettings, Settings
 from execbox.contract.backend import bounded
-from execbox.contract.models import ExecRequest
+from execbox.contract.models import Capabilities
 from execbox.errors import BackendTimeoutError, BackendUnavailableError, ExecboxError, RefusedError
 from execbox.runner import AsyncRunner, run_blocking
 
@@ -98,16 +98,8 @@ def backends(as_json: bool) -> None:
 
 def _guard_verdict(runner: AsyncRunner, backend: ExecutionBackend, row: dict[str, Any]) -> tuple[bool, str]:
     """Would the guard admit a default request on this backend here? (allowed, why)"""
-    settings = runner.settings
-    request = ExecRequest(argv=["true"], network=settings.network)
-    verdict = backend.verdict(request)
     try:
-        runner.guard.check_verdict(backend, request)
-        runner.guard.check_secrets(backend)
-        if row["available"]:
-            from execbox.contract.models import Capabilities
-
-            runner.guard.check_policy(backend, Capabilities(**row["capabilities"]), request, set())
+        verdict = runner.judge(backend, Capabilities(**row["capabilities"]) if row["available"] else None)
     except RefusedError as exc:
         return False, exc.message
     kind = "sandbox" if verdict.sandbox else "not a sandbox (admitted: CODE_EXEC_LOCAL=true)"
@@ -168,7 +160,7 @@ def doctor(as_json: bool, run_self_check: bool, check_backend: str | None, check
         if row["available"]:
             backend = runner.backend(row["name"])
             row["guard_admits"], row["guard_verdict"] = _guard_verdict(runner, backend, row)
-            verdict = backend.verdict(ExecRequest(argv=["true"], network=runner.settings.network))
+            verdict = runner.verdict(backend)
             # Counts only a real sandbox here: not one the guard refuses, not one that is only attested.
             row["sandbox_here"] = row["guard_admits"] and verdict.sandbox and not verdict.attested
     try:

@@ -14,7 +14,8 @@ from execbox.contract.output import BoundedCapture, OnOutput
 from execbox.policy.network import NETWORK_MODES as NETWORK_MODES  # the request model names them
 from execbox.policy.network import NetworkMode as NetworkMode
 from execbox.secrets import egress as egress_given
-from execbox.secrets.values import Secret, check_secrets
+from execbox.secrets.egress import RunSecrets
+from execbox.secrets.values import Redactor, Secret, check_secrets
 
 Isolation = Literal["none", "process", "namespace", "container", "gvisor", "microvm", "remote_vm"]
 LimitName = Literal["memory", "cpu", "pids", "disk", "wall_time"]
@@ -264,7 +265,7 @@ class ExecSpec(BaseModel):
     is absolute inside the sandbox, the request's files are already placed.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     argv: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
@@ -277,11 +278,18 @@ class ExecSpec(BaseModel):
     # Set when the caller streams: called with (stream, bytes) as output arrives, from any thread. Backends pass
     # it on by building their captures with ``captures()`` (or ``run_process(on_output=)``); never serialised.
     on_output: OnOutput | None = Field(default=None, exclude=True, repr=False)
+    # Set when the run has declared secrets: what redacts them from the output as it is captured (``captures()``,
+    # ``run_process(redactor=)``; core.secrets_inject). Never serialised.
+    redactor: Redactor | None = Field(default=None, exclude=True, repr=False)
+    # Set when the run has secrets at egress: the placeholders the egress proxy swaps for their values; a backend
+    # hands them to its proxy run (``EgressProxy.start_run(spec.egress)``, ``env(spec.egress)``). Never serialised.
+    egress: RunSecrets | None = Field(default=None, exclude=True, repr=False)
 
     def captures(self) -> tuple[BoundedCapture, BoundedCapture]:
-        """This run's stdout and stderr captures: bounded by ``max_output_bytes``, streaming to ``on_output``."""
-        return (BoundedCapture(self.max_output_bytes, self.on_output, "stdout"),
-                BoundedCapture(self.max_output_bytes, self.on_output, "stderr"))
+        """This run's stdout and stderr captures: bounded by ``max_output_bytes``, streaming to ``on_output``,
+        redacting with ``redactor``."""
+        return (BoundedCapture(self.max_output_bytes, self.on_output, "stdout", redactor=self.redactor),
+                BoundedCapture(self.max_output_bytes, self.on_output, "stderr", redactor=self.redactor))
 
 
 def _encodable(text: str, what: str) -> None:

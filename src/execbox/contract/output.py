@@ -27,7 +27,7 @@ from typing import Literal, Protocol, TypeVar
 import anyio
 from pydantic import BaseModel, ConfigDict
 
-from execbox.secrets.values import current_stream
+from execbox.secrets.values import Redactor
 
 StreamName = Literal["stdout", "stderr"]
 #: A run's streaming callback: ``on_output(stream, data)``, called as output arrives, from any thread.
@@ -45,7 +45,8 @@ class BoundedCapture:
     With ``on_output``, every byte written is also passed on, as ``on_output(stream, data)``, before it is
     kept or dropped: the callback (not the capture) decides how much of it a caller sees."""
 
-    def __init__(self, cap: int, on_output: OnOutput | None = None, stream: StreamName = "stdout") -> None:
+    def __init__(self, cap: int, on_output: OnOutput | None = None, stream: StreamName = "stdout", *,
+                 redactor: Redactor | None = None) -> None:
         self.cap = cap
         self.head_cap = cap - cap // 2
         self.tail_cap = cap // 2
@@ -54,9 +55,9 @@ class BoundedCapture:
         self.total = 0
         self.on_output = on_output
         self.stream: StreamName = stream
-        # A run with declared secrets (core.secrets_inject): every byte is redacted before it is streamed or
-        # kept, so the cap never keeps half a secret and the omission marker counts the redacted stream.
-        self.redactor = current_stream()
+        # A run with declared secrets (its spec's redactor, core.secrets_inject): every byte is redacted before it
+        # is streamed or kept, so the cap never keeps half a secret and the omission marker counts the redacted stream.
+        self.redactor = redactor.stream() if redactor is not None else None
 
     def write(self, data: bytes) -> None:
         if self.redactor is not None:

@@ -42,6 +42,7 @@ import anyio
 from execbox.contract.models import CellError, CellResult, DisplayData, ExecResult, ExecSpec, Limits, NetworkMode
 from execbox.contract.output import BoundedCapture, LiveOutput, StreamName
 from execbox.errors import SandboxError
+from execbox.secrets.values import Redactor
 
 SOURCE = Path(__file__).with_name("payload.py").read_text()
 #: How long a cell has, after its timeout's SIGINT, to stop before the interpreter is killed (state lost).
@@ -110,15 +111,16 @@ def _depth(value: Any) -> int:
 class CellParser:
     """The relay's stdout (JSON lines from inside the sandbox), parsed as it arrives with every size bounded."""
 
-    def __init__(self, max_output: int, max_display: int, live: LiveOutput | None = None) -> None:
+    def __init__(self, max_output: int, max_display: int, live: LiveOutput | None = None,
+                 redactor: Redactor | None = None) -> None:
         self.max_line = max_display + _LINE_OVERHEAD
         self.max_display = max_display
         self.buf = bytearray()
         self.skipping = False
         self.fed = 0
         self.captures: dict[StreamName, BoundedCapture] = {
-            "stdout": BoundedCapture(max_output, live.feed if live else None, "stdout"),
-            "stderr": BoundedCapture(max_output, live.feed if live else None, "stderr"),
+            "stdout": BoundedCapture(max_output, live.feed if live else None, "stdout", redactor=redactor),
+            "stderr": BoundedCapture(max_output, live.feed if live else None, "stderr", redactor=redactor),
         }
         self.outputs: list[DisplayData] = []
         self.display_bytes = 0
@@ -292,7 +294,9 @@ class Kernel:
 
     # -- cells --
 
-    async def run_cell(self, code: str, *, timeout: float, live: LiveOutput | None = None) -> CellResult:
+    async def run_cell(self, code: str, *, timeout: float, live: LiveOutput | None = None,
+                       redactor: Redactor | None = None) -> CellResult:
+        """``redactor``: what redacts the cell's output as it is captured (the secrets its sandbox was given)."""
         async with self._lock:
             notes: list[str] = []
             lost_before = False
@@ -307,13 +311,14 @@ class Kernel:
                 self._start()
             if live is not None:
                 live.set_cap(self.max_output_bytes)
-            result = await self._cell(code, timeout, fresh, live)
+            result = await self._cell(code, timeout, fresh, live, redactor)
             if lost_before:
                 result = result.model_copy(update={"state_lost": True})
             return result.model_copy(update={"notes": [*notes, *result.notes], "backend": self.backend})
 
-    async def _cell(self, code: str, timeout: float, fresh: bool, live: LiveOutput | None) -> CellResult:
-        parser = CellParser(self.max_output_bytes, self.max_display_bytes, live)
+    async def _cell(self, code: str, timeout: float, fresh: bool, live: LiveOutput | None,
+                    redactor: Redactor | None = None) -> CellResult:
+        parser = CellParser(self.max_output_bytes, self.max_display_bytes, live, redactor)
         request = json.dumps({"op": "execute", "code": code, "timeout": timeout, "grace": INTERRUPT_GRACE_S,
                               "max_output": self.max_output_bytes, "max_display": self.max_display_bytes,
                               "takeover": self._abandoned}, ensure_ascii=True).encode() + b"\n"

@@ -1,3 +1,3 @@
-"""The backend toolkit: the pieces backends share (files and transfers, processes and their reaper, ownership
-for gc, the probe cache, host and remote sessions, the egress proxy, packages). Plugins reach it through
-execbox.plugin."""
+"""The backend toolkit: what backends share - processes and their reaper, host and remote sessions, the egress
+proxy and its TLS interceptor, ownership for gc, the probe cache, packages, and the moves of files between this
+host and a session. Plugins reach it through execbox.plugin."""

@@ -30,6 +30,7 @@ from execbox.contract.output import BoundedCapture, OnOutput
 from execbox.contract.results import build_result, exit_status
 from execbox.errors import SandboxError
 from execbox.policy.env import host_env, is_injection_name
+from execbox.secrets.values import Redactor
 
 _REAPER = os.path.join(os.path.dirname(__file__), "_reaper.py")
 _CHUNK = 65536
@@ -122,6 +123,7 @@ async def run_process(
     terminate_signal: int = signal.SIGTERM,
     command_env: CommandEnv | None = None,
     on_output: OnOutput | None = None,
+    redactor: Redactor | None = None,
 ) -> ProcessOutcome:
     """Run ``argv`` (usually already wrapped by ``reaped`` or a sandbox launcher) to completion or deadline.
 
@@ -130,11 +132,11 @@ async def run_process(
     The command's own variables travel in ``command_env``. At the deadline ``terminate_signal`` goes to the
     process, whose job is to kill its tree; after a grace period the whole process group is SIGKILLed.
     Cancellation kills the same way before re-raising. ``on_output`` (the spec's) receives the output as it
-    is read, chunk by chunk, for a streaming caller.
+    is read, chunk by chunk, for a streaming caller; ``redactor`` (the spec's) redacts it as it is captured.
     """
     proc = await start_process(argv, env=env, cwd=cwd, command_env=command_env)
     return await finish_process(proc, stdin=stdin, timeout=timeout, max_output_bytes=max_output_bytes,
-                                terminate_signal=terminate_signal, on_output=on_output)
+                                terminate_signal=terminate_signal, on_output=on_output, redactor=redactor)
 
 
 async def start_process(argv: list[str], *, env: dict[str, str] | None = None, cwd: str,
@@ -156,10 +158,10 @@ async def start_process(argv: list[str], *, env: dict[str, str] | None = None, c
 
 async def finish_process(proc: asyncio.subprocess.Process, *, stdin: bytes | None, timeout: float,
                          max_output_bytes: int, terminate_signal: int = signal.SIGTERM,
-                         on_output: OnOutput | None = None) -> ProcessOutcome:
+                         on_output: OnOutput | None = None, redactor: Redactor | None = None) -> ProcessOutcome:
     """The second half of ``run_process``: ``stdin`` in, the output captured, the deadline ``timeout`` from now."""
-    out = BoundedCapture(max_output_bytes, on_output, "stdout")
-    err = BoundedCapture(max_output_bytes, on_output, "stderr")
+    out = BoundedCapture(max_output_bytes, on_output, "stdout", redactor=redactor)
+    err = BoundedCapture(max_output_bytes, on_output, "stderr", redactor=redactor)
     started = time.monotonic()
     assert proc.stdin and proc.stdout and proc.stderr
     io = asyncio.gather(_feed(proc.stdin, stdin), _pump(proc.stdout, out), _pump(proc.stderr, err))

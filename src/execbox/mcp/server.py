@@ -33,7 +33,7 @@ from mcp.types import CallToolResult
 
 from execbox.audit import fields as audit_fields
 from execbox.config.settings import Settings
-from execbox.contract.models import CellResult, ExecRequest, ExecResult, Limits, NetworkMode
+from execbox.contract.models import CellResult, ExecResult, Limits, NetworkMode
 from execbox.contract.results import clamp_note, timed_out
 from execbox.contract.review import ReviewDecision, ReviewRequest, strictest
 from execbox.errors import ConfigError, ExecboxError, FileTooLargeError, NotASandboxError, SandboxError
@@ -191,7 +191,7 @@ class McpApp:
     def _sandboxed(self, backend: str, network: NetworkMode, what: str) -> None:
         """An agent's code runs in a sandbox; only posture 3's shell is the host. CODE_EXEC_LOCAL=true lets the
         operator's own API and CLI runs use an unsandboxed backend, never an agent's tool."""
-        verdict = self.runner.backend(backend).verdict(ExecRequest(argv=["true"], network=network))
+        verdict = self.runner.verdict(self.runner.backend(backend), network)
         if not verdict.sandbox:
             raise NotASandboxError(
                 f"refused: {what} runs an agent's code only in a sandbox, and backend {backend!r} with network "

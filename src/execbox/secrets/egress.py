@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import secrets as random
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +17,9 @@ from execbox.secrets.values import Secret, check_secrets
 
 # What no request head may carry (a field value is HT, SP, visible ASCII and bytes from 0x80).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+PLACEHOLDER_PREFIX = "EXECBOX-PLACEHOLDER-"
+_ALNUM = string.ascii_letters + string.digits
 
 #: What a caller gives: ``{NAME: (host or "host:port", value or Secret)}``.
 Given = Mapping[str, tuple[str, "Secret | str"]]
@@ -126,3 +131,48 @@ def parse_setting(entry: str) -> str:
                          "environment variable NAME, never from this setting)")
     parse_destination(host[:-len(IN_BODY)] if host.lower().endswith(IN_BODY) else host)
     return entry
+
+
+def placeholder_for(value: bytes) -> bytes:
+    """A random token as long as ``value`` (in bytes), so that swapping one for the other changes no length."""
+    size = len(value)
+    prefix = PLACEHOLDER_PREFIX if size >= len(PLACEHOLDER_PREFIX) + 12 else ""
+    return (prefix + "".join(random.choice(_ALNUM) for _ in range(size - len(prefix)))).encode()
+
+
+class RunSecrets:
+    """One run's secrets at egress: their placeholders, and the proxy run they were attached to."""
+
+    def __init__(self, given: Mapping[str, tuple[str, int, Secret]]) -> None:
+        self.secrets = [EgressSecret(name, host, port, secret.reveal().encode(),
+                                     placeholder_for(secret.reveal().encode()), isinstance(secret, InBody))
+                        for name, (host, port, secret) in given.items()]
+        self.longest = max((len(s.placeholder) for s in self.secrets), default=0)
+        #: Set when a proxy run took them (a backend that runs no execbox proxy never does).
+        self.attached = False
+
+    def __repr__(self) -> str:
+        return f"RunSecrets({[(s.name, s.host, s.port) for s in self.secrets]})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("RunSecrets hold secret values and are not pickled")
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(s.name for s in self.secrets)
+
+    def env(self) -> dict[str, str]:
+        """What the sandbox's variables hold: the placeholders."""
+        return {s.name: s.placeholder.decode() for s in self.secrets}
+
+    def values(self) -> dict[str, str]:
+        """The real values by name (for the run's redactor, in case one comes back some other way)."""
+        return {s.name: s.value.decode() for s in self.secrets}
+
+    def for_destination(self, host: str, port: int) -> list[EgressSecret]:
+        host = host.lower().rstrip(".")
+        return [s for s in self.secrets if s.host == host and s.port == port]
+
+    def carried(self, data: bytes | bytearray) -> EgressSecret | None:
+        """The secret whose placeholder ``data`` holds, if any."""
+        return next((s for s in self.secrets if s.placeholder in data), None)

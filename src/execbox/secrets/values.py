@@ -34,8 +34,8 @@ Where: in one place every path uses, ``core.output.BoundedCapture.write``: bytes
 in, before they are streamed (``on_output``) and before the cap decides what is kept, so a secret cut by the
 cap cannot leave a half behind, and the omission marker counts bytes of the redacted stream. A stream
 redactor holds back the last ``len(longest pattern) - 1`` bytes until more come (or the run ends), so a
-value split over two chunks is still found. The runner makes the redactor current for the run
-(``redacting``; a context variable, which anyio carries into worker threads), then redacts the result's
+value split over two chunks is still found. The run's redactor travels in its ``ExecSpec`` (``redactor``):
+``ExecSpec.captures()`` and the kit's process helpers build captures with it. The runner then redacts the result's
 text once more (a safety net for a backend whose captures were made elsewhere; a note says so), error
 messages, notes and egress host names.
 """
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import contextvars
 import itertools
 import os
 import re
@@ -435,22 +434,15 @@ def _merge(found: list[tuple[int, int, frozenset[str]]]) -> list[tuple[int, int,
 
 # --- the run's redactor -----------------------------------------------------------------------------------
 
-_current: contextvars.ContextVar[Redactor | None] = contextvars.ContextVar("execbox_redactor", default=None)
-
-
 @contextlib.contextmanager
 def redacting(redactor: Redactor | None) -> Iterator[None]:
-    """Make ``redactor`` the current run's: every output capture made inside (also in worker threads anyio
-    starts from here) redacts with it, and an ExecboxError raised inside has its message redacted."""
-    token = _current.set(redactor)
+    """An ExecboxError raised inside has its message redacted with ``redactor``."""
     try:
         yield
     except ExecboxError as exc:
         if redactor is not None:
             redact_error(exc, redactor)
         raise
-    finally:
-        _current.reset(token)
 
 
 def redact_error(exc: ExecboxError, redactor: Redactor) -> None:
@@ -507,12 +499,6 @@ def redact_result(result: R, redactor: Redactor | None, names: list[str]) -> R:
             kept[text(path)] = clean
         update["files"] = kept
     return result.model_copy(update=update)
-
-
-def current_stream() -> StreamRedactor | None:
-    """A stream redactor for a capture made now, if a run with secrets is under way."""
-    redactor = _current.get()
-    return redactor.stream() if redactor is not None else None
 
 
 def redact_model(model: R, redactor: Redactor | None) -> R:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from execbox import BackendUnavailableError, Capabilities, ExecResult, Runner, Sandbox, run_blocking
-from execbox.plugin import ExecRequest, NetworkMode, Verdict
+from execbox.plugin import NetworkMode, Verdict
 
 # How long past its timeout a run may take to come back (kill, clean-up, a slow shared machine).
 DEADLINE_SLACK_S = 20.0
@@ -87,7 +87,7 @@ class Kit:
         kit = cls(runner, backend, caps)
         # The sandbox claim is conditional on how the backend is configured here (e.g. not when started by
         # root): its verdict says which, and the guard refuses what the verdict disowns.
-        kit.verdict = impl.verdict(ExecRequest(argv=["true"], network=kit.net))
+        kit.verdict = runner.aio.verdict(impl, kit.net)
         return kit
 
     @property

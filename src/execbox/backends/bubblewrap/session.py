@@ -149,7 +149,7 @@ class BubblewrapSession(Session):
                  "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "execbox", "--clearenv"]
         env = sandbox_env(request.env, home=WORKSPACE)
         if self.egress is not None:
-            env.update(self.egress.env())
+            env.update(self.egress.env(request.egress))
         for name, value in env.items():
             args += ["--setenv", name, value]
         args += system_binds()
@@ -206,7 +206,7 @@ class BubblewrapSession(Session):
     async def exec(self, request: ExecSpec) -> ExecResult:
         if self.egress is None:
             return await self._exec(request, None)
-        run = await anyio.to_thread.run_sync(self.egress.start_run)
+        run = await anyio.to_thread.run_sync(self.egress.start_run, request.egress)
         try:
             result = await self._exec(request, run)
         finally:
@@ -273,7 +273,8 @@ class BubblewrapSession(Session):
         try:
             assert launched.proc is not None
             outcome = await finish_process(launched.proc, stdin=stdin, timeout=request.timeout,
-                                           max_output_bytes=request.max_output_bytes, on_output=request.on_output)
+                                           max_output_bytes=request.max_output_bytes, on_output=request.on_output,
+                                           redactor=request.redactor)
             oom = launched.cgroup.oom_killed() if launched.cgroup else False
             started = await anyio.to_thread.run_sync(_sandbox_started, launched.status_file)
             if not started and not outcome.timed_out:

@@ -468,7 +468,7 @@ class DockerSession(Session):
                  ) -> ExecResult:
         import docker
 
-        door = self.egress.start_run() if self.egress is not None else None
+        door = self.egress.start_run(request.egress) if self.egress is not None else None
         try:
             result = run(request, door)
             if door is None:
@@ -500,7 +500,7 @@ class DockerSession(Session):
         env = {"HOSTNAME": "sandbox", **sandbox_env(request.env, home=HOME)}
         argv = request.argv
         if door is not None and self.egress is not None:
-            env.update(self.egress.env())
+            env.update(self.egress.env(request.egress))
             argv = proxy.EgressProxy.command(door, argv)
         return backstop(argv, request.timeout + BACKSTOP_GRACE_S), env
 

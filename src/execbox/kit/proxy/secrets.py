@@ -44,100 +44,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import datetime
 import ipaddress
 import os
 import re
 import secrets as random
 import ssl
-import string
 import threading
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from execbox.errors import BackendUnavailableError
-from execbox.secrets.egress import EgressSecret, InBody, address_of
-from execbox.secrets.values import R, Secret
+from execbox.secrets.egress import EgressSecret, RunSecrets, address_of
+from execbox.secrets.values import R
 
 #: The combined bundle the sandbox trusts when a run has secrets at egress (in the proxy's directory).
 BUNDLE_FILE = "execbox-ca-bundle.pem"
-PLACEHOLDER_PREFIX = "EXECBOX-PLACEHOLDER-"
 HANDSHAKE_TIMEOUT_S = 15.0
 #: The shortest start of a value the swap back replaces by the placeholder's start where the rest of the value does
 #: not follow (a host echoing the key cut short): fewer bytes tell the code little beyond a key's published prefix.
 PARTIAL = 8
 _CHUNK = 1 << 16
-_ALNUM = string.ascii_letters + string.digits
 _HOST_ROOTS = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
-
-
-def placeholder_for(value: bytes) -> bytes:
-    """A random token as long as ``value`` (in bytes), so that swapping one for the other changes no length."""
-    size = len(value)
-    prefix = PLACEHOLDER_PREFIX if size >= len(PLACEHOLDER_PREFIX) + 12 else ""
-    return (prefix + "".join(random.choice(_ALNUM) for _ in range(size - len(prefix)))).encode()
-
-
-class RunSecrets:
-    """One run's secrets at egress: their placeholders, and the proxy run they were attached to."""
-
-    def __init__(self, given: Mapping[str, tuple[str, int, Secret]]) -> None:
-        self.secrets = [EgressSecret(name, host, port, secret.reveal().encode(),
-                                     placeholder_for(secret.reveal().encode()), isinstance(secret, InBody))
-                        for name, (host, port, secret) in given.items()]
-        self.longest = max((len(s.placeholder) for s in self.secrets), default=0)
-        #: Set when a proxy run took them (a backend that runs no execbox proxy never does).
-        self.attached = False
-
-    def __repr__(self) -> str:
-        return f"RunSecrets({[(s.name, s.host, s.port) for s in self.secrets]})"
-
-    def __reduce__(self) -> Any:
-        raise TypeError("RunSecrets hold secret values and are not pickled")
-
-    @property
-    def names(self) -> list[str]:
-        return sorted(s.name for s in self.secrets)
-
-    def env(self) -> dict[str, str]:
-        """What the sandbox's variables hold: the placeholders."""
-        return {s.name: s.placeholder.decode() for s in self.secrets}
-
-    def values(self) -> dict[str, str]:
-        """The real values by name (for the run's redactor, in case one comes back some other way)."""
-        return {s.name: s.value.decode() for s in self.secrets}
-
-    def for_destination(self, host: str, port: int) -> list[EgressSecret]:
-        host = host.lower().rstrip(".")
-        return [s for s in self.secrets if s.host == host and s.port == port]
-
-    def carried(self, data: bytes | bytearray) -> EgressSecret | None:
-        """The secret whose placeholder ``data`` holds, if any."""
-        return next((s for s in self.secrets if s.placeholder in data), None)
-
-
-_current: contextvars.ContextVar[RunSecrets | None] = contextvars.ContextVar("execbox_egress_secrets", default=None)
-
-
-@contextlib.contextmanager
-def at_egress(run: RunSecrets | None) -> Iterator[None]:
-    """Make ``run`` the current run's secrets at egress: the proxy run a backend starts inside takes them."""
-    token = _current.set(run)
-    try:
-        yield
-    finally:
-        _current.reset(token)
 
 
 # --- the proxy's hooks (core.proxy calls these) ------------------------------------------------------------
 
 
-def for_run(proxy: Any) -> RunSecrets | None:
-    """The current run's secrets at egress, for the proxy run being started (and the proxy's interceptor,
-    made on first use)."""
-    run = _current.get()
+def for_run(proxy: Any, run: RunSecrets | None) -> RunSecrets | None:
+    """A run's secrets at egress (its spec's ``egress``), for the proxy run being started (and the proxy's
+    interceptor, made on first use)."""
     if run is None:
         return None
     interceptor = getattr(proxy, "mitm", None)
@@ -148,10 +84,10 @@ def for_run(proxy: Any) -> RunSecrets | None:
     return run
 
 
-def ca_env(proxy: Any) -> dict[str, str]:
-    """The CA variables for the current run (empty unless it has secrets at egress)."""
+def ca_env(proxy: Any, run: RunSecrets | None) -> dict[str, str]:
+    """The CA variables for a run (empty unless it has secrets at egress)."""
     interceptor = getattr(proxy, "mitm", None)
-    if _current.get() is None or interceptor is None:
+    if run is None or interceptor is None:
         return {}
     from execbox.kit.proxy.server import CA_VARIABLES, MOUNT_POINT
 
@@ -661,14 +597,6 @@ class RunPlan:
     redactor: Any = None
     egress: RunSecrets | None = None
 
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        """While the backend runs it: captures redact, and the proxy run it starts takes the secrets at egress."""
-        from execbox.secrets.values import redacting
-
-        with redacting(self.redactor), at_egress(self.egress):
-            yield
-
     def finish(self, result: R) -> R:
         """The result as the caller may see it (core.secrets_inject.redact_result), and a note when secrets at
         egress were given but no proxy run took them."""
@@ -682,30 +610,36 @@ class RunPlan:
         return redact_result(result, self.redactor, self.names)
 
 
-def plan(request: Any, argv: list[str], *, backend: Any) -> RunPlan:
-    """The run plan of a resolved request (UnsupportedPolicyError when its secrets at egress cannot work)."""
-    from execbox.errors import UnsupportedPolicyError
+def refuse_uncarried(request: Any, *, backend: Any) -> None:
+    """Refuse (before any sandbox opens) secrets at egress that this request's network mode or backend cannot
+    carry, and a name declared both as a secret and as a secret at egress. The admission asks this."""
+    from execbox.errors import ConfigError, UnsupportedPolicyError
+
+    both = sorted(set(request.secrets) & set(request.secrets_at_egress))
+    if both:  # a sandbox's secrets and an exec's, say
+        raise ConfigError(f"{', '.join(both)} declared both as a secret and as a secret at egress; give each once")
+    if not request.secrets_at_egress:
+        return
+    if request.network != "proxy":
+        raise UnsupportedPolicyError(
+            f"refused: secrets at egress ({', '.join(sorted(request.secrets_at_egress))}) need network mode "
+            f"proxy, which substitutes them; this run's is {request.network!r}. Use network='proxy' (and "
+            "allow the hosts in CODE_EXEC_EGRESS_ALLOW), or pass the values as secrets=", backend=backend.name,
+            env_var="CODE_EXEC_NETWORK")
+    if backend.capabilities.remote:
+        raise UnsupportedPolicyError(
+            f"refused: secrets at egress need execbox's own egress proxy; {backend.name} hands network mode "
+            "proxy to its provider, which cannot substitute them. Use docker or bubblewrap, or secrets=",
+            backend=backend.name)
+
+
+def plan(request: Any, argv: list[str]) -> RunPlan:
+    """The run plan of an admitted request (``refuse_uncarried`` said yes to its secrets at egress)."""
     from execbox.secrets.values import Redactor, deliver
 
     stdin, env = request.stdin, dict(request.env)
     egress: RunSecrets | None = None
-    both = sorted(set(request.secrets) & set(request.secrets_at_egress))
-    if both:  # a sandbox's secrets and an exec's, say
-        from execbox.errors import ConfigError
-
-        raise ConfigError(f"{', '.join(both)} declared both as a secret and as a secret at egress; give each once")
     if request.secrets_at_egress:
-        if request.network != "proxy":
-            raise UnsupportedPolicyError(
-                f"refused: secrets at egress ({', '.join(sorted(request.secrets_at_egress))}) need network mode "
-                f"proxy, which substitutes them; this run's is {request.network!r}. Use network='proxy' (and "
-                "allow the hosts in CODE_EXEC_EGRESS_ALLOW), or pass the values as secrets=", backend=backend.name,
-                env_var="CODE_EXEC_NETWORK")
-        if backend.capabilities.remote:
-            raise UnsupportedPolicyError(
-                f"refused: secrets at egress need execbox's own egress proxy; {backend.name} hands network mode "
-                "proxy to its provider, which cannot substitute them. Use docker or bubblewrap, or secrets=",
-                backend=backend.name)
         egress = RunSecrets(request.secrets_at_egress)
         env.update(egress.env())
     values = {**{n: s.reveal() for n, s in request.secrets.items()}, **(egress.values() if egress else {})}

@@ -70,6 +70,7 @@ from execbox.policy.egress import (
     literal_address,
     provider_allowlist,
 )
+from execbox.secrets.egress import RunSecrets
 
 T = TypeVar("T")
 
@@ -422,7 +423,7 @@ class ProxyRun:
     dropped: int = 0
     server: asyncio.AbstractServer | None = None
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
-    # The run's secrets at egress (core.egress_secrets.RunSecrets), if it has any.
+    # The run's secrets at egress (core.RunSecrets), if it has any.
     secrets: Any = None
 
     @property
@@ -508,12 +509,13 @@ class EgressProxy:
 
     # -- what a backend uses --
 
-    def env(self) -> dict[str, str]:
-        """Variables every command of the sandbox gets (the forwarder adds the proxy variables themselves)."""
+    def env(self, secrets: RunSecrets | None = None) -> dict[str, str]:
+        """Variables every command of the sandbox gets (the forwarder adds the proxy variables themselves);
+        ``secrets``: the run's secrets at egress (its spec's ``egress``)."""
         env = {"NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY}
         if self.ca_file:
             env.update({name: self.ca_file for name in CA_VARIABLES})
-        env.update(egress_secrets.ca_env(self))  # a run with secrets at egress trusts this sandbox's CAs too
+        env.update(egress_secrets.ca_env(self, secrets))  # a run with secrets at egress trusts this sandbox's CAs too
         return env
 
     @staticmethod
@@ -521,10 +523,11 @@ class EgressProxy:
         """``argv`` behind the forwarder of ``run``: what the sandbox runs instead of ``argv``."""
         return [python, "-I", "-S", "-c", FORWARDER, run.sandbox_socket, "--", *argv]
 
-    def start_run(self) -> ProxyRun:
-        """A new socket for one exec (blocking, milliseconds)."""
+    def start_run(self, secrets: RunSecrets | None = None) -> ProxyRun:
+        """A new socket for one exec (blocking, milliseconds), carrying ``secrets``, the run's secrets at egress
+        (its spec's ``egress``)."""
         run = self._call(self._start_run())
-        run.secrets = egress_secrets.for_run(self)  # the caller's run's secrets at egress, if any
+        run.secrets = egress_secrets.for_run(self, secrets)
         return run
 
     def finish_run(self, run: ProxyRun, settle_s: float = SETTLE_S) -> tuple[list[EgressAttempt], int]:

@@ -92,6 +92,7 @@ class HostWorkspaceSession(Session):
                 max_output_bytes=request.max_output_bytes,
                 command_env=command_env,
                 on_output=request.on_output,
+                redactor=request.redactor,
             )
         return outcome.to_result()
 

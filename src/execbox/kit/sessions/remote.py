@@ -32,6 +32,7 @@ from execbox.contract.output import BoundedCapture, OnOutput, StreamName
 from execbox.errors import BackendUnavailableError, ExecboxError, FileTooLargeError, WorkspacePathError
 from execbox.files.workspace import is_directory_error
 from execbox.kit.ownership import owner_alive, owner_id
+from execbox.secrets.values import Redactor
 
 T = TypeVar("T")
 
@@ -241,8 +242,9 @@ class RemoteSession(Session):
 class TextCapture:
     """A text stream (write/flush) that feeds a BoundedCapture: for SDKs that deliver decoded chunks."""
 
-    def __init__(self, cap: int, on_output: OnOutput | None = None, stream: StreamName = "stdout") -> None:
-        self.capture = BoundedCapture(cap, on_output, stream)
+    def __init__(self, cap: int, on_output: OnOutput | None = None, stream: StreamName = "stdout", *,
+                 redactor: Redactor | None = None) -> None:
+        self.capture = BoundedCapture(cap, on_output, stream, redactor=redactor)
 
     def write(self, text: str) -> int:
         self.capture.write(text.encode("utf-8", errors="replace"))

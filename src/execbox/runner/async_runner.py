@@ -1,0 +1,402 @@
+"""AsyncRunner: picks the backend, admits requests and runs one-shots through the pipeline; makes sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from execbox.audit import log as audit_log
+from execbox.config.settings import Settings
+from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, Verdict, bounded, close_bounded
+from execbox.contract.models import (
+    ISOLATION_STRENGTH,
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    Language,
+    Limits,
+    Mount,
+    NetworkMode,
+)
+from execbox.contract.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
+from execbox.core.pool import WarmPool
+from execbox.core.scheduler import Slots, default_max_concurrent
+from execbox.errors import (
+    BackendUnavailableError,
+    ConfigError,
+)
+from execbox.files import transfer
+from execbox.files.transfer import Transfer
+from execbox.files.workspace import normalize
+from execbox.guard.guard import Guard
+from execbox.kit import packages, transfers
+from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
+from execbox.runner.pipeline import (
+    Uploads,
+    _check,
+    _command_request,
+    _enough_threads,
+    _exec_audited,
+    _files_s,
+    _not_mounted,
+    _open,
+    _pairs,
+    _request,
+    _request_kw,
+    _sandbox_secrets,
+    _text,
+    admit,
+    backend_errors,
+    configuration,
+    resolve,
+    transfer_bounds,
+)
+from execbox.runner.sandbox import AsyncSandbox
+from execbox.secrets import egress as egress_given
+from execbox.secrets import values as secrets_inject
+from execbox.secrets.egress import Given
+from execbox.secrets.values import Secret
+
+LOCAL_FALLBACK = "local_subprocess"
+
+
+class AsyncRunner:
+    """Runs requests through the one path. ``options`` gives backends their settings in code, by backend name
+    (``{"docker": {"image": "my-image"}}``), on top of the environment.
+
+    Use it as ``async with AsyncRunner() as runner:`` to close what its backends opened (engine clients,
+    connections) when done; a runner that is just dropped leaves that to the garbage collector. ``check()``
+    answers are trusted for CHECK_TTL_S seconds per backend instance (see ExecutionBackend.check).
+    """
+
+    def __init__(self, settings: Settings | None = None, *,
+                 options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self.settings = settings or Settings.from_env()
+        self.guard = Guard(self.settings)
+        self.options = {name: dict(values) for name, values in (options or {}).items()}
+        self._backends: dict[tuple[str, str], ExecutionBackend] = {}
+        #: The audit log (CODE_EXEC_AUDIT_LOG): every exec, refusal and sandbox open/close is recorded; other parts
+        #: (the MCP server's approvals, say) record through ``runner.audit.record(event, **fields)``.
+        self.audit = audit_log.AuditLog.from_settings(self.settings)
+        #: The concurrency cap, shared by every thread and loop that uses this runner.
+        self.slots = Slots(self.settings.max_concurrent or default_max_concurrent(self.settings.memory_mb))
+        #: Warm sandboxes; active only while the runner is entered (its background task group refills them).
+        self.pool = WarmPool(self.settings.pool_size, self.settings.pool_ttl_sec,
+                             record=lambda event, fields: self.audit.arecord(event, **fields),
+                             longest_run_s=self.settings.max_timeout_sec + 60)
+        self._background: Any = None
+        self._pool_stop: anyio.Event | None = None
+
+    async def __aenter__(self) -> AsyncRunner:
+        if self.settings.pool_size and self._background is None:
+            self._background = anyio.create_task_group()
+            self.pool.attach(await self._background.__aenter__())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def serve_pool(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Host the warm pool's background work until ``aclose``: for a caller that cannot enter the runner and
+        leave it in one task (the sync facade runs this in its loop thread)."""
+        async with anyio.create_task_group() as tasks:
+            self.pool.attach(tasks)
+            self._pool_stop = anyio.Event()
+            task_status.started()
+            await self._pool_stop.wait()
+            tasks.cancel_scope.cancel()
+
+    async def aclose(self) -> None:
+        """Close the warm pool and every backend instance this runner made (engine clients, connections)."""
+        background, self._background = self._background, None
+        with anyio.CancelScope(shield=True):
+            await self.pool.aclose()
+        if self._pool_stop is not None:
+            self._pool_stop.set()
+        if background is not None:
+            background.cancel_scope.cancel()
+            await background.__aexit__(None, None, None)
+        backends, self._backends = list(self._backends.values()), {}
+        with anyio.CancelScope(shield=True):
+            for backend in backends:
+                await bounded(backend.aclose(), backend.settings.backend_grace_sec, backend=backend, doing="aclose")
+
+    @property
+    def registry(self) -> Registry:
+        return get_registry(self.settings.load_plugins, self.settings.disable_plugins)
+
+    def backend(self, name: str, options: Mapping[str, Any] | None = None) -> ExecutionBackend:
+        """The instance of a registered backend with the runner's options for it, ``options`` on top; one per
+        runner and set of options."""
+        merged = {**self.options.get(name, {}), **(options or {})}
+        key = (name, repr(sorted(merged.items())))
+        if key not in self._backends:
+            self._backends[key] = self.registry.get(name).cls(self.settings, merged)
+        return self._backends[key]
+
+    async def select(self, name: str | None = None, *, session: bool = False) -> tuple[ExecutionBackend, Capabilities]:
+        """The backend to use and what it enforces here; ``auto`` picks the strongest sandbox that runs here for the
+        configured network (CODE_EXEC_NETWORK; the request's own is judged when it is admitted)."""
+        name = name or (self.settings.session_backend if session else self.settings.backend)
+        if name != "auto":
+            backend = self.backend(name)
+            return backend, await _check(backend)
+        tried: list[str] = []
+        probe = configuration(self.settings.network)
+        for candidate in self.auto_candidates():
+            try:
+                backend = self.backend(candidate)
+                verdict = backend.verdict(probe)
+                if not (verdict.sandbox or candidate == LOCAL_FALLBACK):
+                    tried.append(f"- {candidate}: configured here, it is not a sandbox ({verdict.reason})")
+                    continue
+                return backend, await _check(backend)
+            except BackendUnavailableError as exc:
+                if exc.env_var and exc.env_var in os.environ:
+                    # The operator configured this backend (CODE_EXEC_DOCKER_RUNTIME, ...): falling back to a
+                    # weaker sandbox is not what they asked for. Likewise a ConfigError is never skipped.
+                    raise
+                tried.append(f"- {candidate}: {exc.message}")
+        local_hint = "" if self.settings.local else (
+            "\n- or, only on your own machine for yourself: CODE_EXEC_LOCAL=true (runs local_subprocess, no sandbox)"
+        )
+        candidates = set(self.auto_candidates())
+        for entry in sorted(self.registry.backends.values(), key=lambda e: e.name):
+            if entry.cls.capabilities.sandbox and not entry.cls.capabilities.remote and entry.name not in candidates:
+                tried.append(f"- {entry.name} (third-party, from {entry.distribution!r}): auto does not pick a plugin "
+                             "on its own claim; name it in EXECBOX_AUTO_PLUGINS, or set CODE_EXEC_BACKEND to it")
+        raise BackendUnavailableError(
+            "no sandbox backend can run here (CODE_EXEC_BACKEND=auto). Install or start one of:\n"
+            + "\n".join(tried or ["- (no sandbox backend is registered)"]) + local_hint,
+            env_var="CODE_EXEC_BACKEND",
+        )
+
+    def auto_candidates(self) -> list[str]:
+        """Local sandbox backends, strongest isolation first; local_subprocess last and only in local mode.
+
+        A third-party backend's capabilities are its own claim: ``auto`` considers one only when the operator
+        opted in by naming it in EXECBOX_AUTO_PLUGINS (name it as CODE_EXEC_BACKEND to use it directly)."""
+        trusted = set(self.settings.auto_plugins)
+        entries = [e for e in self.registry.backends.values()
+                   if e.cls.capabilities.sandbox and not e.cls.capabilities.remote
+                   and (e.distribution == BUILTIN_DISTRIBUTION or {e.name, e.distribution} & trusted)]
+        entries.sort(key=lambda e: (-ISOLATION_STRENGTH[e.cls.capabilities.isolation],
+                                    e.distribution != BUILTIN_DISTRIBUTION, e.name))
+        names = [e.name for e in entries]
+        if self.settings.local and LOCAL_FALLBACK in self.registry.backends:
+            names.append(LOCAL_FALLBACK)
+        return names
+
+    def verdict(self, backend: ExecutionBackend, network: NetworkMode | None = None) -> Verdict:
+        """The backend's own verdict on this runner's default configuration (with ``network``, when given): is it
+        a sandbox here? The backend's answer alone; ``judge`` adds the guard's."""
+        return backend.verdict(configuration(network or self.settings.network))
+
+    def judge(self, backend: ExecutionBackend, capabilities: Capabilities | None = None) -> Verdict:
+        """Would the guard admit this runner's default configuration on ``backend`` here? The backend's verdict, or
+        the guard's refusal raised (RefusedError): a question (``doctor``, ``backends``), so nothing is recorded.
+        ``capabilities``: what the backend enforces here, when known (then the network mode is judged too)."""
+        request = configuration(self.settings.network)
+        verdict = backend.verdict(request)
+        self.guard.check_verdict(backend, request)
+        self.guard.check_secrets(backend)
+        if capabilities is not None:
+            self.guard.check_policy(backend, capabilities, request, set())
+        return verdict
+
+    def prepare(self, request: ExecRequest) -> tuple[ExecRequest, list[str], set[str]]:
+        """The request with this runner's settings applied (pipeline.resolve)."""
+        return resolve(self.settings, request)
+
+    async def execute(self, request: ExecRequest, *, backend: str | None = None,
+                      output: LiveOutput | None = None, options: Mapping[str, Any] | None = None,
+                      upload: Uploads | None = None, download: Uploads | None = None) -> ExecResult:
+        """Run one request in a fresh sandbox that is gone afterwards, also on error or cancellation. ``output``
+        receives the output as it arrives (see ``stream``). ``options``: the backend's own options for this run
+        (``{"image": ...}`` for docker). ``upload``: local paths copied in first, ``{local: remote}``;
+        ``download``: workspace paths copied out after the run, ``{remote: local}`` ("." = the whole workspace)."""
+        uploads, downloads = _pairs(upload, "upload"), _pairs(download, "download")
+        admission = await admit(self, request, backend=backend, options=options, uploads=uploads)
+        impl, resolved, mounts = admission.backend, admission.request, admission.mounts
+        spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60,
+                           mounts=mounts)
+        _enough_threads(self.slots.total)
+        records: list[asyncio.Task[str | None]] = []  # the run's audit record, written beside its clean-up
+        try:
+            async with self.slots.slot(self.settings.queue_timeout_sec, "this run") as waited:
+                # A warm member was opened without this run's mounts (the pool keys on network and limits only).
+                session = None if mounts else self.pool.take(impl, spec)
+                pooled = session is not None
+                if session is None:
+                    session = await _open(impl, spec)
+                session.session_spec = spec
+                try:
+                    for local, remote in uploads:
+                        await self.upload_to(impl, session, local, remote)
+                    result = await _exec_audited(self.audit, admission, session, output=output, records=records)
+                    for remote, local in downloads:
+                        moved = await self.download_from(impl, session, remote, local,
+                                                         secrets_inject.redactor_for(resolved.secrets))
+                        result.notes.extend(f"download: {s}" for s in moved.skipped)
+                finally:
+                    if pooled:
+                        await self.pool.discard(session)  # used once; removed in the background
+                    else:
+                        with backend_errors(impl.name):
+                            await close_bounded(session, impl)
+            notes = result.notes
+            if self.pool.active and not pooled and impl.name in self.pool.errors:
+                notes = [*notes, f"warm pool: starting a {impl.name} sandbox ahead failed "
+                                 f"({self.pool.errors[impl.name]}); this run started its own"]
+            # asyncio.shield: a cancellation landing here must not cancel the record task it would reach
+            written = [note for note in [await asyncio.shield(record) for record in records] if note]
+            return result.model_copy(update={"queued_s": waited, "pooled": pooled, "notes": [*notes, *written]})
+        finally:
+            if records:
+                with anyio.CancelScope(shield=True):  # on disk before the run returns or raises, whatever happened
+                    await asyncio.wait(records)  # neither raises nor cancels them, if interrupted
+
+    @property
+    def transfer_limits(self) -> transfer.TransferLimits:
+        """The bounds of uploads, downloads and listings (CODE_EXEC_MAX_TRANSFER_BYTES / _FILES)."""
+        return transfer_bounds(self.settings)
+
+    def state_places(self) -> list[str]:
+        """What of execbox's own a mount or an upload must never hand to the code, beyond the default places:
+        the package cache, the audit log's directory and key file, the MCP server's grant-signing key."""
+        places = [str(self.package_cache)]
+        if self.audit.path is not None:
+            places.append(str(self.audit.path.parent))
+        if self.settings.audit_key_file is not None:
+            places.append(str(self.settings.audit_key_file))
+        if os.environ.get("EXECBOX_MCP_KEY_FILE"):
+            places.append(os.environ["EXECBOX_MCP_KEY_FILE"])
+        return places
+
+    @property
+    def package_cache(self) -> Path:
+        """The per-user wheel cache (CODE_EXEC_PACKAGE_CACHE; see core.packages)."""
+        return packages.default_cache_dir(self.settings.package_cache)
+
+    async def upload_to(self, backend: ExecutionBackend, session: Session, local: str, remote: str) -> Transfer:
+        rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
+        _not_mounted(session, rel, "upload to")
+        with backend_errors(backend.name):
+            return await bounded(transfers.upload_path(session, _text(os.fspath(local), "local path"), rel,
+                                                      limits=self.transfer_limits),
+                                 _files_s(backend), backend=backend, doing="an upload", session=session)
+
+    async def download_from(self, backend: ExecutionBackend, session: Session, remote: str, local: str,
+                            redactor: secrets_inject.Redactor | None = None) -> Transfer:
+        """The download; what it says of the sandbox's files (skipped entries, errors) never shows a secret the
+        sandbox was given (the code may have named a file or a link after one)."""
+        rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
+        _not_mounted(session, rel, "download")
+        with secrets_inject.redacting(redactor), backend_errors(backend.name):
+            moved = await bounded(transfers.download_path(session, rel, _text(os.fspath(local), "local path"),
+                                                         limits=self.transfer_limits),
+                                  _files_s(backend), backend=backend, doing="a download", session=session)
+        if redactor is not None:
+            moved = moved.model_copy(update={"skipped": [redactor.redact_text(s) for s in moved.skipped]})
+        return moved
+
+    async def warm(self, backend: str | None = None, *, network: NetworkMode | None = None,
+                   limits: Limits | None = None, timeout: float | None = None) -> int:
+        """Start filling the warm pool for one configuration now (rather than on its first run); returns how
+        many members are ready at this moment. Needs CODE_EXEC_POOL_SIZE > 0 and an entered runner."""
+        if not self.pool.active:
+            raise ConfigError("the warm pool is off: set CODE_EXEC_POOL_SIZE (or Settings(pool_size=...)) and use "
+                              "the runner as `async with AsyncRunner() as runner:`", env_var="CODE_EXEC_POOL_SIZE")
+        admission = await admit(self, configuration(network, limits, timeout=timeout), backend=backend)
+        impl, resolved = admission.backend, admission.request
+        spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60)
+        self.pool.refill(impl, spec)
+        return self.pool.ready(impl, spec)
+
+    async def run(self, command: str | Sequence[str], *, backend: str | None = None, network: NetworkMode | None = None,
+                  timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+                  files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+                  max_output_bytes: int | None = None, limits: Limits | None = None,
+                  on_stdout: OnText | None = None, on_stderr: OnText | None = None,
+                  mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                  upload: Uploads | None = None, download: Uploads | None = None,
+                  options: Mapping[str, Any] | None = None,
+                  secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
+                  secrets_at_egress: egress_given.Given | None = None) -> ExecResult:
+        """Run a command (argv list, or a string for /bin/sh -c) in a fresh sandbox. ``on_stdout(text)`` /
+        ``on_stderr(text)`` get the output as it arrives (the result is the same as without them). Files: see
+        ``execute``; ``mounts`` bind host paths (read-only unless ``Mount(..., writable=True)``); ``collect``
+        globs return matching workspace files on ``result.files``."""
+        request = _command_request(command, **_request_kw(network, timeout, env, stdin, files, workdir,
+                                                          max_output_bytes, limits, mounts, collect, secrets,
+                                                          secrets_at_egress))
+        return await deliver(lambda out: self.execute(request, backend=backend, output=out, options=options,
+                                                      upload=upload, download=download), on_stdout, on_stderr)
+
+    async def run_code(self, code: str, language: Language = "python", *, backend: str | None = None,
+                       network: NetworkMode | None = None, timeout: float | None = None,
+                       env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+                       files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+                       max_output_bytes: int | None = None, limits: Limits | None = None,
+                       mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                       secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+                       on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
+                       download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
+        """Run code (``language``: python or bash) in a fresh sandbox, as a file, never on the command line; the
+        keywords are ``run``'s."""
+        request = _request(code=code, language=language, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
+        return await deliver(lambda out: self.execute(request, backend=backend, output=out, options=options,
+                                                      upload=upload, download=download), on_stdout, on_stderr)
+
+    def stream(self, command: str | Sequence[str], *, backend: str | None = None, network: NetworkMode | None = None,
+               timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+               files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+               max_output_bytes: int | None = None, limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+               collect: Sequence[str] | None = None, secrets: Mapping[str, Secret | str] | None = None,
+               secrets_at_egress: Given | None = None) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+        """``async for event in runner.stream(cmd):`` OutputEvents as the output arrives, then the ExecResult."""
+        request = _command_request(command, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
+        return stream_events(lambda out: self.execute(request, backend=backend, output=out))
+
+    def stream_code(self, code: str, language: Language = "python", *, backend: str | None = None,
+                    network: NetworkMode | None = None, timeout: float | None = None,
+                    env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+                    files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+                    max_output_bytes: int | None = None, limits: Limits | None = None,
+                    mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                    secrets: Mapping[str, Secret | str] | None = None,
+                    secrets_at_egress: Given | None = None) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+        """``stream`` for code, as ``run_code`` runs it."""
+        request = _request(code=code, language=language, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
+        return stream_events(lambda out: self.execute(request, backend=backend, output=out))
+
+    def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
+                name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
+                package_cache: bool = False, pip: Sequence[str] | None = None,
+                secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
+                secrets_at_egress: egress_given.Given | None = None,
+                **options: Any) -> AsyncSandbox:
+        """A persistent sandbox. Keywords beyond these are the backend's own options (its settings_model's fields,
+        e.g. ``image=`` for docker), on top of the runner's and the environment's. ``mounts``: host paths bound
+        in for the sandbox's life. ``package_cache``: the per-user wheel cache, read-only, where pip looks;
+        ``pip``: requirements installed from it when the sandbox opens (implies ``package_cache``). ``secrets``:
+        given to every exec (on top of an exec's own), redacted from what every exec returns; ``secrets_at_egress``
+        likewise (network mode proxy)."""
+        sandbox = AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s,
+                               options=options, mounts=mounts, package_cache=package_cache or bool(pip), pip=pip)
+        sandbox.secrets = _sandbox_secrets(secrets)
+        sandbox.secrets_at_egress = _sandbox_secrets(secrets_at_egress, egress=True)
+        return sandbox
+

@@ -1,0 +1,363 @@
+"""AsyncSandbox: a persistent sandbox whose execs, cells and file calls go through the pipeline."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from execbox.audit import fields as audit_fields
+from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, bounded, broken, close_bounded
+from execbox.contract.models import (
+    Capabilities,
+    CellResult,
+    ExecRequest,
+    ExecResult,
+    Language,
+    Limits,
+    Mount,
+    NetworkMode,
+)
+from execbox.contract.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
+from execbox.errors import (
+    ConfigError,
+    SandboxError,
+)
+from execbox.files.transfer import FileInfo, Transfer
+from execbox.files.workspace import is_directory_error, normalize
+from execbox.kit import packages
+from execbox.runner.pipeline import (
+    Admission,
+    _bytes,
+    _cell_fields,
+    _command_request,
+    _enough_threads,
+    _exec_audited,
+    _files_s,
+    _open,
+    _request,
+    _request_kw,
+    _session_exec,
+    _text,
+    admit,
+    admit_upload_into,
+    backend_errors,
+    configuration,
+    finish_cell,
+)
+from execbox.secrets import values as secrets_inject
+from execbox.secrets.egress import Given
+from execbox.secrets.values import Secret
+
+if TYPE_CHECKING:
+    from execbox.kernel.client import Kernel
+    from execbox.runner.async_runner import AsyncRunner
+
+
+class AsyncSandbox:
+    """A persistent sandbox: files and installed packages survive between execs until it closes."""
+
+    def __init__(self, runner: AsyncRunner, backend: str | None, *, network: NetworkMode | None, limits: Limits | None,
+                 name: str | None, lifetime_s: float, options: Mapping[str, Any] | None = None,
+                 mounts: Sequence[Mount] | None = None, package_cache: bool = False,
+                 pip: Sequence[str] | None = None) -> None:
+        self.runner = runner
+        self._mounts = list(mounts or [])
+        self._package_cache = package_cache
+        self._pip = packages.check_requirements(pip) if pip else []
+        # Variables every exec of this sandbox gets from execbox itself (the package cache's pip settings).
+        self._extra_env: dict[str, str] = {}
+        #: True when the sandbox was made by a module-level helper: it then closes its runner too.
+        self.owns_runner = False
+        self._backend_name = backend
+        self._options = dict(options or {})
+        self._network = network or runner.settings.network
+        self._limits = limits
+        self._name = name
+        self._lifetime_s = lifetime_s
+        self._session: Session | None = None
+        self._kernel: Kernel | None = None  # run_cell's interpreter, started by the first cell
+        #: Seconds this sandbox waited for a slot (CODE_EXEC_MAX_CONCURRENT) before it opened.
+        self.queued_s = 0.0
+        self.backend: ExecutionBackend | None = None
+        self.capabilities: Capabilities | None = None
+        #: This sandbox's id in the audit log (its open, execs and close carry it).
+        self.id = audit_fields.new_session_id()
+        #: Secrets every exec gets (``sandbox(secrets=...)``); ``_given``: every secret any exec got, for redaction
+        #: of what the code may have left in the workspace (listings).
+        self.secrets: dict[str, secrets_inject.Secret] = {}
+        self.secrets_at_egress: dict[str, tuple[str, int, secrets_inject.Secret]] = {}
+        self._given: dict[str, secrets_inject.Secret] = {}
+        #: How the sandbox was admitted when it opened (its backend, network, limits, mounts); its execs' rules.
+        self.admission: Admission | None = None
+
+    async def __aenter__(self) -> AsyncSandbox:
+        opening = configuration(self._network, self._limits, mounts=self._mounts, secrets=self.secrets,
+                                secrets_at_egress=self.secrets_at_egress)
+        self.admission = await admit(self.runner, opening, backend=self._backend_name, options=self._options,
+                                     opening=self.id, package_cache=self._package_cache)
+        self.backend, self.capabilities = self.admission.backend, self.admission.capabilities
+        resolved = self.admission.request
+        cache = self.runner.package_cache
+        mounts = self.admission.mounts
+        if self._package_cache:
+            mounts = (*mounts, *self._cache_mount(self.backend, self.capabilities, cache))
+        spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name,
+                           mounts=mounts)
+        _enough_threads(self.runner.slots.total)
+        self.queued_s = await self.runner.slots.acquire(self.runner.settings.queue_timeout_sec, "this sandbox")
+        try:
+            self._session = await _open(self.backend, spec)
+        except BaseException:
+            self.runner.slots.release()
+            raise
+        self._session.session_spec = spec
+        await self.runner.audit.arecord("sandbox.open", **audit_fields.sandbox_fields(self.id, self.backend, spec))
+        if self._pip:
+            try:
+                installed = await self.pip_install(*self._pip)
+                if not installed.ok:
+                    raise SandboxError(f"pip could not install {', '.join(self._pip)} in the sandbox from the "
+                                       f"package cache: {installed.stderr[-800:]}", backend=self.backend.name)
+            except BaseException:
+                await self.close()
+                raise
+        return self
+
+    def _cache_mount(self, backend: ExecutionBackend, caps: Capabilities, cache: Path) -> tuple[Mount, ...]:
+        """The package cache, read-only at packages.SANDBOX_DIR, and pip pointed at it (offline when the network is
+        none). Trusted: execbox's own directory, filled only on the host (core.packages)."""
+        packages.ensure_cache(cache)  # the admission said the backend can bind it
+        self._extra_env = {"PIP_FIND_LINKS": packages.SANDBOX_DIR, "PIP_BREAK_SYSTEM_PACKAGES": "1",
+                           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        if self._network == "none":
+            self._extra_env["PIP_NO_INDEX"] = "1"  # nothing to reach: do not make pip retry an index for minutes
+        # model_construct: /opt/execbox is reserved for execbox's own mounts, which the caller's may not cover.
+        return (Mount.model_construct(source=str(cache), target=packages.SANDBOX_DIR, writable=False),)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+        if self.owns_runner:
+            await self.runner.aclose()
+
+    async def close(self) -> None:
+        kernel, self._kernel = self._kernel, None
+        if kernel is not None:
+            with anyio.CancelScope(shield=True):
+                await kernel.close()
+        if self._session is not None:
+            session, self._session = self._session, None
+            try:
+                assert self.backend is not None
+                with backend_errors(self.backend.name):
+                    await close_bounded(session, self.backend)
+            finally:
+                self.runner.slots.release()
+                await self.runner.audit.arecord("sandbox.close", session=self.id,
+                                                backend=self.backend.name if self.backend else None)
+
+    @property
+    def broken(self) -> str | None:
+        """Why this sandbox is broken (a backend call on it overran its bound, and it was closed), or None."""
+        return None if self._session is None else broken(self._session)
+
+    def _live(self) -> tuple[ExecutionBackend, Session]:
+        if self._session is None or self.backend is None:
+            raise SandboxError("this sandbox is not open (closed already, or never entered): use it as "
+                               "`async with runner.sandbox() as sb:` and call it inside that block")
+        why = broken(self._session)
+        if why is not None:
+            raise SandboxError(f"this sandbox is broken and was closed: {why}. Open another sandbox",
+                               backend=self.backend.name)
+        return self.backend, self._session
+
+    async def execute(self, request: ExecRequest, *, output: LiveOutput | None = None) -> ExecResult:
+        session = self._live()[1]
+        if self.secrets or self.secrets_at_egress:
+            request = request.model_copy(update={"secrets": {**self.secrets, **request.secrets}, "secrets_at_egress": {
+                **self.secrets_at_egress, **request.secrets_at_egress}})
+        self._given.update(request.secrets)
+        admission = await admit(self.runner, request, within=self._opened(), extra_env=self._extra_env)
+        return await _exec_audited(self.runner.audit, admission, session, output=output)
+
+    def _opened(self) -> Admission:
+        assert self.admission is not None  # set by __aenter__, before any call reaches _live()
+        return self.admission
+
+    async def exec(self, command: str | Sequence[str], *, network: NetworkMode | None = None,
+                   timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+                   files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+                   max_output_bytes: int | None = None, limits: Limits | None = None,
+                   mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                   secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+                   on_stdout: OnText | None = None, on_stderr: OnText | None = None) -> ExecResult:
+        """Run a command in this sandbox; ``on_stdout`` / ``on_stderr`` get the output as it arrives. The network,
+        limits and mounts are the sandbox's (asking for others is refused)."""
+        request = _command_request(command, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
+        return await deliver(lambda out: self.execute(request, output=out), on_stdout, on_stderr)
+
+    async def run_code(self, code: str, language: Language = "python", *, network: NetworkMode | None = None,
+                       timeout: float | None = None, env: Mapping[str, str] | None = None,
+                       stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
+                       workdir: str | None = None, max_output_bytes: int | None = None, limits: Limits | None = None,
+                       mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                       secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
+                       on_stdout: OnText | None = None, on_stderr: OnText | None = None) -> ExecResult:
+        """Run code (python or bash) in this sandbox, as a file; the keywords are ``exec``'s."""
+        request = _request(code=code, language=language, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
+        return await deliver(lambda out: self.execute(request, output=out), on_stdout, on_stderr)
+
+    def stream(self, command: str | Sequence[str], *, network: NetworkMode | None = None, timeout: float | None = None,
+               env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
+               files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
+               max_output_bytes: int | None = None, limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+               collect: Sequence[str] | None = None, secrets: Mapping[str, Secret | str] | None = None,
+               secrets_at_egress: Given | None = None) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+        """``async for event in sb.stream(cmd):`` OutputEvents as the output arrives, then the ExecResult."""
+        request = _command_request(command, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
+        return stream_events(lambda out: self.execute(request, output=out))
+
+    def stream_code(self, code: str, language: Language = "python", *, network: NetworkMode | None = None,
+                    timeout: float | None = None, env: Mapping[str, str] | None = None,
+                    stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
+                    workdir: str | None = None, max_output_bytes: int | None = None, limits: Limits | None = None,
+                    mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                    secrets: Mapping[str, Secret | str] | None = None,
+                    secrets_at_egress: Given | None = None) -> AsyncGenerator[OutputEvent | ExecResult, None]:
+        """``stream`` for code, as ``run_code`` runs it."""
+        request = _request(code=code, language=language, **_request_kw(
+            network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
+            secrets_at_egress))
+        return stream_events(lambda out: self.execute(request, output=out))
+
+    async def run_cell(self, code: str, *, timeout: float | None = None, on_stdout: OnText | None = None,
+                       on_stderr: OnText | None = None) -> CellResult:
+        """Run Python in this sandbox's persistent interpreter (kernel/client.py): variables, imports and open files
+        persist from cell to cell; the last expression's value and display()ed objects come back as MIME bundles,
+        matplotlib figures as PNG. A cell past its timeout is interrupted (KeyboardInterrupt, state kept) or, if
+        it does not stop, its interpreter is killed: the result then says ``state_lost``, never silently."""
+        backend, session = self._live()
+        request = _request(code=_text(code, "code"), language="python", timeout=timeout)
+        admission = await admit(self.runner, request, within=self._opened(), extra_env=self._extra_env)
+        resolved = admission.request
+        if self._kernel is None:
+            from execbox.kernel.client import Kernel  # only sandboxes that run cells need the kernel's client
+
+            assert resolved.limits and resolved.max_output_bytes and self.capabilities
+            self._kernel = Kernel(functools.partial(_session_exec, backend, session), workspace=session.workspace,
+                                  network=self._network, limits=resolved.limits, lifetime_s=self._lifetime_s,
+                                  max_output_bytes=resolved.max_output_bytes, streaming=self.capabilities.streaming,
+                                  max_display_bytes=self.runner.settings.max_display_bytes, backend=backend.name)
+        kernel, timeout_s = self._kernel, resolved.timeout or self.runner.settings.max_timeout_sec
+        # The interpreter gets no secrets, but an exec of this sandbox may have left one where a cell reads it.
+        redactor = self._redactor()
+        if redactor is not None:
+            (on_stdout, on_stderr), finish = secrets_inject.redacted_callbacks(redactor, on_stdout, on_stderr)
+        fields = audit_fields.exec_fields(backend, resolved, [], session=self.id, oneshot=False)
+        try:
+            with secrets_inject.redacting(redactor):  # the interpreter's errors quote what the code left, too
+                result = await deliver(
+                    lambda out: kernel.run_cell(code, timeout=timeout_s, live=out, redactor=redactor), on_stdout,
+                    on_stderr)
+        except BaseException as exc:  # recorded as an exec that raised is (a stuck backend, a broken sandbox)
+            await self.runner.audit.arecord("cell.error", **fields, **audit_fields.error_fields(exc))
+            raise
+        if redactor is not None:
+            await finish()
+        result = finish_cell(result, admission, redactor)
+        note = await self.runner.audit.arecord("cell", **fields, **_cell_fields(result, self.runner.audit))
+        return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})
+
+    @property
+    def workspace(self) -> str:
+        """Where the workspace is inside the sandbox, as its commands see it (relative paths start there)."""
+        return self._live()[1].workspace
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        backend, session = self._live()
+        rel, content = normalize(_text(path, "path"), session.workspace), _bytes(data, "data")
+        with backend_errors(backend.name):
+            await bounded(session.write_file(rel, content), _files_s(backend), backend=backend, doing="write_file",
+                          session=session)
+
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """The file's bytes; one over ``max_bytes`` (at most CODE_EXEC_MAX_READ_BYTES) is refused unread
+        (FileTooLargeError)."""
+        backend, session = self._live()
+        if normalize(_text(path, "path"), session.workspace, allow_root=True) == "":
+            raise is_directory_error("")
+        rel = normalize(path, session.workspace)
+        cap = min(max_bytes or self.runner.settings.max_read_bytes, self.runner.settings.max_read_bytes)
+        with backend_errors(backend.name):
+            return await bounded(session.read_file(rel, cap), _files_s(backend), backend=backend, doing="read_file",
+                                 session=session)
+
+    async def list_files(self, path: str = ".", *, recursive: bool = False) -> list[FileInfo]:
+        """What is in the directory ``path`` of the workspace (everything below it with ``recursive``): names,
+        sizes and types, links shown as links (never followed); bounded by CODE_EXEC_MAX_TRANSFER_FILES."""
+        backend, session = self._live()
+        rel = normalize(_text(path, "path"), session.workspace, allow_root=True)
+        with secrets_inject.redacting(self._redactor()), backend_errors(backend.name):
+            found = await bounded(session.list_files(rel, recursive=bool(recursive),
+                                                     limits=self.runner.transfer_limits),
+                                  _files_s(backend), backend=backend, doing="list_files", session=session)
+        return secrets_inject.redact_listing(found, self._redactor())
+
+    def _redactor(self) -> secrets_inject.Redactor | None:
+        """Every secret this sandbox was given: the code may have left one in a file name."""
+        given = {**self._given, **self.secrets}
+        return secrets_inject.Redactor(given) if given else None
+
+    async def upload(self, local_path: str | os.PathLike[str], remote: str | None = None) -> Transfer:
+        """Copy a local file or directory into the workspace at ``remote`` (default: its name at the top of the
+        workspace; "." = into the workspace itself), streamed as tar and bounded by CODE_EXEC_MAX_TRANSFER_BYTES.
+        Links in the local tree are copied as links, never followed; the guard refuses the same places as for a
+        mount (your home itself, ~/.ssh, ...) and scans the tree for wallet seeds."""
+        backend, session = self._live()
+        local = _text(os.fspath(local_path), "local path")
+        await admit_upload_into(self.runner, self._opened(), local)
+        return await self.runner.upload_to(backend, session, local,
+                                           remote if remote is not None else os.path.basename(os.path.abspath(local)))
+
+    async def download(self, remote: str, local_path: str | os.PathLike[str]) -> Transfer:
+        """Copy a workspace file or directory ("." = the whole workspace) to ``local_path`` (the file, or inside
+        it when it is an existing directory; a directory is made or merged into). Bounded by
+        CODE_EXEC_MAX_TRANSFER_BYTES / _FILES before a byte is read; nothing is followed and no symlink, hard link
+        or device the code left is created here (``skipped``)."""
+        backend, session = self._live()
+        return await self.runner.download_from(backend, session, remote, os.fspath(local_path), self._redactor())
+
+    async def pip_install(self, *requirements: str) -> ExecResult:
+        """Install Python packages into this sandbox from the per-user package cache (``package_cache=True``):
+        the wheels are fetched on the host by a trusted step (core.packages: the host's pip configuration,
+        wheels only) when the cache lacks them, then pip installs them inside the sandbox with no index. The
+        result is the install's; a note says how many wheels came from the cache and how many were fetched."""
+        backend, session = self._live()
+        reqs = packages.check_requirements(requirements)
+        if not self._extra_env:
+            raise ConfigError("this sandbox was opened without the package cache: open it with "
+                              "sandbox(..., package_cache=True) (or pip=[...])")
+        probe = await self.exec(["python3", "-c", packages.PROBE], timeout=60)
+        if not probe.ok:
+            raise SandboxError(f"the sandbox has no working python3 to install into: {probe.stderr[-400:]}",
+                               backend=backend.name)
+        target = packages.PythonTarget.parse(probe.stdout)
+        fill = await anyio.to_thread.run_sync(packages.fill_cache, self.runner.package_cache, reqs, target)
+        # PIP_FIND_LINKS (set for this sandbox) points pip at the cache; --no-index: nothing else is looked at.
+        result = await self.exec(["python3", "-m", "pip", "install", "--no-index", "--progress-bar", "off", *reqs])
+        note = (f"package cache: {len(fill.downloaded)} wheel(s) fetched on the host ({', '.join(fill.downloaded)}), "
+                f"{len(fill.cached)} from the cache") if fill.downloaded else (
+                f"package cache: every wheel came from the cache ({len(fill.cached)}), nothing was downloaded")
+        return result.model_copy(update={"notes": [*result.notes, note]})
+
