@@ -1,5 +1,6 @@
-"""A request is judged once, before any sandbox opens (runner.pipeline.admit): a refused mount, upload or secret at
-egress is one `refused` audit record, like every other refusal, and no sandbox was opened for it."""
+"""The pipeline's stages: a request is judged once, before any sandbox opens (runner.pipeline.admit): a refused
+mount, upload, package cache or secret at egress is one `refused` audit record, like every other refusal, and no
+sandbox was opened for it; the spec carries the run's redactor to wherever a backend builds its captures."""
 
 from __future__ import annotations
 
