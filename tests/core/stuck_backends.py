@@ -15,6 +15,8 @@ Each is an ordinary local session (``HostWorkspaceSession``) with one call stuck
                    that keeps the pipe open (``sleep`` behind ``setsid``) keeps it from ever returning
     counting       an honest backend that takes mounts and counts the sandboxes it opens (OPENS): nothing stuck
     counting_remote  the same, claiming to be a provider's sandbox (remote) that offers network mode proxy
+    own_thread     an honest backend that runs the command and builds its captures in a thread of its own (not
+                   anyio's): nothing of the caller's context reaches them, only the spec
 
 The threads they block in end when ``RELEASE`` is set (each test's teardown), so a test's event loop can close.
 They are NOT sandboxes: never use them outside these tests.
@@ -201,8 +203,32 @@ class CountingRemote(Counting):
     capabilities = CLAIMS.model_copy(update={"remote": True, "network_modes": frozenset({"none", "proxy"})})
 
 
+class ThreadSession(Session):
+    async def exec(self, request: plugin.ExecSpec) -> plugin.ExecResult:
+        done: list[plugin.ExecResult] = []
+
+        def run() -> None:
+            out, err = request.captures()
+            proc = subprocess.run(request.argv, cwd=request.workdir, input=request.stdin, capture_output=True,
+                                  env={"PATH": "/usr/bin:/bin", **request.env}, timeout=request.timeout, check=False)
+            out.write(proc.stdout)
+            err.write(proc.stderr)
+            done.append(plugin.build_result(exit_code=proc.returncode, stdout=out, stderr=err, timed_out=False,
+                                            duration_s=0.0))
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        await anyio.to_thread.run_sync(thread.join)
+        return done[0]
+
+
+class OwnThread(StuckBackend):
+    name = "own_thread"
+    session = ThreadSession
+
+
 BACKENDS = (StuckExec, StuckOpen, StuckProbe, StuckGc, StuckAclose, SlowOpen, StuckFiles, StuckClose, DataclassOk,
-            PipeHolder, Counting, CountingRemote)
+            PipeHolder, Counting, CountingRemote, OwnThread)
 
 
 @plugin.hookimpl

@@ -1,5 +1,6 @@
-"""A request is judged once, before any sandbox opens (runner.pipeline.admit): a refused mount, upload or secret at
-egress is one `refused` audit record, like every other refusal, and no sandbox was opened for it."""
+"""The pipeline's stages: a request is judged once, before any sandbox opens (runner.pipeline.admit): a refused
+mount, upload, package cache or secret at egress is one `refused` audit record, like every other refusal, and no
+sandbox was opened for it; the spec carries the run's redactor to wherever a backend builds its captures."""
 
 from __future__ import annotations
 
@@ -111,3 +112,11 @@ def test_a_sandbox_whose_backend_cannot_bind_the_package_cache_is_one_refused_re
         with pytest.raises(UnsupportedPolicyError, match="cannot bind the package cache"):
             sandbox.__enter__()
     _one_refusal(UnsupportedPolicyError, oneshot=False)
+
+
+def test_the_redactor_travels_in_the_spec_to_a_capture_made_in_the_backends_own_thread() -> None:
+    seen: list[str] = []
+    with _runner("own_thread") as runner:
+        result = runner.run(["sh", "-c", 'echo "key=$API_KEY"'], secrets={"API_KEY": SECRET}, on_stdout=seen.append)
+    assert result.stdout == "key=[secret API_KEY]\n" and "".join(seen) == result.stdout
+    assert not any("redacted after the run" in note for note in result.notes)
