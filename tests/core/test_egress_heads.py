@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from execbox.kit.proxy import secrets as es
 from execbox.kit.proxy import server as px
-from execbox.kit.proxy.server import EgressProxy, HeadError, ProxyRun, parse_head
+from execbox.kit.proxy.protocol import HeadError, parse_head
+from execbox.kit.proxy.server import EgressProxy, ProxyRun
 from execbox.policy.egress import EgressPolicy
 from execbox.secrets import egress as egress_given
 from tests.backends.test_secrets_egress import SECRET_HOST, upstream_ca

@@ -18,7 +18,8 @@ import pytest
 
 from execbox.kit.proxy import secrets as es
 from execbox.kit.proxy import server as px
-from execbox.kit.proxy.server import EgressProxy, HeadError, parse_head
+from execbox.kit.proxy.protocol import HeadError, parse_head
+from execbox.kit.proxy.server import EgressProxy
 from execbox.policy.egress import EgressPolicy
 from execbox.secrets import egress as egress_given
 from tests.backends.test_secrets_egress import SECRET_HOST

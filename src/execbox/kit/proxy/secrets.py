@@ -89,13 +89,13 @@ def ca_env(proxy: Any, run: RunSecrets | None) -> dict[str, str]:
     interceptor = getattr(proxy, "mitm", None)
     if run is None or interceptor is None:
         return {}
-    from execbox.kit.proxy.server import CA_VARIABLES, MOUNT_POINT
+    from execbox.kit.proxy.protocol import CA_VARIABLES, MOUNT_POINT
 
     return {name: f"{MOUNT_POINT}/{BUNDLE_FILE}" for name in CA_VARIABLES}
 
 
 def _user_bundle(proxy: Any) -> str | None:
-    from execbox.kit.proxy.server import CA_FILE
+    from execbox.kit.proxy.protocol import CA_FILE
 
     path = os.path.join(proxy.directory, CA_FILE)
     return path if getattr(proxy, "ca_file", None) and os.path.isfile(path) else None
@@ -241,7 +241,7 @@ class Interceptor:
                         up_writer: asyncio.StreamWriter) -> None:
         """TLS to the code with our certificate, TLS to the host verified, and the plaintext relayed with the
         placeholders of this host's secrets swapped for their values (and back in what returns)."""
-        from execbox.kit.proxy.server import TLS_FAILED, TLS_HINT, HeadError, answer, parse_head
+        from execbox.kit.proxy.protocol import TLS_FAILED, TLS_HINT, HeadError, answer, parse_head
 
         secrets: list[EgressSecret] = run.secrets.for_destination(host, port)
         try:
@@ -312,7 +312,7 @@ def plain_request(head: bytes, host: str, port: int) -> bytes | str:
     rewritten to ask for one plain response (``Accept-Encoding: identity``, ``Connection: close``, no ``Range``,
     no ``Expect``); or why it is refused: malformed, not in origin form, a Host other than the secret's (or
     none, or two), an upgrade."""
-    from execbox.kit.proxy.server import HeadError, parse_head
+    from execbox.kit.proxy.protocol import HeadError, parse_head
 
     try:
         parsed = parse_head(head)
@@ -335,7 +335,7 @@ def plain_request(head: bytes, host: str, port: int) -> bytes | str:
 def encoded_response(head: bytes) -> str | None:
     """Why a response head cannot be relayed with the value swapped back: malformed (``core.proxy.parse_head``),
     an encoded or partial body, an upgrade."""
-    from execbox.kit.proxy.server import HeadError, parse_head
+    from execbox.kit.proxy.protocol import HeadError, parse_head
 
     try:
         parsed = parse_head(head, response=True)
@@ -359,7 +359,7 @@ async def relay_response(src: asyncio.StreamReader, dst: asyncio.StreamWriter, s
     """The host's response (after any 1xx), the value swapped back in head and body, the body read by its framing
     (a chunked one de-chunked first, so chunk framing never splits the value from the swap); withheld when the
     value could pass unswapped (``encoded_response``). The code gets one response, then the connection closes."""
-    from execbox.kit.proxy.server import HeadError, closing_head, parse_head
+    from execbox.kit.proxy.protocol import HeadError, closing_head, parse_head
 
     while True:
         try:
@@ -387,7 +387,7 @@ async def relay_body(src: Any, dst: asyncio.StreamWriter, length: int | None, sw
     one is de-chunked, swapped, and sent as chunks of what the swap let out (trailers dropped). A partial match
     held back is never let out as it is, even when the source pauses; one of ``PARTIAL`` bytes or more that turns
     out no whole match, or is cut by the body's end, as the same start of the placeholder (``_Swap``)."""
-    from execbox.kit.proxy.server import read_chunk_end, read_chunk_size
+    from execbox.kit.proxy.protocol import read_chunk_end, read_chunk_size
 
     chunked = length == -1
 
