@@ -201,6 +201,22 @@ def test_a_sandbox_keeps_the_runner_it_came_from(local_mode: None, monkeypatch: 
         assert sb.exec("echo still served").stdout == "still served\n"
 
 
+def test_a_sandbox_a_runner_opens_runs_in_that_runner_s_loop_thread(local_mode: None) -> None:
+    """One loop thread per runner: its sandboxes do not start their own; closing the runner closes those it left
+    open in that loop (which stops with it)."""
+    before = set(_portal_threads())
+    with execbox.Runner() as runner:
+        assert runner.run("true").ok
+        with runner.sandbox() as sb:
+            assert sb.exec("echo shared").stdout == "shared\n"
+            assert len(set(_portal_threads()) - before) == 1, "the sandbox started a loop thread of its own"
+        left_open = runner.sandbox().__enter__()
+        assert left_open.exec("true").ok
+    with pytest.raises(execbox.SandboxError, match="not open"):
+        left_open.exec("true")
+    assert not set(_portal_threads()) - before
+
+
 def test_threads_sharing_a_runner_run_at_once(local_mode: None) -> None:
     """One loop thread serves them all: their runs proceed side by side, each gets its own result."""
     results: dict[int, str] = {}

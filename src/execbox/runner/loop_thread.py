@@ -9,14 +9,19 @@ import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
 import anyio.abc
 from anyio.from_thread import BlockingPortal
 
-if TYPE_CHECKING:
-    from execbox.runner.sync import Runner, Sandbox
+
+class Facade(Protocol):
+    """A sync facade (Runner, Sandbox) whose event-loop thread this module keeps track of."""
+
+    def close(self) -> None: ...
+
+    def _forget(self) -> None: ...
 
 T = TypeVar("T")
 #: How long a stopped event-loop thread may take to end once its portal has stopped (its own work is done by then).
@@ -27,7 +32,7 @@ LOOP_EXIT_S = 10.0
 # left open by its owner (an exception outside its `with`, a forgotten close) is closed when the interpreter
 # exits, by atexit, while that thread still runs: later, daemon threads are frozen, and the portal's own clean-up
 # would wait on its frozen thread for ever — the program would hang at exit, its sandbox running.
-_OPEN_FACADES: weakref.WeakSet[Runner | Sandbox] = weakref.WeakSet()
+_OPEN_FACADES: weakref.WeakSet[Facade] = weakref.WeakSet()
 
 
 @atexit.register
@@ -101,13 +106,15 @@ class _LoopThread:
         # loop's end would wait for: a call deaf to cancellation would hang this for ever. The thread is a daemon.
         self._thread.join(LOOP_EXIT_S)
 
-    def shut(self, *closers: Callable[[], Awaitable[object]], cancel: bool = False) -> None:
-        """Run ``closers`` in the loop, then stop it: a facade's clean-up."""
+    def shut(self, *closers: Callable[[], Awaitable[object]], cancel: bool = False, stop: bool = True) -> None:
+        """Run ``closers`` in the loop, then stop it unless ``stop`` is false (a sandbox closing in the loop of
+        the runner it came from): a facade's clean-up."""
         try:
             for closer in closers:
                 self.portal.call(closer)
         finally:
-            self.stop(cancel)
+            if stop:
+                self.stop(cancel)
 
 
 class _Closing:
@@ -115,23 +122,24 @@ class _Closing:
     exit); the facade's garbage collection starts it in a thread of its own, since a collection may run in any
     thread, holding any lock, and must not wait there. That thread is not a daemon: exit waits for it."""
 
-    def __init__(self, facade: Runner | Sandbox, loop: _LoopThread, *closers: Callable[[], Awaitable[object]]) -> None:
-        self._finalizer = weakref.finalize(facade, _shut_soon, loop, closers)
+    def __init__(self, facade: Facade, loop: _LoopThread, *closers: Callable[[], Awaitable[object]],
+                 owns_loop: bool = True) -> None:
+        self._finalizer = weakref.finalize(facade, _shut_soon, loop, closers, owns_loop)
         self._finalizer.atexit = False  # _close_forgotten closes it then, waiting
         _OPEN_FACADES.add(facade)
 
     def now(self, *, cancel: bool = False) -> None:
         detached = self._finalizer.detach()
         if detached is not None:
-            _, _, (loop, closers), _ = detached
-            loop.shut(*closers, cancel=cancel)
+            _, _, (loop, closers, owns_loop), _ = detached
+            loop.shut(*closers, cancel=cancel, stop=owns_loop)
 
     def forget(self) -> None:
         self._finalizer.detach()
 
 
-def _shut_soon(loop: _LoopThread, closers: tuple[Callable[[], Awaitable[object]], ...]) -> None:
-    threading.Thread(target=loop.shut, args=closers, name="execbox-close").start()
+def _shut_soon(loop: _LoopThread, closers: tuple[Callable[[], Awaitable[object]], ...], owns_loop: bool) -> None:
+    threading.Thread(target=loop.shut, args=closers, kwargs={"stop": owns_loop}, name="execbox-close").start()
 
 
 

@@ -20,7 +20,7 @@ import dataclasses
 import os
 import posixpath
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
@@ -49,6 +49,7 @@ from execbox.errors import (
     WorkspacePathError,
 )
 from execbox.files import transfer
+from execbox.files.transfer import Transfer
 from execbox.files.workspace import normalize
 from execbox.guard.mounts import admit_upload
 from execbox.kit import transfers
@@ -58,8 +59,47 @@ from execbox.secrets import egress as egress_given
 from execbox.secrets import values as secrets_inject
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from execbox.audit.log import AuditLog
     from execbox.config.settings import Settings
-    from execbox.runner.async_runner import AsyncRunner
+    from execbox.core.scheduler import Slots
+    from execbox.guard.guard import Guard
+
+
+class Host(Protocol):
+    """What the pipeline needs of the runner it serves (AsyncRunner is the one): a protocol, so that the
+    pipeline sits below the runner that calls it."""
+
+    settings: Settings
+    guard: Guard
+    audit: AuditLog
+
+    def backend(self, name: str, options: Mapping[str, Any] | None = None) -> ExecutionBackend: ...
+
+    async def select(self, name: str | None = None, *, session: bool = False) -> tuple[ExecutionBackend, Capabilities]:
+        ...
+
+    def state_places(self) -> list[str]: ...
+
+
+class SandboxHost(Host, Protocol):
+    """What a sandbox needs of the runner that opened it, beyond the pipeline's needs."""
+
+    slots: Slots
+
+    @property
+    def transfer_limits(self) -> transfer.TransferLimits: ...
+
+    @property
+    def package_cache(self) -> Path: ...
+
+    async def aclose(self) -> None: ...
+
+    async def upload_to(self, backend: ExecutionBackend, session: Session, local: str, remote: str) -> Transfer: ...
+
+    async def download_from(self, backend: ExecutionBackend, session: Session, remote: str, local: str,
+                            redactor: secrets_inject.Redactor | None = None) -> Transfer: ...
 
 
 def _request(**kw: Any) -> ExecRequest:
@@ -182,7 +222,7 @@ def resolve(settings: Settings, request: ExecRequest) -> tuple[ExecRequest, list
     return resolved, dropped, asked.names() | operator
 
 
-async def admit(runner: AsyncRunner, request: ExecRequest, *, backend: str | None = None,
+async def admit(runner: Host, request: ExecRequest, *, backend: str | None = None,
                 options: Mapping[str, Any] | None = None, uploads: Sequence[tuple[str, str]] = (),
                 opening: str | None = None, within: Admission | None = None,
                 extra_env: Mapping[str, str] | None = None, package_cache: bool = False) -> Admission:
@@ -230,7 +270,7 @@ async def admit(runner: AsyncRunner, request: ExecRequest, *, backend: str | Non
     return Admission(impl, caps, resolved, request, dropped, mounts, tuple(uploads), session)
 
 
-async def admit_upload_into(runner: AsyncRunner, within: Admission, local: str) -> None:
+async def admit_upload_into(runner: Host, within: Admission, local: str) -> None:
     """An upload into an open sandbox, judged as a one-shot's uploads are (the places a mount may not show, the
     seed scan); a refusal is one `refused` audit record."""
     try:
@@ -240,7 +280,7 @@ async def admit_upload_into(runner: AsyncRunner, within: Admission, local: str) 
         raise
 
 
-async def _refused(runner: AsyncRunner, exc: ExecboxError, request: ExecRequest, *, backend: str | None,
+async def _refused(runner: Host, exc: ExecboxError, request: ExecRequest, *, backend: str | None,
                    session: str | None, opening: bool, dropped: list[str] | None = None) -> None:
     """The one audit record of a refusal (its reason: the error raised); ``opening``: the request is a sandbox's
     configuration, not a command, so no command fields."""
@@ -264,7 +304,7 @@ def _session_rules(within: Admission, request: ExecRequest) -> None:
             "refused: a sandbox's mounts are fixed when it opens; give them to sandbox(mounts=[...])", backend=backend)
 
 
-async def _choose(runner: AsyncRunner, backend: str | None, resolved: ExecRequest, demanded: set[str], *,
+async def _choose(runner: Host, backend: str | None, resolved: ExecRequest, demanded: set[str], *,
                   session: bool, options: Mapping[str, Any] | None) -> tuple[ExecutionBackend, Capabilities]:
     """The backend (auto resolved) and what it enforces here, once the guard has admitted the request for it."""
     name = backend or (runner.settings.session_backend if session else runner.settings.backend)

@@ -33,6 +33,7 @@ from execbox.files.workspace import is_directory_error, normalize
 from execbox.kit import packages
 from execbox.runner.pipeline import (
     Admission,
+    SandboxHost,
     _bytes,
     _cell_fields,
     _command_request,
@@ -56,13 +57,12 @@ from execbox.secrets.values import Secret
 
 if TYPE_CHECKING:
     from execbox.kernel.client import Kernel
-    from execbox.runner.async_runner import AsyncRunner
 
 
 class AsyncSandbox:
     """A persistent sandbox: files and installed packages survive between execs until it closes."""
 
-    def __init__(self, runner: AsyncRunner, backend: str | None, *, network: NetworkMode | None, limits: Limits | None,
+    def __init__(self, runner: SandboxHost, backend: str | None, *, network: NetworkMode | None, limits: Limits | None,
                  name: str | None, lifetime_s: float, options: Mapping[str, Any] | None = None,
                  mounts: Sequence[Mount] | None = None, package_cache: bool = False,
                  pip: Sequence[str] | None = None) -> None:

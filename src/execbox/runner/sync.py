@@ -6,6 +6,7 @@ import concurrent.futures
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -41,6 +42,8 @@ class Runner:
         self._closing: _Closing | None = None
         self._pool_task: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
+        #: The sandboxes open in this runner's loop thread: closed before it, when the runner closes.
+        self._sandboxes: weakref.WeakSet[Sandbox] = weakref.WeakSet()
 
     def __enter__(self) -> Runner:
         # With a warm pool, the pool refills in the background in the runner's event loop for its life.
@@ -74,6 +77,8 @@ class Runner:
         if closing is None:
             run_blocking(self.aio.aclose)
             return
+        for sandbox in list(self._sandboxes):  # they run in this loop, which is about to stop
+            sandbox.close()
         closing.now()
         if pool_task is not None:
             pool_task.result()  # what went wrong in the pool's background work, if anything
@@ -153,15 +158,21 @@ class Sandbox:
         self._closing: _Closing | None = None
 
     def __enter__(self) -> Sandbox:
-        loop = _LoopThread()
+        # One loop thread per runner: a sandbox a Runner opened runs in that runner's loop, and only one made
+        # without one (execbox.sandbox) starts its own.
+        runner = self._runner
+        loop = runner._loop_thread() if runner is not None else _LoopThread()
         try:
             loop.portal.call(self.aio.__aenter__)
         except BaseException:
-            loop.stop(cancel=True)
+            if runner is None:
+                loop.stop(cancel=True)
             raise
         self._loop = loop
         closers = [self.aio.close, *([self.aio.runner.aclose] if self.aio.owns_runner else [])]
-        self._closing = _Closing(self, loop, *closers)
+        self._closing = _Closing(self, loop, *closers, owns_loop=runner is None)
+        if runner is not None:
+            runner._sandboxes.add(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
