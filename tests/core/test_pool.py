@@ -88,7 +88,7 @@ async def test_a_failing_refill_is_said_on_the_next_result(monkeypatch: pytest.M
 async def test_a_member_lives_long_enough_for_the_longest_run_whoever_asked_for_it() -> None:
     # Found attacking the pool: a member filled after a 1 s run lived 1 + 60 s past its TTL, and a later 90 s run
     # it served died with its container.
-    from execbox.core.pool import WarmPool
+    from execbox.runner.pool import WarmPool
 
     pool = WarmPool(2, 10.0, longest_run_s=260.0)
     short = SessionSpec("none", Limits(), True, 61.0)

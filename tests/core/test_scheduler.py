@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from execbox import AsyncRunner, Runner, Settings
-from execbox.core.scheduler import Slots, default_max_concurrent
 from execbox.errors import BusyError, ExecboxError
+from execbox.runner.scheduler import Slots, default_max_concurrent
 from tests.core.support import anyio_backend  # noqa: F401
 
 pytestmark = pytest.mark.anyio

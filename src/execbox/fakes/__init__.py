@@ -7,5 +7,5 @@
   tests/fakes/test_fake_surfaces.py checks them against the real SDKs.
 - ``execbox.fakes.apptainer``: a fake ``apptainer``/``singularity`` executable.
 
-Nothing here is imported by execbox itself; the fakes import nothing from execbox.core.
+Nothing here is imported by execbox itself; of execbox the fakes import only execbox.files (removing a tree safely).
 """

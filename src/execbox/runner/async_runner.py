@@ -25,8 +25,6 @@ from execbox.contract.models import (
     NetworkMode,
 )
 from execbox.contract.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
-from execbox.core.pool import WarmPool
-from execbox.core.scheduler import Slots, default_max_concurrent
 from execbox.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -57,7 +55,9 @@ from execbox.runner.pipeline import (
     resolve,
     transfer_bounds,
 )
+from execbox.runner.pool import WarmPool
 from execbox.runner.sandbox import AsyncSandbox
+from execbox.runner.scheduler import Slots, default_max_concurrent
 from execbox.secrets import egress as egress_given
 from execbox.secrets import values as secrets_inject
 from execbox.secrets.egress import Given

@@ -63,8 +63,8 @@ if TYPE_CHECKING:
 
     from execbox.audit.log import AuditLog
     from execbox.config.settings import Settings
-    from execbox.core.scheduler import Slots
     from execbox.guard.guard import Guard
+    from execbox.runner.scheduler import Slots
 
 
 class Host(Protocol):

@@ -1,1 +1,0 @@
-"""The core: models, settings, the backend contract, plugins, output capture, env policy, the runner."""
