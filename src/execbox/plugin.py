@@ -43,7 +43,7 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
                      ExecutionBackend.sweeps_on_first_use (gc after the first check of each process; the scope
                      of one sweep: sweep_scope)
     errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError,
-                     BackendTimeoutError: what a backend call that never returns becomes, see core.backend.bounded)
+                     BackendTimeoutError: what a backend call that never returns becomes, see contract.backend.bounded)
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def request_fields(request: Any, dropped: Sequence[str] | None) -> dict[str, Any
         out["env"] = {"names": sorted(request.env)}
     else:
         out["env"] = {"passed": sorted(request.env), "dropped": sorted(dropped)}
-    secrets = getattr(request, "secrets", None)  # declared secrets (core.secrets_inject): names only, never values
+    secrets = getattr(request, "secrets", None)  # declared secrets (secrets.values): names only, never values
     if secrets:
         out["secrets"] = sorted(secrets)
     if request.workdir:

@@ -169,7 +169,7 @@ class ExecRequest(BaseModel):
     mounts: list[Mount] = Field(default_factory=list)
     # Globs of workspace files to return on the result (``ExecResult.files``), e.g. "out/*.png" or "**/*.csv".
     collect: list[str] = Field(default_factory=list)
-    # Declared secrets, name -> value (core.secrets_inject): the command gets them as environment variables (past
+    # Declared secrets, name -> value (secrets.values): the command gets them as environment variables (past
     # the env policy), the caller sees ``[secret NAME]`` wherever one would show. Never serialised, never in repr.
     secrets: dict[str, Secret] = Field(default_factory=dict, exclude=True, repr=False)
     # Secrets at egress, name -> (host, port, value) (execbox.secrets.egress): the command gets a placeholder, the
@@ -279,7 +279,7 @@ class ExecSpec(BaseModel):
     # it on by building their captures with ``captures()`` (or ``run_process(on_output=)``); never serialised.
     on_output: OnOutput | None = Field(default=None, exclude=True, repr=False)
     # Set when the run has declared secrets: what redacts them from the output as it is captured (``captures()``,
-    # ``run_process(redactor=)``; core.secrets_inject). Never serialised.
+    # ``run_process(redactor=)``; secrets.values). Never serialised.
     redactor: Redactor | None = Field(default=None, exclude=True, repr=False)
     # Set when the run has secrets at egress: the placeholders the egress proxy swaps for their values; a backend
     # hands them to its proxy run (``EgressProxy.start_run(spec.egress)``, ``env(spec.egress)``). Never serialised.

@@ -55,7 +55,7 @@ class BoundedCapture:
         self.total = 0
         self.on_output = on_output
         self.stream: StreamName = stream
-        # A run with declared secrets (its spec's redactor, core.secrets_inject): every byte is redacted before it
+        # A run with declared secrets (its spec's redactor, secrets.values): every byte is redacted before it
         # is streamed or kept, so the cap never keeps half a secret and the omission marker counts the redacted stream.
         self.redactor = redactor.stream() if redactor is not None else None
 

@@ -23,7 +23,7 @@ A connection is allowed when all of these hold:
    2001:db8::/32) are not refused: some networks front public services with them, and ``not
    is_global`` would refuse those.
 
-``decide_name`` is step 1, ``decide_address`` step 2; ``core.proxy`` does the I/O around them.
+``decide_name`` is step 1, ``decide_address`` step 2; ``kit.proxy.server`` does the I/O around them.
 """
 
 from __future__ import annotations

@@ -281,7 +281,7 @@ class AsyncRunner:
 
     @property
     def package_cache(self) -> Path:
-        """The per-user wheel cache (CODE_EXEC_PACKAGE_CACHE; see core.packages)."""
+        """The per-user wheel cache (CODE_EXEC_PACKAGE_CACHE; see kit.packages)."""
         return packages.default_cache_dir(self.settings.package_cache)
 
     async def upload_to(self, backend: ExecutionBackend, session: Session, local: str, remote: str) -> Transfer:

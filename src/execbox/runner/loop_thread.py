@@ -102,7 +102,7 @@ class _LoopThread:
         """Stop the loop (cancelling what still runs in it when ``cancel``) and wait for its thread."""
         with contextlib.suppress(RuntimeError):  # stopped already
             self.portal.call(self.portal.stop, cancel)
-        # What the loop still runs now are backend calls the runner abandoned (core.backend.bounded), which the
+        # What the loop still runs now are backend calls the runner abandoned (contract.backend.bounded), which the
         # loop's end would wait for: a call deaf to cancellation would hang this for ever. The thread is a daemon.
         self._thread.join(LOOP_EXIT_S)
 

@@ -53,9 +53,9 @@ from execbox.files.transfer import Transfer
 from execbox.files.workspace import normalize
 from execbox.guard.mounts import admit_upload
 from execbox.kit import transfers
-from execbox.kit.proxy import secrets as egress_secrets
 from execbox.policy.env import filter_env
 from execbox.secrets import egress as egress_given
+from execbox.secrets import run as secret_run
 from execbox.secrets import values as secrets_inject
 
 if TYPE_CHECKING:
@@ -261,7 +261,7 @@ async def admit(runner: Host, request: ExecRequest, *, backend: str | None = Non
                 raise UnsupportedPolicyError(
                     f"refused: backend {impl.name!r} cannot bind the package cache (it takes no mounts); install "
                     "packages in the sandbox itself, or bake them into the image", backend=impl.name)
-        egress_secrets.refuse_uncarried(resolved, backend=impl)
+        secret_run.refuse_uncarried(resolved, backend=impl)
     except ExecboxError as exc:
         record = request if within is not None else resolved  # a session's refusal says what the caller asked
         await _refused(runner, exc, record, backend=exc.backend or named, session=session,
@@ -410,13 +410,13 @@ class Plan:
 
     spec: ExecSpec
     files: dict[str, bytes]
-    secrets: egress_secrets.RunPlan
+    secrets: secret_run.RunPlan
 
 
 def plan(admission: Admission, session: Session, *, output: LiveOutput | None = None) -> Plan:
     """The spec of an admitted request in ``session``: code as a file, the workdir created and entered, declared
-    secrets delivered through stdin and a wrapper and redacted as the output is captured (core.secrets_inject),
-    secrets at egress as placeholders the session's egress proxy swaps for their values (core.egress_secrets)."""
+    secrets delivered through stdin and a wrapper and redacted as the output is captured (secrets.values),
+    secrets at egress as placeholders the session's egress proxy swaps for their values (kit.proxy.secrets)."""
     request = admission.request
     argv, files = request.materialize(session.workspace)
     if request.workdir:
@@ -428,7 +428,7 @@ def plan(admission: Admission, session: Session, *, output: LiveOutput | None = 
     assert request.timeout and request.max_output_bytes and request.network and request.limits  # resolve() set them
     if output is not None:
         output.set_cap(request.max_output_bytes)
-    secrets = egress_secrets.plan(request, argv)
+    secrets = secret_run.plan(request, argv)
     spec = ExecSpec(argv=secrets.argv, env=secrets.env, stdin=secrets.stdin, workdir=session.workspace,
                     timeout=request.timeout, max_output_bytes=request.max_output_bytes, network=request.network,
                     limits=request.limits, on_output=output.feed if output else None, redactor=secrets.redactor,
@@ -439,7 +439,7 @@ def plan(admission: Admission, session: Session, *, output: LiveOutput | None = 
 def finish(raw: ExecResult, admission: Admission, planned: Plan,
            collected: tuple[dict[str, bytes], list[str]] | None = None) -> ExecResult:
     """The one place a run's result is finished: stamped with what the runner knows (the backend, the env names the
-    policy dropped, the backend's notes), the limit that cut it short said in words (core.results.explain; the
+    policy dropped, the backend's notes), the limit that cut it short said in words (contract.results.explain; the
     timeout as asked, before clamping), the files ``collect`` matched (and what was left out, in the notes), secrets
     at egress that no proxy took noted, and every secret redacted (the collected files' paths and contents too)."""
     backend, request = admission.backend, admission.request

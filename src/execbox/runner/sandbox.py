@@ -131,7 +131,7 @@ class AsyncSandbox:
 
     def _cache_mount(self, backend: ExecutionBackend, caps: Capabilities, cache: Path) -> tuple[Mount, ...]:
         """The package cache, read-only at packages.SANDBOX_DIR, and pip pointed at it (offline when the network is
-        none). Trusted: execbox's own directory, filled only on the host (core.packages)."""
+        none). Trusted: execbox's own directory, filled only on the host (kit.packages)."""
         packages.ensure_cache(cache)  # the admission said the backend can bind it
         self._extra_env = {"PIP_FIND_LINKS": packages.SANDBOX_DIR, "PIP_BREAK_SYSTEM_PACKAGES": "1",
                            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
@@ -340,7 +340,7 @@ class AsyncSandbox:
 
     async def pip_install(self, *requirements: str) -> ExecResult:
         """Install Python packages into this sandbox from the per-user package cache (``package_cache=True``):
-        the wheels are fetched on the host by a trusted step (core.packages: the host's pip configuration,
+        the wheels are fetched on the host by a trusted step (kit.packages: the host's pip configuration,
         wheels only) when the cache lacks them, then pip installs them inside the sandbox with no index. The
         result is the install's; a note says how many wheels came from the cache and how many were fetched."""
         backend, session = self._live()

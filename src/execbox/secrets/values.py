@@ -3,7 +3,7 @@ everything the caller sees. (Not the wallet-seed scanner: that is ``execbox.guar
 
 Declaring. ``secrets={"OPENAI_API_KEY": value}`` on a run, an exec or a sandbox; a value is a str or a
 ``Secret`` (``Secret.from_env("NAME")``, ``Secret.from_file(path)``), whose repr and str never show it. A
-declared secret is the one way past the env policy (``core.envpolicy.filter_env`` still drops a secret-looking
+declared secret is the one way past the env policy (``policy.env.filter_env`` still drops a secret-looking
 ``env`` entry): it is not an ``env`` entry at all, and it is reported by name only (``ExecResult.secrets``, the
 audit log). A value must be 8 to 65536 bytes of text without NUL: redacting a shorter one would wipe ordinary
 words out of the output (see ``MIN_SECRET_BYTES``).
@@ -30,7 +30,7 @@ for ``+`` and ``\\u0022`` for ``"``, control characters short, as ``\\u00XX``, o
 Go before 1.22 wrote them) and Python's ``repr``. Not covered: base64 wrapped over lines, other encodings (base32,
 gzip, ...), transformations (reversed, split, XOR-ed), a value the code changed.
 
-Where: in one place every path uses, ``core.output.BoundedCapture.write``: bytes are redacted as they come
+Where: in one place every path uses, ``contract.output.BoundedCapture.write``: bytes are redacted as they come
 in, before they are streamed (``on_output``) and before the cap decides what is kept, so a secret cut by the
 cap cannot leave a half behind, and the omission marker counts bytes of the redacted stream. A stream
 redactor holds back the last ``len(longest pattern) - 1`` bytes until more come (or the run ends), so a

@@ -22,7 +22,7 @@ The boundary, on every exec:
     limits         rlimits always (ulimit: no core dumps, 1 GiB files, CPU seconds); memory, pids and cpu
                    through a cgroup per exec where the host lets execbox create one (v1 or v2),
                    decided by ``check``: the capabilities report only what is enforced here; as
-                   root, the workspace is a size-limited filesystem of its own (core.disk: the disk
+                   root, the workspace is a size-limited filesystem of its own (files.disk: the disk
                    limit, CODE_EXEC_DISK_MB), claimed only where ``check`` could mount one. A
                    one-shot's is mounted while its launcher starts, and bwrap waits at the launcher's
                    gate until it is; a sandbox's is mounted when it opens
@@ -33,7 +33,7 @@ The boundary, on every exec:
                    also in the start-up window that bwrap --die-with-parent leaves open
 
 A session is a directory ``execbox-bwrap-PID-STARTTIME-*`` in the temp dir (with an ``owner`` file,
-core.owner) holding the workspace; it lives until ``close``; each exec is a new sandbox over it in a cgroup
+kit.ownership) holding the workspace; it lives until ``close``; each exec is a new sandbox over it in a cgroup
 ``execbox-PID-STARTTIME-*``. What a killed execbox leaves (the directory, a mounted workspace, empty cgroups)
 is removed by the first ``check`` of the next process that uses bubblewrap, and by `execbox gc`.
 

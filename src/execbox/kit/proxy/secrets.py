@@ -14,7 +14,7 @@ X.509 name constraints to that host, and gone with the sandbox's proxy (``Egress
 trusts it through the proxy's CA variables (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``, ... point at a
 bundle of this host's roots, CODE_EXEC_CA_BUNDLE and these CAs). The proxy opens its own TLS connection to
 the host, verified against this host's roots (and CODE_EXEC_CA_BUNDLE), and relays one request and one response
-(HTTP/1.1 only, offered by ALPN; heads parsed strictly by ``core.proxy.parse_head``, bodies read by their framing,
+(HTTP/1.1 only, offered by ALPN; heads parsed strictly by ``protocol.parse_head``, bodies read by their framing,
 nothing after them; then the connection closes), replacing the placeholder by the value in the request's head
 (request line and header fields, where API keys go) and the value by the placeholder in everything that comes
 back (a server echoing the key; a chunked body is de-chunked first, and a start of the value held back is never
@@ -56,7 +56,6 @@ from typing import Any
 
 from execbox.errors import BackendUnavailableError
 from execbox.secrets.egress import EgressSecret, RunSecrets, address_of
-from execbox.secrets.values import R
 
 #: The combined bundle the sandbox trusts when a run has secrets at egress (in the proxy's directory).
 BUNDLE_FILE = "execbox-ca-bundle.pem"
@@ -68,7 +67,7 @@ _CHUNK = 1 << 16
 _HOST_ROOTS = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
 
 
-# --- the proxy's hooks (core.proxy calls these) ------------------------------------------------------------
+# --- the proxy's hooks (kit.proxy.server calls these) ---------------------------------------------------
 
 
 def for_run(proxy: Any, run: RunSecrets | None) -> RunSecrets | None:
@@ -308,7 +307,7 @@ _DROPPED_REQUEST_FIELDS = frozenset({"accept-encoding", "connection", "keep-aliv
 
 
 def plain_request(head: bytes, host: str, port: int) -> bytes | str:
-    """The first request head of an intercepted connection (parsed strictly: ``core.proxy.parse_head``),
+    """The first request head of an intercepted connection (parsed strictly: ``kit.proxy.protocol.parse_head``),
     rewritten to ask for one plain response (``Accept-Encoding: identity``, ``Connection: close``, no ``Range``,
     no ``Expect``); or why it is refused: malformed, not in origin form, a Host other than the secret's (or
     none, or two), an upgrade."""
@@ -333,7 +332,7 @@ def plain_request(head: bytes, host: str, port: int) -> bytes | str:
 
 
 def encoded_response(head: bytes) -> str | None:
-    """Why a response head cannot be relayed with the value swapped back: malformed (``core.proxy.parse_head``),
+    """Why a response head cannot be relayed with the value swapped back: malformed (``kit.proxy.protocol.parse_head``),
     an encoded or partial body, an upgrade."""
     from execbox.kit.proxy.protocol import HeadError, parse_head
 
@@ -585,65 +584,7 @@ def _leaf_context(host: str, authority: _Authority) -> ssl.SSLContext:
 # --- one run's secrets, both kinds, as the runner applies them -------------------------------------------
 
 
-@dataclass
-class RunPlan:
-    """What a run with declared secrets runs: the argv and stdin that carry them in (core.secrets_inject), the
-    env with the placeholders of its secrets at egress, the redactor of every value, the placeholders' owner."""
-
-    argv: list[str]
-    stdin: bytes | None
-    env: dict[str, str]
-    names: list[str]
-    redactor: Any = None
-    egress: RunSecrets | None = None
-
-    def finish(self, result: R) -> R:
-        """The result as the caller may see it (core.secrets_inject.redact_result), and a note when secrets at
-        egress were given but no proxy run took them."""
-        from execbox.secrets.values import redact_result
-
-        if self.egress is not None and not self.egress.attached:
-            backend = getattr(result, "backend", "") or "?"
-            result = result.model_copy(update={"notes": [*getattr(result, "notes", []), (
-                f"secrets at egress ({', '.join(self.egress.names)}) were not used: backend {backend} did not "
-                "route this run through execbox's egress proxy, so the command saw only placeholders")]})
-        return redact_result(result, self.redactor, self.names)
 
 
-def refuse_uncarried(request: Any, *, backend: Any) -> None:
-    """Refuse (before any sandbox opens) secrets at egress that this request's network mode or backend cannot
-    carry, and a name declared both as a secret and as a secret at egress. The admission asks this."""
-    from execbox.errors import ConfigError, UnsupportedPolicyError
-
-    both = sorted(set(request.secrets) & set(request.secrets_at_egress))
-    if both:  # a sandbox's secrets and an exec's, say
-        raise ConfigError(f"{', '.join(both)} declared both as a secret and as a secret at egress; give each once")
-    if not request.secrets_at_egress:
-        return
-    if request.network != "proxy":
-        raise UnsupportedPolicyError(
-            f"refused: secrets at egress ({', '.join(sorted(request.secrets_at_egress))}) need network mode "
-            f"proxy, which substitutes them; this run's is {request.network!r}. Use network='proxy' (and "
-            "allow the hosts in CODE_EXEC_EGRESS_ALLOW), or pass the values as secrets=", backend=backend.name,
-            env_var="CODE_EXEC_NETWORK")
-    if backend.capabilities.remote:
-        raise UnsupportedPolicyError(
-            f"refused: secrets at egress need execbox's own egress proxy; {backend.name} hands network mode "
-            "proxy to its provider, which cannot substitute them. Use docker or bubblewrap, or secrets=",
-            backend=backend.name)
 
 
-def plan(request: Any, argv: list[str]) -> RunPlan:
-    """The run plan of an admitted request (``refuse_uncarried`` said yes to its secrets at egress)."""
-    from execbox.secrets.values import Redactor, deliver
-
-    stdin, env = request.stdin, dict(request.env)
-    egress: RunSecrets | None = None
-    if request.secrets_at_egress:
-        egress = RunSecrets(request.secrets_at_egress)
-        env.update(egress.env())
-    values = {**{n: s.reveal() for n, s in request.secrets.items()}, **(egress.values() if egress else {})}
-    if request.secrets:
-        argv, stdin = deliver(argv, stdin, request.secrets)
-    return RunPlan(argv=argv, stdin=stdin, env=env, names=sorted(values), redactor=Redactor(values) if values else None,
-                   egress=egress)

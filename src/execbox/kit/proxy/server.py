@@ -8,7 +8,7 @@ connection to that socket; it dies with the command. Code that ignores the varia
 
 This side is a small asyncio proxy, running in a daemon thread with its own event loop:
 
-- ``CONNECT host:port`` (HTTPS, or anything over TLS) is decided by ``core.egress``, resolved here, every
+- ``CONNECT host:port`` (HTTPS, or anything over TLS) is decided by ``policy.egress``, resolved here, every
   resolved address checked, then tunnelled without interception;
 - a plain-HTTP request (``GET http://host/...``) is decided the same way per request: one request per
   connection upstream (``Connection: close``), the ``Host`` header set from the URL, so a redirect is a new
@@ -354,7 +354,7 @@ class EgressProxy:
     """The proxy of one sandbox (a session, or a one-shot run): a directory to bind into the sandbox at
     ``MOUNT_POINT``, a thread serving it, one socket per run. Safe to call from any thread; ``close`` twice."""
 
-    #: TLS interception for secrets at egress (core.egress_secrets.Interceptor), made when a run first has some.
+    #: TLS interception for secrets at egress (kit.proxy.secrets.Interceptor), made when a run first has some.
     mitm: Any = None
 
     def __init__(self, policy: EgressPolicy, *, owner: tuple[int, int] | None = None,

@@ -2,8 +2,8 @@
 
 ``HostWorkspaceSession`` is the base of every backend whose sandbox is a launcher in front of a local
 command (local_subprocess; the example plugin's ``unshare``): a private temporary workspace, the
-symlink-safe, size-capped file access of ``core.workspace``, rlimits, the timeout and output rules of
-``core.procs`` (the whole process tree dies at the deadline), close-once and removal that survives any
+symlink-safe, size-capped file access of ``files.workspace``, rlimits, the timeout and output rules of
+``kit.processes`` (the whole process tree dies at the deadline), close-once and removal that survives any
 tree the code built. A subclass overrides ``launcher`` only.
 
 The request's environment reaches the command and nothing before it: the reaper and the launcher (which
