@@ -23,7 +23,7 @@ import pytest
 
 import execbox
 from execbox import Capabilities, ConfigError, ExecRequest, ExecResult
-from tests.core.support import (  # noqa: F401  (fixtures)
+from tests.support.fixtures import (  # noqa: F401  (fixtures)
     anyio_backend,
     fresh_registry,
     home,

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from execbox.cli import main
-from tests.core.fakes_plugin import DISTRIBUTION, FakeDown
-from tests.core.support import (  # noqa: F401  (fixtures)
+from tests.support.fakes_plugin import DISTRIBUTION, FakeDown
+from tests.support.fixtures import (  # noqa: F401  (fixtures)
     fake_backends,
     fake_dists,
     fresh_registry,
@@ -127,7 +127,7 @@ class TestRun:
         assert result.exit_code == 125 and error_of(result)["type"] == "UnsupportedPolicyError"
 
     def test_a_wallet_seed_exits_125_without_showing_it(self, local_mode: None, home: Path) -> None:
-        from tests.core.test_secrets import mnemonic
+        from tests.guard.test_secrets import mnemonic
 
         seed = mnemonic(12)  # at most one repeated word: what the scanner flags
         (home / ".env").write_text(f"MNEMONIC={seed}\n")
@@ -233,7 +233,7 @@ class TestDoctor:
         assert result.exit_code == 1 and report["ok"] is False
 
     def test_only_local_subprocess_is_not_ok(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from tests.core import support
+        from tests.support import fixtures as support
 
         monkeypatch.setattr(support.plugins, "entry_points", lambda *, group: [])
         result = cli("doctor", "--json")
@@ -246,7 +246,7 @@ class TestDoctor:
 
     def test_local_mode_admits_local_subprocess_but_it_is_still_no_sandbox(self, local_mode: None,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-        from tests.core import support
+        from tests.support import fixtures as support
 
         monkeypatch.setattr(support.plugins, "entry_points", lambda *, group: [])
         result = cli("doctor", "--json")

@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 from execbox import registry
 from execbox.cli import main
 from execbox.registry import PluginWarning
-from tests.core.support import FakeDistributions, fake_dists, fresh_registry, home, local_mode  # noqa: F401 (fixtures)
+from tests.support.fixtures import FakeDistributions, fake_dists, fresh_registry, home, local_mode  # noqa: F401 (fixtures)
 
 HELLO = '''
 import json

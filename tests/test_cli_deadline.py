@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from execbox.testing.checks import Check, run_check
-from tests.core import stuck_backends
+from tests.support import stuck_backends
 
 SCRIPT = Path(sys.executable).with_name("execbox")
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ import execbox.cli
 from execbox import BackendUnavailableError, PluginError, Runner, Settings
 from execbox.registry import PluginWarning, get_registry
 from execbox.testing import engine_missing
-from tests.core.support import FakeDistributions, fake_dists, fresh_registry, home, local_mode  # noqa: F401 (fixtures)
+from tests.support.fixtures import FakeDistributions, fake_dists, fresh_registry, home, local_mode  # noqa: F401 (fixtures)
 
 EXECBOX_SCRIPT = Path(sys.executable).with_name("execbox")
 BUILTINS = ["bubblewrap", "daytona", "docker", "local_subprocess", "modal", "singularity", "ssh", "vercel_sandbox"]
@@ -118,7 +118,7 @@ class TestLazyRegistration:
                            monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(execbox.backends, "BUILTIN_BACKENDS", [
             "local_subprocess = execbox.backends.local_subprocess:LocalSubprocessBackend",
-            "fake_sandbox = tests.core.fakes_plugin:FakeSandbox",
+            "fake_sandbox = tests.support.fakes_plugin:FakeSandbox",
         ])
 
     def test_entries_are_registered_without_importing_them(self) -> None:
@@ -172,9 +172,9 @@ class TestLazyRegistration:
             assert get_registry().names() == ["fake_sandbox", "local_subprocess"]
 
     @pytest.mark.parametrize("source", [
-        "register('tests.core.fakes_plugin:FakeSandbox')",  # no name: it cannot be known before the import
+        "register('tests.support.fakes_plugin:FakeSandbox')",  # no name: it cannot be known before the import
         "register('not a reference', name='acme')",
-        "register('tests.core.fakes_plugin:FakeSandbox', name='Bad-Name')",
+        "register('tests.support.fakes_plugin:FakeSandbox', name='Bad-Name')",
     ])
     def test_a_malformed_lazy_registration_is_an_error(self, fake_dists: FakeDistributions,  # noqa: F811
                                                        source: str) -> None:
@@ -186,7 +186,7 @@ class TestLazyRegistration:
     def test_a_third_party_plugin_may_register_by_name(self, fake_dists: FakeDistributions) -> None:  # noqa: F811
         fake_dists.add("acme", source="from execbox import hookimpl\n@hookimpl\n"
                                       "def execbox_register_backends(register):\n"
-                                      "    register('tests.core.fakes_plugin:FakeNamespace', name='fake_namespace')\n")
+                                      "    register('tests.support.fakes_plugin:FakeNamespace', name='fake_namespace')\n")
         entry = get_registry().get("fake_namespace")
         assert (entry.distribution, entry.cls.name) == ("acme", "fake_namespace")
 

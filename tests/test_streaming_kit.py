@@ -10,7 +10,7 @@ import pytest
 
 from execbox import Runner, Settings
 from execbox.testing.checks import CHECKS, Kit
-from tests.core.support import FakeDistributions, fake_dists, fresh_registry, only_local_builtin  # noqa: F401
+from tests.support.fixtures import FakeDistributions, fake_dists, fresh_registry, only_local_builtin  # noqa: F401
 
 PLUGIN = '''
 from execbox import plugin

@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 from mcp import Client
 
-from tests.core import stuck_backends
+from tests.support import stuck_backends
 from tests.mcp.support import Asked, env, stdio, text
 
 ROOT = Path(__file__).resolve().parents[2]

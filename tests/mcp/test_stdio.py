@@ -237,7 +237,7 @@ def test_a_sub_agents_grant_cannot_run_what_its_parent_could_not(tmp_path: Path)
 
 
 def test_posture_3_is_a_host_shell_behind_the_seed_guard_and_nothing_else_leaves_the_sandbox(tmp_path: Path) -> None:
-    from tests.core.test_secrets import mnemonic
+    from tests.guard.test_secrets import mnemonic
 
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir()

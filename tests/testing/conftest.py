@@ -1,1 +1,1 @@
-from tests.core.support import fake_dists, fresh_registry, only_local_builtin  # noqa: F401  (fixtures)
+from tests.support.fixtures import fake_dists, fresh_registry, only_local_builtin  # noqa: F401  (fixtures)

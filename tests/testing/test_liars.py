@@ -11,7 +11,7 @@ from execbox import Runner, Settings
 from execbox.testing import engine_missing, self_check
 from execbox.testing.checks import CHECKS, Kit, Unavailable
 from execbox.testing.conformance import BackendConformance
-from tests.core.support import FakeDistributions
+from tests.support.fixtures import FakeDistributions
 from tests.testing.lying_backends import DISTRIBUTION
 
 pytestmark = pytest.mark.engine

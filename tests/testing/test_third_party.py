@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from execbox.testing.conformance import BackendConformance
-from tests.core.support import FakeDistributions
+from tests.support.fixtures import FakeDistributions
 from tests.testing.lying_backends import DISTRIBUTION
 
 pytestmark = pytest.mark.engine

@@ -18,7 +18,7 @@ from execbox import ConfigError, Runner, SandboxError, Secret
 from execbox.cli import main
 from execbox.kit.sessions.host import HostWorkspaceSession
 from execbox.secrets.values import Redactor, encodings
-from tests.core.support import (  # noqa: F401  (fixtures)
+from tests.support.fixtures import (  # noqa: F401  (fixtures)
     home,
     local_mode,
 )

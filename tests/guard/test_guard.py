@@ -16,7 +16,7 @@ from execbox import (
 )
 from execbox.backends.local_subprocess import LocalSubprocessBackend
 from execbox.guard import Guard
-from tests.core.fakes_plugin import FakeDown, FakeNamespace, FakeSandbox
+from tests.support.fakes_plugin import FakeDown, FakeNamespace, FakeSandbox
 
 
 def request(**kw: object) -> ExecRequest:

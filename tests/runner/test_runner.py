@@ -33,8 +33,8 @@ class TestAuto:
         import execbox.backends
 
         monkeypatch.setattr(execbox.backends, "BUILTIN_BACKENDS",
-                            [*execbox.backends.BUILTIN_BACKENDS, "fake_down = tests.core.fakes_plugin:FakeDown"])
-        from tests.core.fakes_plugin import FakeDown
+                            [*execbox.backends.BUILTIN_BACKENDS, "fake_down = tests.support.fakes_plugin:FakeDown"])
+        from tests.support.fakes_plugin import FakeDown
 
         with pytest.raises(BackendUnavailableError) as info:
             Runner(Settings.from_env()).run(["true"])
@@ -149,7 +149,7 @@ class TestLimitsAreNeverSilentlyDropped:
 def test_auto_skips_a_backend_that_is_not_a_sandbox_as_configured(fake_backends: object,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from execbox import ExecutionBackend, Verdict
-    from tests.core.fakes_plugin import FakeSandbox
+    from tests.support.fakes_plugin import FakeSandbox
 
     def verdict(self: ExecutionBackend, request: object) -> Verdict:
         if self.name == "fake_sandbox":

@@ -32,7 +32,7 @@ def test_reading_a_directory_is_a_workspace_error(local_mode: None) -> None:
 
 def test_a_misconfigured_backend_stops_auto_instead_of_falling_back(fake_backends: object,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.core.fakes_plugin import FakeSandbox
+    from tests.support.fakes_plugin import FakeSandbox
 
     async def misconfigured(self: FakeSandbox) -> Capabilities:
         if self.name != "fake_sandbox":
@@ -62,7 +62,7 @@ def test_a_workdir_error_names_the_command_not_the_workdir(local_mode: None, tmp
 def test_auto_does_not_fall_back_past_a_backend_the_operator_configured(fake_backends: object,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from execbox import BackendUnavailableError
-    from tests.core.fakes_plugin import FakeSandbox
+    from tests.support.fakes_plugin import FakeSandbox
 
     original = FakeSandbox.probe
 

@@ -23,7 +23,7 @@ from execbox.kit.proxy.server import EgressProxy
 from execbox.policy.egress import EgressPolicy
 from execbox.secrets import egress as egress_given
 from tests.backends.test_secrets_egress import SECRET_HOST
-from tests.core.test_egress_heads import VALUE, header, through, world
+from tests.kit.test_egress_heads import VALUE, header, through, world
 
 __all__ = ["world"]  # the fixture, used here
 

@@ -9,7 +9,7 @@ import pytest
 from execbox import AsyncRunner, Limits, Settings
 from execbox.contract.backend import Session, SessionSpec
 from execbox.errors import ConfigError
-from tests.core.support import anyio_backend  # noqa: F401
+from tests.support.fixtures import anyio_backend  # noqa: F401
 
 pytestmark = pytest.mark.anyio
 

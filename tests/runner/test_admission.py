@@ -12,15 +12,15 @@ import pytest
 
 from execbox import AsyncRunner, Mount, NotASandboxError, RefusedError, Runner, Settings, UnsupportedPolicyError
 from execbox.audit import reader as audit_reader
-from tests.core import stuck_backends
-from tests.core.support import FakeDistributions
+from tests.support import stuck_backends
+from tests.support.fixtures import FakeDistributions
 
 SECRET = "sk-test-0123456789abcdef"
 
 
 @pytest.fixture(autouse=True)
 def installed(only_local_builtin: None, fake_dists: FakeDistributions, home: Path) -> Iterator[None]:
-    fake_dists.add(stuck_backends.DISTRIBUTION, ep_name="stuck", value="tests.core.stuck_backends")
+    fake_dists.add(stuck_backends.DISTRIBUTION, ep_name="stuck", value="tests.support.stuck_backends")
     stuck_backends.OPENS.clear()
     yield
     stuck_backends.RELEASE.set()

@@ -1,4 +1,4 @@
-from tests.core.support import (  # noqa: F401  (fixtures)
+from tests.support.fixtures import (  # noqa: F401  (fixtures)
     anyio_backend,
     fake_backends,
     fake_dists,

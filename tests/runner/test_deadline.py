@@ -18,8 +18,8 @@ import pytest
 from execbox import AsyncRunner, BackendTimeoutError, Runner, SandboxError, Settings, plugin
 from execbox.audit import reader as audit_reader
 from execbox.testing.checks import alive_with
-from tests.core import stuck_backends
-from tests.core.support import FakeDistributions, anyio_backend  # noqa: F401
+from tests.support import stuck_backends
+from tests.support.fixtures import FakeDistributions, anyio_backend  # noqa: F401
 
 pytestmark = pytest.mark.anyio
 #: A liveness bound, far above the bounds these tests set (timeout 1 s, grace 1 s, open 2 s).
@@ -28,7 +28,7 @@ LIVENESS_S = 60
 
 @pytest.fixture(autouse=True)
 def installed(only_local_builtin: None, fake_dists: FakeDistributions) -> Iterator[None]:
-    fake_dists.add(stuck_backends.DISTRIBUTION, ep_name="stuck", value="tests.core.stuck_backends")
+    fake_dists.add(stuck_backends.DISTRIBUTION, ep_name="stuck", value="tests.support.stuck_backends")
     stuck_backends.RELEASE.clear()
     yield
     stuck_backends.RELEASE.set()  # the threads the stuck calls block in end, so the test's loop can close

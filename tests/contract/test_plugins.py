@@ -11,7 +11,7 @@ import execbox.backends
 from execbox import NotASandboxError, PluginError, Runner, Settings
 from execbox import registry as plugins
 from execbox.registry import PluginWarning, get_registry
-from tests.core.support import LOCAL_BUILTIN, FakeDistributions
+from tests.support.fixtures import LOCAL_BUILTIN, FakeDistributions
 
 
 def backend_plugin(*names: str, sandbox: bool = True, hook: str = "execbox_register_backends") -> str:
@@ -52,7 +52,7 @@ def no_installed_plugins(fake_dists: FakeDistributions, only_local_builtin: None
 
 def test_builtins_register_through_the_hook_as_distribution_execbox(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(execbox.backends, "BUILTIN_BACKENDS",
-                        [LOCAL_BUILTIN, "fake_sandbox = tests.core.fakes_plugin:FakeSandbox"])
+                        [LOCAL_BUILTIN, "fake_sandbox = tests.support.fakes_plugin:FakeSandbox"])
     registry = get_registry()
     assert registry.names() == ["fake_sandbox", "local_subprocess"]
     assert {e.distribution for e in registry.backends.values()} == {"execbox"}

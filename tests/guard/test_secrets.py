@@ -22,7 +22,7 @@ from execbox import Runner, SecretFileError, Settings
 from execbox.backends.local_subprocess import LocalSubprocessBackend
 from execbox.guard import Guard, find_secrets, scan_text
 from execbox.guard import secrets as scanner
-from tests.core.fakes_plugin import FakeNamespace, FakeSandbox
+from tests.support.fakes_plugin import FakeNamespace, FakeSandbox
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "secrets"
 POSITIVES = sorted((FIXTURES / "positive").iterdir())

@@ -84,9 +84,9 @@ def fake_backends(only_local_builtin: None, fake_dists: FakeDistributions,
                   monkeypatch: pytest.MonkeyPatch) -> FakeDistributions:
     """Registered: local_subprocess (built-in) and fake_sandbox, fake_namespace, fake_down (an entry point), which
     the operator lets `auto` pick (EXECBOX_AUTO_PLUGINS)."""
-    from tests.core.fakes_plugin import DISTRIBUTION
+    from tests.support.fakes_plugin import DISTRIBUTION
 
-    fake_dists.add(DISTRIBUTION, ep_name="fakes", value="tests.core.fakes_plugin")
+    fake_dists.add(DISTRIBUTION, ep_name="fakes", value="tests.support.fakes_plugin")
     monkeypatch.setenv("EXECBOX_AUTO_PLUGINS", DISTRIBUTION)
     return fake_dists
 

@@ -13,7 +13,7 @@ import pytest
 from execbox import AsyncRunner, Runner, Settings
 from execbox.errors import BusyError, ExecboxError
 from execbox.runner.scheduler import Slots, default_max_concurrent
-from tests.core.support import anyio_backend  # noqa: F401
+from tests.support.fixtures import anyio_backend  # noqa: F401
 
 pytestmark = pytest.mark.anyio
 
