@@ -238,10 +238,10 @@ def test_gc_deletes_orphans_only(daytona_fake) -> None:
     def make(name: str, labels: dict[str, str]) -> object:
         return client.create(daytona.CreateSandboxFromImageParams(image="x", name=name, labels=labels))
 
-    make("expired", {**_remote.labels(60), "execbox-expires": "1"})
-    make("live", _remote.labels(600))
+    make("expired", {**_remote.sandbox_labels(60), "execbox-expires": "1"})
+    make("live", _remote.sandbox_labels(600))
     make("foreign", {"team": "other"})
-    make("kept", _remote.labels(60, persist=True))
+    make("kept", _remote.sandbox_labels(60, persist=True))
     removed = anyio.run(runner().aio.backend("daytona").gc)
     assert removed == ["daytona sandbox expired (expired)"]
     assert sorted(s.name for s in daytona_fake.sandboxes.values()) == ["foreign", "kept", "live"]

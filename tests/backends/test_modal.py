@@ -163,9 +163,9 @@ def test_gc_terminates_orphans_only(modal_fake) -> None:
 
     runner = Runner(Settings.from_env(backend="modal"))
     app = modal.App.lookup("execbox", create_if_missing=True)
-    expired = modal.Sandbox.create(app=app, tags={**_remote.labels(60), "execbox-expires": "1"})
-    orphan = modal.Sandbox.create(app=app, tags={**_remote.labels(60), "execbox-owner": _hostname() + ":1:1"})
-    live = modal.Sandbox.create(app=app, tags=_remote.labels(600))
+    expired = modal.Sandbox.create(app=app, tags={**_remote.sandbox_labels(60), "execbox-expires": "1"})
+    orphan = modal.Sandbox.create(app=app, tags={**_remote.sandbox_labels(60), "execbox-owner": _hostname() + ":1:1"})
+    live = modal.Sandbox.create(app=app, tags=_remote.sandbox_labels(600))
     foreign = modal.Sandbox.create(app=app, tags={"owner": "someone-else"})
     removed = anyio.run(runner.aio.backend("modal").gc)
     assert sorted(removed) == sorted([f"modal sandbox {expired.object_id} (expired)",
@@ -202,7 +202,7 @@ def test_execbox_gc_command_removes_orphans(modal_fake) -> None:
     from execbox.kit.sessions import remote as _remote
 
     app = modal.App.lookup("execbox", create_if_missing=True)
-    orphan = modal.Sandbox.create(app=app, tags={**_remote.labels(60), "execbox-expires": "1"})
+    orphan = modal.Sandbox.create(app=app, tags={**_remote.sandbox_labels(60), "execbox-expires": "1"})
     result = CliRunner().invoke(main, ["gc", "--backend", "modal", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["removed"]["modal"] == [f"modal sandbox {orphan.object_id} (expired)"]

@@ -170,8 +170,8 @@ def test_gc_destroys_orphans_only(vercel_fake) -> None:
 
     from execbox.kit.sessions import remote as _remote
 
-    sync.create_sandbox(name="expired", tags={**_remote.labels(60), "execbox-expires": "1"})
-    sync.create_sandbox(name="live", tags=_remote.labels(600))
+    sync.create_sandbox(name="expired", tags={**_remote.sandbox_labels(60), "execbox-expires": "1"})
+    sync.create_sandbox(name="live", tags=_remote.sandbox_labels(600))
     sync.create_sandbox(name="foreign", tags={"team": "x"})
     removed = anyio.run(runner().aio.backend("vercel_sandbox").gc)
     assert removed == ["vercel sandbox expired (expired)"]

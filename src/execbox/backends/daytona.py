@@ -39,6 +39,9 @@ import time
 from typing import Any, cast
 
 from execbox.plugin import (
+    PERSIST_LABEL,
+    RUN_MARKER,
+    SANDBOX_LABEL,
     BackendSettings,
     BackendUnavailableError,
     BoundedCapture,
@@ -47,17 +50,23 @@ from execbox.plugin import (
     ExecResult,
     ExecSpec,
     ExecutionBackend,
+    RemoteSession,
     SandboxError,
     SessionSpec,
     UnsupportedPolicyError,
     WorkspacePathError,
     build_result,
     create_cleanly,
+    missing_credentials,
+    new_run_marker,
+    orphan_reason,
+    provider_allowlist_for,
+    reap_argv,
     sandbox_env,
+    sandbox_labels,
+    sdk_call,
     setting,
 )
-from execbox.plugin import proxy as _proxy
-from execbox.plugin import remote as _remote
 
 log = logging.getLogger("execbox.backends.daytona")
 CTL = "/tmp/.execbox"  # run scripts and captured output, outside the workspace
@@ -115,7 +124,7 @@ def resources(spec: SessionSpec) -> tuple[int | None, int | None]:
     return (int(cpus) if cpus else None), (memory_mb // 1024 if memory_mb else None)
 
 
-class DaytonaSession(_remote.RemoteSession):
+class DaytonaSession(RemoteSession):
     def __init__(self, backend: DaytonaBackend, sandbox: Any, workspace: str, *, oneshot: bool, persist: bool) -> None:
         # a resumed sandbox may hold anything: check paths from the start
         super().__init__(sandbox, workspace, oneshot=oneshot, dirty=persist)
@@ -138,13 +147,13 @@ class DaytonaSession(_remote.RemoteSession):
 
     def run_exec(self, request: ExecSpec) -> ExecResult:
         daytona = _errors()
-        marker = _remote.new_marker()
+        marker = new_run_marker()
         ctl = f"{CTL}/{marker}"
         with self._finished_lock:
             finished, self._finished = self._finished, []
         run = _RUN.format(ctl=shlex.quote(ctl), root=CTL, argv=shlex.join(request.argv),
                           finished=" ".join(shlex.quote(d) for d in finished))
-        env = {**sandbox_env(request.env, home=self.workspace), _remote.MARKER: marker}
+        env = {**sandbox_env(request.env, home=self.workspace), RUN_MARKER: marker}
         started = time.monotonic()
         timed_out = False
         self.sb.fs.upload_files([
@@ -192,7 +201,7 @@ class DaytonaSession(_remote.RemoteSession):
 
     def _reap(self, marker: str) -> None:
         try:
-            self.sb.process.exec(shlex.join(_remote.reap_argv(marker)), timeout=30)
+            self.sb.process.exec(shlex.join(reap_argv(marker)), timeout=30)
         except _errors().DaytonaError as exc:
             log.warning("could not reap the processes of a timed-out run: %s", exc)
 
@@ -252,13 +261,13 @@ class DaytonaBackend(ExecutionBackend):
 
     def credentials_error(self, detail: str = "", *, missing: bool = False) -> BackendUnavailableError:
         what = "no Daytona credentials are set" if missing or not detail else "Daytona did not accept the credentials"
-        return _remote.missing_credentials(
+        return missing_credentials(
             "daytona", what + (f": {detail}" if detail else ""),
             fix="set DAYTONA_API_KEY (or DAYTONA_JWT_TOKEN and DAYTONA_ORGANIZATION_ID)", env_var="DAYTONA_API_KEY")
 
     async def probe(self) -> Capabilities:
         self.daytona_settings  # noqa: B018 - an invalid setting is a ConfigError here
-        await _remote.blocking(self._client)  # reads the credentials; makes no request
+        await sdk_call(self._client)  # reads the credentials; makes no request
         return self.capabilities
 
     def _client(self) -> Any:
@@ -292,7 +301,7 @@ class DaytonaBackend(ExecutionBackend):
         """Daytona's network parameters for the session's mode (and, for proxy, the results' note)."""
         if spec.network != "proxy":
             return {"network_block_all": spec.network == "none"}
-        allowlist = _proxy.provider_allowlist_for(self.settings, self.name)
+        allowlist = provider_allowlist_for(self.settings, self.name)
         v6 = [str(net) for net in allowlist.networks if net.version == 6]
         if v6:
             raise UnsupportedPolicyError(f"refused: network mode proxy on daytona: its network_allow_list takes IPv4 "
@@ -327,7 +336,7 @@ class DaytonaBackend(ExecutionBackend):
         params = daytona.CreateSandboxFromImageParams(
             image=self.daytona_settings.image,
             name=spec.name if persist else None,
-            labels=_remote.labels(spec.lifetime_s, persist=persist),
+            labels=sandbox_labels(spec.lifetime_s, persist=persist),
             **{k: v for k, v in self._network(spec).items() if k != "note"},
             resources=daytona.Resources(cpu=cpus, memory=gib),
             **lifetime,
@@ -342,7 +351,7 @@ class DaytonaBackend(ExecutionBackend):
         except daytona.DaytonaNotFoundError:
             return False
         labels = sandbox.labels or {}
-        if labels.get(_remote.LABEL) != "1" or labels.get(_remote.L_PERSIST) != "true":
+        if labels.get(SANDBOX_LABEL) != "1" or labels.get(PERSIST_LABEL) != "true":
             raise UnsupportedPolicyError(f"refused: a Daytona sandbox named {spec.name!r} exists but execbox did not "
                                          "persist it; use another name", backend=self.name)
         network = self._network(spec)
@@ -367,15 +376,15 @@ class DaytonaBackend(ExecutionBackend):
         return True
 
     async def gc(self) -> list[str]:
-        return await _remote.blocking(self._gc)
+        return await sdk_call(self._gc)
 
     def _gc(self) -> list[str]:
         daytona = _errors()
         client = self._client()
         removed = []
         try:
-            for sandbox in client.list(daytona.ListSandboxesQuery(labels={_remote.LABEL: "1"})):
-                reason = _remote.orphan_reason(sandbox.labels or {})
+            for sandbox in client.list(daytona.ListSandboxesQuery(labels={SANDBOX_LABEL: "1"})):
+                reason = orphan_reason(sandbox.labels or {})
                 if reason:
                     sandbox.delete()
                     removed.append(f"daytona sandbox {sandbox.name} ({reason})")

@@ -46,6 +46,8 @@ from typing import Any, cast
 import anyio
 
 from execbox.plugin import (
+    REAP_SCRIPT,
+    RUN_MARKER,
     BackendSettings,
     BackendUnavailableError,
     Capabilities,
@@ -68,7 +70,6 @@ from execbox.plugin import (
     sandbox_env,
     setting,
 )
-from execbox.plugin import remote as _remote
 
 NAME = "singularity"
 WORKSPACE = "/workspace"
@@ -89,7 +90,7 @@ _BINARY_VARS = tuple(f"{p}_{d}" for p in ("APPTAINER", "SINGULARITY") for d in (
 _KILL_AFTER_TIMEOUT = (
     'ns=$(readlink /proc/self/ns/pid 2>/dev/null)\n'
     'if [ -n "$ns" ] && [ "$ns" != "$2" ]; then kill -9 -1; echo killed-all; exit 0; fi\n'
-    'echo no-pid-namespace\n' + _remote.REAP)
+    'echo no-pid-namespace\n' + REAP_SCRIPT)
 
 
 class SingularitySettings(BackendSettings):
@@ -228,7 +229,7 @@ class SingularityBackend(ExecutionBackend):
         if "PATH" not in request_env:
             inner.pop("PATH", None)
         if run_id:
-            inner[_remote.MARKER] = run_id
+            inner[RUN_MARKER] = run_id
         prefix = self.env_prefix
         env.update({prefix + k: v for k, v in inner.items()})
         return env

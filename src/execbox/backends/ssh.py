@@ -158,7 +158,7 @@ _SUBREAPER = (
 )
 
 # Run on close and by gc. Arguments: the remote tmp dir, then session tokens. Kills whatever still carries
-# a session's marker, then removes its workspace and stray stdin files. (Not _remote.REAP: that one forks
+# a session's marker, then removes its workspace and stray stdin files. (Not the kit's REAP_SCRIPT: that one forks
 # two processes per /proc entry and pass, cheap in a remote sandbox with a handful of processes, but on an
 # ordinary host it would add most of a second to every close, that is to every one-shot run; one grep over
 # all the environ files does the same here in milliseconds.)

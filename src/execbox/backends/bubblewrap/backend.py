@@ -25,10 +25,10 @@ from execbox.plugin import (
     SessionSpec,
     Settings,
     create_cleanly,
-    disk,
     orphaned_dirs,
-    proxy,
+    release_sized,
     remove_tree,
+    sweep_orphaned_proxies,
 )
 
 
@@ -124,7 +124,7 @@ class BubblewrapBackend(ExecutionBackend):
 
         def sweep() -> list[str]:
             dirs = set(cgroup_sweep_dirs(settings)) | set(plan.parents.values() if plan else ())
-            return _gc(sorted(dirs)) + proxy.sweep_orphans()
+            return _gc(sorted(dirs)) + sweep_orphaned_proxies()
 
         return await anyio.to_thread.run_sync(sweep)
 
@@ -137,7 +137,7 @@ def _gc(cgroup_dirs: list[str]) -> list[str]:
     removed = []
     with contextlib.suppress(OSError):
         for path in orphaned_dirs(SESSION_PREFIX):
-            disk.release_sized(os.path.join(path, "workspace"))  # the mount first: a mount point cannot go
+            release_sized(os.path.join(path, "workspace"))  # the mount first: a mount point cannot go
             remove_tree(path)
             removed.append(path)
     for parent in cgroup_dirs:

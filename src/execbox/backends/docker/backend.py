@@ -43,11 +43,12 @@ from execbox.plugin import (
     SessionSpec,
     Settings,
     Verdict,
-    disk,
+    load_probe_facts,
     owner_alive,
-    probecache,
-    proxy,
     setting,
+    sized_workspace_unavailable,
+    store_probe_facts,
+    sweep_orphaned_proxies,
 )
 
 _EGRESS_VAR = "CODE_EXEC_DOCKER_EGRESS_NETWORK"
@@ -221,7 +222,9 @@ class DockerBackend(ExecutionBackend):
 
     def _kept_facts(self) -> dict[str, Any] | None:
         """The probe cache's record for this engine, when it has one of the shape engine_facts stores."""
-        facts = probecache.load("docker", self._engine_key, self.settings.probe_cache_sec) if self._engine_key else None
+        if not self._engine_key:
+            return None
+        facts = load_probe_facts("docker", self._engine_key, self.settings.probe_cache_sec)
         if facts and isinstance(facts.get("info"), dict) and re.fullmatch(r"\d+\.\d+", str(facts.get("api_version"))):
             return facts
         return None
@@ -236,7 +239,7 @@ class DockerBackend(ExecutionBackend):
             facts = {"api_version": self.call(lambda c: c.api.api_version),
                      "info": {k: info.get(k) for k in _INFO_FACTS}}
             if self._engine_key is not None:
-                probecache.store("docker", self._engine_key, facts)
+                store_probe_facts("docker", self._engine_key, facts)
         info_facts: dict[str, Any] = facts["info"]
         return info_facts
 
@@ -303,7 +306,7 @@ class DockerBackend(ExecutionBackend):
         for limit, flag in (("memory", "MemoryLimit"), ("pids", "PidsLimit"), ("cpu", "CpuCfsQuota")):
             if info.get(flag) is False:
                 limits.discard(limit)
-        if disk.unavailable_reason() is not None:
+        if sized_workspace_unavailable() is not None:
             limits.discard("disk")
         isolation = KNOWN_RUNTIMES[used][0] if used in KNOWN_RUNTIMES else self.capabilities.isolation
         return self.capabilities.model_copy(update={"isolation": isolation, "limits": frozenset(limits)})
@@ -433,5 +436,5 @@ class DockerBackend(ExecutionBackend):
         for path in orphaned_workspaces(parse_user(self.user)[0]):
             if remove_workspace(path):
                 removed.append(f"docker workspace {path} (orphaned)")
-        removed += [f"egress proxy directory {path} (orphaned)" for path in proxy.sweep_orphans()]
+        removed += [f"egress proxy directory {path} (orphaned)" for path in sweep_orphaned_proxies()]
         return removed
