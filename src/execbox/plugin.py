@@ -50,8 +50,8 @@ from __future__ import annotations
 
 from execbox.config.settings import EnvSettings as BackendSettings
 from execbox.config.settings import Settings, comma_list, setting
-from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, Verdict
-from execbox.contract.hookspecs import PluginWarning, hookimpl
+from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, SharedSettings, Verdict
+from execbox.contract.hookspecs import PluginWarning, Register, hookimpl
 from execbox.contract.models import (
     Capabilities,
     CellError,
@@ -109,7 +109,7 @@ from execbox.kit.processes import (
     stop_process,
 )
 from execbox.kit.proxy.server import MOUNT_POINT as PROXY_MOUNT_POINT
-from execbox.kit.proxy.server import EgressProxy, ProxyRun, provider_allowlist_for, with_egress
+from execbox.kit.proxy.server import EgressProxy, ProxyRun, with_egress
 from execbox.kit.proxy.server import sweep_orphans as sweep_orphaned_proxies
 from execbox.kit.sessions.host import HostWorkspaceSession, sweep_orphaned_workspaces
 from execbox.kit.sessions.remote import (
@@ -213,7 +213,6 @@ __all__ = [
     "pip_download",
     "PluginWarning",
     "ProcessOutcome",
-    "provider_allowlist_for",
     "PROXY_MOUNT_POINT",
     "ProxyRun",
     "PYTHON_TARGET_PROBE",
@@ -222,6 +221,7 @@ __all__ = [
     "reap_argv",
     "REAP_SCRIPT",
     "reaped",
+    "Register",
     "release_sized",
     "RemoteSession",
     "remove_tree",
@@ -238,6 +238,7 @@ __all__ = [
     "Session",
     "SessionSpec",
     "setting",
+    "SharedSettings",
     "Settings",
     "SIGKILL_EXIT_CODE",
     "SIZED_IMAGE_SUFFIX",

@@ -181,7 +181,7 @@ class AsyncRunner:
         backends, self._backends = list(self._backends.values()), {}
         with anyio.CancelScope(shield=True):
             for backend in backends:
-                await bounded(backend.aclose(), backend.settings.backend_grace_sec, backend=backend, doing="aclose")
+                await bounded(backend.aclose(), backend.shared.backend_grace_sec, backend=backend, doing="aclose")
 
     @property
     def registry(self) -> Registry:
@@ -503,19 +503,19 @@ def _sandbox_secrets(secrets: Mapping[str, Any] | None, *, egress: bool = False)
 async def _open(backend: ExecutionBackend, spec: SessionSpec) -> Session:
     """A new sandbox, within CODE_EXEC_OPEN_TIMEOUT_SEC; one that opens after that is closed when it does."""
     with backend_errors(backend.name):
-        return await bounded(backend.open_session(spec), backend.settings.open_timeout_sec, backend=backend,
+        return await bounded(backend.open_session(spec), backend.shared.open_timeout_sec, backend=backend,
                              doing="open_session", late=lambda late: close_bounded(late, backend))
 
 
 async def _check(backend: ExecutionBackend) -> Capabilities:
     """What the backend enforces here (its check: cached, or a probe), within CODE_EXEC_OPEN_TIMEOUT_SEC."""
-    return await bounded(backend.check(), backend.settings.open_timeout_sec, backend=backend,
+    return await bounded(backend.check(), backend.shared.open_timeout_sec, backend=backend,
                          doing="its availability check")
 
 
 def _files_s(backend: ExecutionBackend) -> float:
     """The bound of one file call or transfer: the longest run, and the grace."""
-    return backend.settings.max_timeout_sec + backend.settings.backend_grace_sec
+    return backend.shared.max_timeout_sec + backend.shared.backend_grace_sec
 
 
 def _enough_threads(slots: int) -> None:
@@ -607,7 +607,7 @@ async def _exec_in(backend: ExecutionBackend, session: Session, request: ExecReq
         "backend": backend.name, "filtered_env": dropped, "notes": [*result.notes, *backend.notes()],
     })
     result = explain(result, timeout=request.timeout, asked_timeout=asked_timeout,
-                     max_timeout=backend.settings.max_timeout_sec, memory_mb=request.limits.memory_mb,
+                     max_timeout=backend.shared.max_timeout_sec, memory_mb=request.limits.memory_mb,
                      network=request.network)
     return secrets.finish(result)
 
@@ -639,7 +639,7 @@ async def _exec_audited(audit: audit_log.AuditLog, backend: ExecutionBackend, se
 async def _session_exec(backend: ExecutionBackend, session: Session, spec: ExecSpec) -> ExecResult:
     """One exec, with the backend's errors translated, bounded by its timeout and CODE_EXEC_BACKEND_GRACE_SEC."""
     with backend_errors(backend.name):
-        return await bounded(session.exec(spec), spec.timeout + backend.settings.backend_grace_sec, backend=backend,
+        return await bounded(session.exec(spec), spec.timeout + backend.shared.backend_grace_sec, backend=backend,
                              doing="exec", session=session)
 
 
@@ -871,7 +871,7 @@ class AsyncSandbox:
             result = secrets_inject.redact_model(result, redactor)
         note = await self.runner.audit.arecord("cell", **fields, **_cell_fields(result, self.runner.audit))
         # Said as exec says it (core.results): a cell's timeout cut to the maximum.
-        notes = [clamp_note(timeout, backend.settings.max_timeout_sec), note]
+        notes = [clamp_note(timeout, backend.shared.max_timeout_sec), note]
         return result.model_copy(update={"notes": [*result.notes, *(n for n in notes if n)]})
 
     @property

@@ -36,7 +36,7 @@ import math
 import shlex
 import threading
 import time
-from typing import Any, cast
+from typing import Any
 
 from execbox.plugin import (
     PERSIST_LABEL,
@@ -60,7 +60,6 @@ from execbox.plugin import (
     missing_credentials,
     new_run_marker,
     orphan_reason,
-    provider_allowlist_for,
     reap_argv,
     sandbox_env,
     sandbox_labels,
@@ -237,7 +236,7 @@ def _stop(sandbox: Any) -> None:
                     getattr(sandbox, "name", "?"), exc)
 
 
-class DaytonaBackend(ExecutionBackend):
+class DaytonaBackend(ExecutionBackend[DaytonaSettings]):
     name = "daytona"
     extra = "daytona"
     summary = "a Daytona sandbox in Daytona's cloud; files live in the remote sandbox; DAYTONA_SANDBOX_PERSIST keeps it"
@@ -255,10 +254,6 @@ class DaytonaBackend(ExecutionBackend):
     settings_model = DaytonaSettings
     sdk = "daytona"
 
-    @property
-    def daytona_settings(self) -> DaytonaSettings:
-        return cast(DaytonaSettings, self.options)
-
     def credentials_error(self, detail: str = "", *, missing: bool = False) -> BackendUnavailableError:
         what = "no Daytona credentials are set" if missing or not detail else "Daytona did not accept the credentials"
         return missing_credentials(
@@ -266,7 +261,7 @@ class DaytonaBackend(ExecutionBackend):
             fix="set DAYTONA_API_KEY (or DAYTONA_JWT_TOKEN and DAYTONA_ORGANIZATION_ID)", env_var="DAYTONA_API_KEY")
 
     async def probe(self) -> Capabilities:
-        self.daytona_settings  # noqa: B018 - an invalid setting is a ConfigError here
+        self.settings  # noqa: B018 - an invalid setting is a ConfigError here
         await sdk_call(self._client)  # reads the credentials; makes no request
         return self.capabilities
 
@@ -284,11 +279,11 @@ class DaytonaBackend(ExecutionBackend):
                                          "enforces none, egress and proxy)", backend=self.name)
         network = self._network(spec)
         cpus, gib = resources(spec)
-        if not self.daytona_settings.image:
+        if not self.settings.image:
             raise UnsupportedPolicyError("refused: CODE_EXEC_DAYTONA_IMAGE is empty, and Daytona sets CPU and memory "
                                          "only on sandboxes created from an image. Set it (e.g. python:3.12-slim)",
                                          backend=self.name, env_var="CODE_EXEC_DAYTONA_IMAGE")
-        persist = self.daytona_settings.persist and not spec.oneshot
+        persist = self.settings.persist and not spec.oneshot
         where: dict[str, str] = {}
         sandbox = await create_cleanly(lambda made: self._open(spec, cpus, gib, persist, made, where),
                                                _stop if persist else _delete)
@@ -301,7 +296,7 @@ class DaytonaBackend(ExecutionBackend):
         """Daytona's network parameters for the session's mode (and, for proxy, the results' note)."""
         if spec.network != "proxy":
             return {"network_block_all": spec.network == "none"}
-        allowlist = provider_allowlist_for(self.settings, self.name)
+        allowlist = self.shared.provider_allowlist(self.name)
         v6 = [str(net) for net in allowlist.networks if net.version == 6]
         if v6:
             raise UnsupportedPolicyError(f"refused: network mode proxy on daytona: its network_allow_list takes IPv4 "
@@ -334,7 +329,7 @@ class DaytonaBackend(ExecutionBackend):
                 return
         lifetime = {} if persist else {"ephemeral": True, "ttl_minutes": max(1, math.ceil(spec.lifetime_s / 60))}
         params = daytona.CreateSandboxFromImageParams(
-            image=self.daytona_settings.image,
+            image=self.settings.image,
             name=spec.name if persist else None,
             labels=sandbox_labels(spec.lifetime_s, persist=persist),
             **{k: v for k, v in self._network(spec).items() if k != "note"},

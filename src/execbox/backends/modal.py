@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from execbox.plugin import (
     RUN_MARKER,
@@ -52,7 +52,6 @@ from execbox.plugin import (
     missing_credentials,
     new_run_marker,
     orphan_reason,
-    provider_allowlist_for,
     reap_argv,
     sandbox_env,
     sandbox_labels,
@@ -166,7 +165,7 @@ def _drain(stream: Any, capture: BoundedCapture) -> None:
         capture.write(chunk)
 
 
-class ModalBackend(ExecutionBackend):
+class ModalBackend(ExecutionBackend[ModalSettings]):
     name = "modal"
     extra = "modal"
     summary = "a Modal Sandbox (gVisor) in Modal's cloud; files live in the remote sandbox"
@@ -184,10 +183,6 @@ class ModalBackend(ExecutionBackend):
     settings_model = ModalSettings
     sdk = "modal"
 
-    @property
-    def modal_settings(self) -> ModalSettings:
-        return cast(ModalSettings, self.options)
-
     def credentials_error(self, detail: str = "") -> BackendUnavailableError:
         return missing_credentials(
             "modal", (f"Modal did not accept the credentials: {detail}" if detail else "no Modal credentials are set"),
@@ -195,7 +190,7 @@ class ModalBackend(ExecutionBackend):
             env_var="MODAL_TOKEN_ID")
 
     async def probe(self) -> Capabilities:
-        self.modal_settings  # noqa: B018 - an invalid setting is a ConfigError here
+        self.settings  # noqa: B018 - an invalid setting is a ConfigError here
         token = os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")
         oauth = os.environ.get("MODAL_OAUTH_REFRESH_TOKEN")
         config = Path(os.environ.get("MODAL_CONFIG_PATH") or Path.home() / ".modal.toml")
@@ -216,7 +211,7 @@ class ModalBackend(ExecutionBackend):
         if spec.network not in ("none", "egress", "proxy"):
             raise UnsupportedPolicyError(f"refused: modal cannot enforce network mode {spec.network!r} (it enforces "
                                          "none, egress and proxy)", backend=self.name)
-        allowlist = provider_allowlist_for(self.settings, self.name) if spec.network == "proxy" else None
+        allowlist = self.shared.provider_allowlist(self.name) if spec.network == "proxy" else None
         if spec.lifetime_s > MAX_LIFETIME_S:
             raise UnsupportedPolicyError(f"refused: a Modal sandbox lives at most {MAX_LIFETIME_S} s; ask for a "
                                          "shorter lifetime", backend=self.name)
@@ -232,8 +227,8 @@ class ModalBackend(ExecutionBackend):
         errors = _modal_errors()
         client = self._client()
         try:
-            app = modal.App.lookup(self.modal_settings.app, create_if_missing=True, client=client)
-            image = (modal.Image.from_registry(self.modal_settings.image) if self.modal_settings.image
+            app = modal.App.lookup(self.settings.app, create_if_missing=True, client=client)
+            image = (modal.Image.from_registry(self.settings.image) if self.settings.image
                      else modal.Image.debian_slim())
             kwargs: dict[str, Any] = {}
             if spec.limits.memory_mb:
@@ -262,7 +257,7 @@ class ModalBackend(ExecutionBackend):
         client = self._client()
         removed = []
         try:
-            app = modal.App.lookup(self.modal_settings.app, client=client)
+            app = modal.App.lookup(self.settings.app, client=client)
         except errors.NotFoundError:
             return []
         except errors.AuthError as exc:

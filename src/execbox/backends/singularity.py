@@ -41,7 +41,7 @@ import subprocess
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio
 
@@ -121,7 +121,7 @@ class SingularitySession(Session):
         pwd = ["--pwd", request.workdir]
         if self.instance:
             return [b.binary, "exec", "--cleanenv", *pwd, f"instance://{self.instance}", *request.argv]
-        return [b.binary, "exec", *b.container_flags(self.spec, self.host_dir), *pwd, b.settings_s.image,
+        return [b.binary, "exec", *b.container_flags(self.spec, self.host_dir), *pwd, b.settings.image,
                 *request.argv]
 
     async def exec(self, request: ExecSpec) -> ExecResult:
@@ -171,7 +171,7 @@ class SingularitySession(Session):
             remove_tree(self.host_dir)
 
 
-class SingularityBackend(ExecutionBackend):
+class SingularityBackend(ExecutionBackend[SingularitySettings]):
     name = NAME
     extra = "singularity"
     summary = ("an Apptainer/Singularity container (--containall --cleanenv --no-home) as the calling user; "
@@ -188,20 +188,16 @@ class SingularityBackend(ExecutionBackend):
 
     settings_model = SingularitySettings
 
-    def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(settings, options)
+    def __init__(self, execbox_settings: Settings, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(execbox_settings, options)
         self._notes: list[str] = []
         self.version = ""
-
-    @property
-    def settings_s(self) -> SingularitySettings:
-        return cast(SingularitySettings, self.options)
 
     # --- the binary ---------------------------------------------------------------------------------
 
     @property
     def binary(self) -> str:
-        configured = self.settings_s.binary
+        configured = self.settings.binary
         found = shutil.which(configured) if configured else (shutil.which("apptainer") or shutil.which("singularity"))
         if not found:
             what = f"CODE_EXEC_SINGULARITY_BINARY={configured} is not an executable" if configured else \
@@ -261,13 +257,13 @@ class SingularityBackend(ExecutionBackend):
             raise BackendUnavailableError(f"`{binary} --version` failed: {_tail(version.stderr)}", backend=NAME,
                                           fix="repair the Apptainer installation (`apptainer --version` must work)")
         self.version = version.stdout.strip()
-        image = self.settings_s.image
+        image = self.settings.image
         if "://" not in image and not os.path.exists(image):
             raise BackendUnavailableError(
                 f"the image {image} does not exist", backend=NAME, env_var="CODE_EXEC_SINGULARITY_IMAGE",
                 fix="set CODE_EXEC_SINGULARITY_IMAGE to a .sif file (e.g. `apptainer build python.sif "
                     "docker://python:3.12-slim`) or to a docker:// URI")
-        probe_dir = tempfile.mkdtemp(prefix="execbox-sing-probe-", dir=self.settings_s.tmpdir)
+        probe_dir = tempfile.mkdtemp(prefix="execbox-sing-probe-", dir=self.settings.tmpdir)
         try:
             spec_host = SessionSpec("host", Limits(), True, 60)
             base = await self.run_binary(["exec", *self.container_flags(spec_host, probe_dir), image, "true"],
@@ -302,8 +298,8 @@ class SingularityBackend(ExecutionBackend):
 
     async def open_session(self, spec: SessionSpec) -> SingularitySession:
         # a bad setting or a missing binary is raised here, before anything is made
-        image, _ = self.settings_s.image, self.binary
-        host_dir = tempfile.mkdtemp(prefix=f"execbox-sing-{os.getpid()}-", dir=self.settings_s.tmpdir)
+        image, _ = self.settings.image, self.binary
+        host_dir = tempfile.mkdtemp(prefix=f"execbox-sing-{os.getpid()}-", dir=self.settings.tmpdir)
         if spec.oneshot:
             return SingularitySession(self, spec, host_dir, None)
         instance = f"{_INSTANCE_PREFIX}-{os.getpid()}-{secrets.token_hex(6)}"
@@ -334,7 +330,7 @@ class SingularityBackend(ExecutionBackend):
                 stopped = await self.run_binary(["instance", "stop", "-t", "5", name], timeout=60)
                 if stopped.returncode == 0:
                     removed.append(f"instance {name}")
-        root = Path(self.settings_s.tmpdir or tempfile.gettempdir())
+        root = Path(self.settings.tmpdir or tempfile.gettempdir())
         for path in root.glob("execbox-sing-*-*"):
             match = re.fullmatch(r"execbox-sing-(\d+)-.+", path.name)
             if match and path.is_dir() and not path.is_symlink() and not _alive(int(match.group(1))):

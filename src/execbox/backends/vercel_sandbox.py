@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import Any, cast
+from typing import Any
 
 from execbox.plugin import (
     RUN_MARKER,
@@ -53,7 +53,6 @@ from execbox.plugin import (
     missing_credentials,
     new_run_marker,
     orphan_reason,
-    provider_allowlist_for,
     reap_argv,
     sandbox_env,
     sandbox_labels,
@@ -147,7 +146,7 @@ def _finish(sandbox: Any) -> None:
                     "removes it)", getattr(sandbox, "name", "?"), exc)
 
 
-class VercelSandboxBackend(ExecutionBackend):
+class VercelSandboxBackend(ExecutionBackend[VercelSettings]):
     name = "vercel_sandbox"
     extra = "vercel"
     summary = "a Vercel Sandbox (Firecracker microVM) in Vercel's cloud; files live in the remote sandbox"
@@ -164,10 +163,6 @@ class VercelSandboxBackend(ExecutionBackend):
 
     settings_model = VercelSettings
     sdk = "vercel.sandbox.sync"
-
-    @property
-    def vercel_settings(self) -> VercelSettings:
-        return cast(VercelSettings, self.options)
 
     def notes(self) -> list[str]:
         return [MEMORY_NOTE]
@@ -191,7 +186,7 @@ class VercelSandboxBackend(ExecutionBackend):
     async def probe(self) -> Capabilities:
         import os
 
-        self.vercel_settings  # noqa: B018 - an invalid setting is a ConfigError here
+        self.settings  # noqa: B018 - an invalid setting is a ConfigError here
         oidc = os.environ.get("VERCEL_OIDC_TOKEN") or os.environ.get("VERCEL_OIDC_TOKEN_FILE")
         token = all(os.environ.get(v) for v in ("VERCEL_TOKEN", "VERCEL_PROJECT_ID", "VERCEL_TEAM_ID"))
         if not (oidc or token):
@@ -202,7 +197,7 @@ class VercelSandboxBackend(ExecutionBackend):
         if spec.network not in ("none", "egress", "proxy"):
             raise UnsupportedPolicyError(f"refused: vercel_sandbox cannot enforce network mode {spec.network!r} (it "
                                          "enforces none, egress and proxy)", backend=self.name)
-        allowlist = provider_allowlist_for(self.settings, self.name) if spec.network == "proxy" else None
+        allowlist = self.shared.provider_allowlist(self.name) if spec.network == "proxy" else None
         cpus = spec.limits.cpus
         if cpus is not None and not float(cpus).is_integer():
             raise UnsupportedPolicyError(
@@ -225,7 +220,7 @@ class VercelSandboxBackend(ExecutionBackend):
         resources = sync.SandboxResources(vcpus=int(spec.limits.cpus)) if spec.limits.cpus else None
         try:
             made.append(sync.create_sandbox(
-                image=self.vercel_settings.image or None, execution_time_limit=spec.lifetime_s, resources=resources,
+                image=self.settings.image or None, execution_time_limit=spec.lifetime_s, resources=resources,
                 persistent=False, network_policy=policy, tags=sandbox_labels(spec.lifetime_s)))
         except sync.SandboxError as exc:
             raise self.sdk_error(exc, "creating a sandbox") from exc

@@ -26,6 +26,7 @@ from execbox.plugin import (
     Capabilities,
     ExecutionBackend,
     HostWorkspaceSession,
+    Register,
     SessionSpec,
     hookimpl,
     sweep_orphaned_workspaces,
@@ -78,5 +79,5 @@ class UnshareBackend(ExecutionBackend):
 
 
 @hookimpl
-def execbox_register_backends(register) -> None:  # type: ignore[no-untyped-def]
+def execbox_register_backends(register: Register) -> None:
     register(UnshareBackend)

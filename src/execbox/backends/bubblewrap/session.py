@@ -36,6 +36,7 @@ from execbox.plugin import (
     Session,
     SessionSpec,
     Settings,
+    SharedSettings,
     Transfer,
     TransferLimits,
     armed_script,
@@ -87,7 +88,7 @@ class BubblewrapSession(Session):
     host_workspace: str  # the host directory bound at /workspace: file transfer works on it directly
 
     def __init__(self, report: HostReport, settings: BubblewrapSettings, spec: SessionSpec,
-                 core: Settings | None = None) -> None:
+                 shared: SharedSettings | None = None) -> None:
         self.report = report
         self.settings = settings
         self.spec = spec
@@ -100,7 +101,8 @@ class BubblewrapSession(Session):
         self._sized: concurrent.futures.Future[None] | None = None  # the size-limited workspace being made
         try:
             if spec.network == "proxy":
-                self.egress = EgressProxy.for_settings(core or Settings.from_env(), owner=self.owner)
+                shared = shared or SharedSettings.of(Settings.from_env())
+                self.egress = EgressProxy(shared.egress_policy(), owner=self.owner, ca_bundle=shared.ca_bundle)
             # root: 0711 so the dropped uid can reach its workspace but list nothing else here
             os.chmod(self.root, 0o711)
             self._write_private(OWNER_FILE, owner_id() + "\n", 0o644)

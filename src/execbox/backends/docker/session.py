@@ -72,7 +72,7 @@ from execbox.plugin import (
     SandboxError,
     Session,
     SessionSpec,
-    Settings,
+    SharedSettings,
     armed_script,
     build_result,
     mount_sized_soon,
@@ -259,10 +259,10 @@ def reap_owner(tmp: str, prefix: str, owner: str, sandbox_uid: str) -> None:
 
 class SessionBackend(Protocol):
     """What a session uses of its backend (``DockerBackend``, which imports this module, not the other way): the
-    engine behind ``call``, where that engine is, and the settings its egress proxy is made from."""
+    engine behind ``call``, where that engine is, and the shared settings its egress proxy is made from."""
 
     @property
-    def settings(self) -> Settings: ...
+    def shared(self) -> SharedSettings: ...
 
     @property
     def endpoint(self) -> str: ...
@@ -324,8 +324,9 @@ class DockerSession(Session):
         the disk limit is enforced here — made in a thread while ``start`` has the engine create the container
         (a bind mount is resolved when the container starts, not when it is created)."""
         if self.plan.network == "proxy":
-            self.egress = EgressProxy.for_settings(self.backend.settings,
-                                                         owner=self._owner if os.geteuid() == 0 else None)
+            shared = self.backend.shared
+            self.egress = EgressProxy(shared.egress_policy(), owner=self._owner if os.geteuid() == 0 else None,
+                                      ca_bundle=shared.ca_bundle)
         if self.plan.disk and self.plan.limits.disk_mb:
             self._sized = True  # set first: close() releases whatever part of the mount was made
             self._disk = mount_sized_soon(self.host_workspace, self.plan.limits.disk_mb, self._owner)
