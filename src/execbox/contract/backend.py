@@ -312,7 +312,9 @@ class ExecutionBackend(ABC, Generic[S]):
         """Release what the instance holds (engine clients, connections); the runner calls it when it closes."""
 
     def verdict(self, request: ExecRequest) -> Verdict:
-        """Is this backend, configured as it is, a sandbox for this request? The guard asks this."""
+        """Is this backend, configured as it is (``self.settings``), a sandbox for this request? The guard asks this
+        with the request resolved: its network mode, limits and timeout are the settings' defaults where the caller
+        gave none, as the sandbox will run them."""
         if not self.capabilities.sandbox:
             return Verdict(False, f"backend {self.name!r} runs code with the privileges of its host user")
         if request.network == "host":
