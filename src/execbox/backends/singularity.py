@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import subprocess
@@ -62,6 +61,10 @@ from execbox.plugin import (
     Settings,
     Verdict,
     create_cleanly,
+    name_owner,
+    orphaned_dirs,
+    owner_tag,
+    pid_alive,
     reaped,
     remove_tree,
     run_process,
@@ -78,6 +81,7 @@ NET_NONE = ["--net", "--network", "none"]
 _PROBE_TIMEOUT_S = 600.0  # the first probe may pull and convert the image
 _START_TIMEOUT_S = 600.0  # instance start, which may pull too
 _INSTANCE_PREFIX = "execbox"
+_WORKSPACE_PREFIX = "execbox-sing-"
 # Host variables the binary itself needs. Of its own settings only these dirs: never the *ENV_* ones (they
 # would be injected into the container), never *_BIND/*_BINDPATH (host paths bound in) or anything else.
 _HOST_VARS = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TMPDIR", "XDG_RUNTIME_DIR")
@@ -299,10 +303,10 @@ class SingularityBackend(ExecutionBackend[SingularitySettings]):
     async def open_session(self, spec: SessionSpec) -> SingularitySession:
         # a bad setting or a missing binary is raised here, before anything is made
         image, _ = self.settings.image, self.binary
-        host_dir = tempfile.mkdtemp(prefix=f"execbox-sing-{os.getpid()}-", dir=self.settings.tmpdir)
+        host_dir = tempfile.mkdtemp(prefix=f"{_WORKSPACE_PREFIX}{owner_tag()}-", dir=self.settings.tmpdir)
         if spec.oneshot:
             return SingularitySession(self, spec, host_dir, None)
-        instance = f"{_INSTANCE_PREFIX}-{os.getpid()}-{secrets.token_hex(6)}"
+        instance = f"{_INSTANCE_PREFIX}-{owner_tag()}-{secrets.token_hex(6)}"
 
         def start(made: list[SingularitySession]) -> None:
             # recorded first: a failed, timed-out or cancelled start may still have left the instance running
@@ -316,7 +320,8 @@ class SingularityBackend(ExecutionBackend[SingularitySettings]):
         return await create_cleanly(start, SingularitySession.close_blocking)
 
     async def gc(self) -> list[str]:
-        """Stop instances and remove workspaces whose execbox process is gone."""
+        """Stop instances and remove workspaces whose execbox process is gone: both are named pid-starttime
+        (owner_tag), so a dead owner's pid reused by a new process does not keep them."""
         removed = []
         listed = await self.run_binary(["instance", "list", "--json"], timeout=60)
         try:
@@ -325,28 +330,17 @@ class SingularityBackend(ExecutionBackend[SingularitySettings]):
             instances = []
         for item in instances:
             name = str(item.get("instance", ""))
-            match = re.fullmatch(rf"{_INSTANCE_PREFIX}-(\d+)-[0-9a-f]+", name)
-            if match and not _alive(int(match.group(1))):
+            owner = name_owner(name, f"{_INSTANCE_PREFIX}-")
+            if owner is not None and not pid_alive(*owner):
                 stopped = await self.run_binary(["instance", "stop", "-t", "5", name], timeout=60)
                 if stopped.returncode == 0:
                     removed.append(f"instance {name}")
-        root = Path(self.settings.tmpdir or tempfile.gettempdir())
-        for path in root.glob("execbox-sing-*-*"):
-            match = re.fullmatch(r"execbox-sing-(\d+)-.+", path.name)
-            if match and path.is_dir() and not path.is_symlink() and not _alive(int(match.group(1))):
-                remove_tree(str(path))
-                removed.append(str(path))
+        # by the name alone: the workspace is the code's to write, an owner file there would be the code's word
+        tmpdir = self.settings.tmpdir
+        for path in orphaned_dirs(_WORKSPACE_PREFIX, str(tmpdir) if tmpdir else None, owner_file=False):
+            remove_tree(path)
+            removed.append(path)
         return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _tail(text: str, limit: int = 400) -> str:
