@@ -43,7 +43,7 @@ each piece's contract.
                      with_egress (a result with its run's attempts), sweep_orphaned_proxies (for gc); a remote
                      provider takes ``self.shared.provider_allowlist(name)`` instead
     remote helpers   sdk_call (a blocking SDK call in a thread, abandoned on cancellation), missing_credentials,
-                     sandbox_labels / orphan_reason / SANDBOX_LABEL / PERSIST_LABEL (labels for gc), RUN_MARKER,
+                     REMOTE_LABELS (the providers' spelling of OwnerLabels), RUN_MARKER,
                      new_run_marker, wrapped_argv, reap_argv / REAP_SCRIPT (the in-sandbox reaper),
                      SIGKILL_EXIT_CODE, TextCapture
     lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
@@ -51,7 +51,8 @@ each piece's contract.
                      processes for ``self.shared.probe_cache_sec``, keyed by what names the engine instance
     gc ownership     owner_id, owner_alive, pid_alive (host:pid:start-time; a reused pid is not the owner);
                      OWNER_FILE, orphaned (a host directory that names its owner); owner_tag, name_owner
-                     (PREFIX + pid-start + random names, and reading them back), orphaned_dirs (those of dead owners)
+                     (PREFIX + pid-start + random names, and reading them back), orphaned_dirs (those of dead owners);
+                     OwnerLabels (the labels of a sandbox that carries them: make, orphan_reason, kept)
                      ExecutionBackend.sweeps_on_first_use (gc after the first check of each process; the scope
                      of one sweep: sweep_scope)
     errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError,
@@ -98,6 +99,7 @@ from execbox.files.workspace import normalize, remove_tree, safe_read, safe_writ
 from execbox.kit.lifecycle import create_cleanly
 from execbox.kit.ownership import (
     OWNER_FILE,
+    OwnerLabels,
     name_owner,
     orphaned,
     orphaned_dirs,
@@ -125,18 +127,15 @@ from execbox.kit.proxy.server import EgressProxy, ProxyRun, with_egress
 from execbox.kit.proxy.server import sweep_orphans as sweep_orphaned_proxies
 from execbox.kit.sessions.host import HostWorkspaceSession, sweep_orphaned_workspaces
 from execbox.kit.sessions.remote import (
-    PERSIST_LABEL,
     REAP_SCRIPT,
+    REMOTE_LABELS,
     RUN_MARKER,
-    SANDBOX_LABEL,
     SIGKILL_EXIT_CODE,
     RemoteSession,
     TextCapture,
     missing_credentials,
     new_run_marker,
-    orphan_reason,
     reap_argv,
-    sandbox_labels,
     sdk_call,
     wrapped_argv,
 )
@@ -216,7 +215,6 @@ __all__ = [
     "normalize",
     "NotASandboxError",
     "OnOutput",
-    "orphan_reason",
     "orphaned",
     "orphaned_dirs",
     "OutputEvent",
@@ -224,7 +222,7 @@ __all__ = [
     "OWNER_FILE",
     "owner_id",
     "owner_tag",
-    "PERSIST_LABEL",
+    "OwnerLabels",
     "pid_alive",
     "pip_download",
     "PluginWarning",
@@ -236,6 +234,7 @@ __all__ = [
     "read_requirements",
     "reap_argv",
     "REAP_SCRIPT",
+    "REMOTE_LABELS",
     "reaped",
     "Register",
     "release_sized",
@@ -246,8 +245,6 @@ __all__ = [
     "safe_read",
     "safe_write",
     "sandbox_env",
-    "SANDBOX_LABEL",
-    "sandbox_labels",
     "SandboxError",
     "sdk_call",
     "SECCOMP_DENY_ERRNO",

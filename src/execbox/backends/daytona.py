@@ -39,9 +39,8 @@ import time
 from typing import Any
 
 from execbox.plugin import (
-    PERSIST_LABEL,
+    REMOTE_LABELS,
     RUN_MARKER,
-    SANDBOX_LABEL,
     BackendSettings,
     BackendUnavailableError,
     BoundedCapture,
@@ -59,10 +58,8 @@ from execbox.plugin import (
     create_cleanly,
     missing_credentials,
     new_run_marker,
-    orphan_reason,
     reap_argv,
     sandbox_env,
-    sandbox_labels,
     sdk_call,
     setting,
 )
@@ -331,7 +328,7 @@ class DaytonaBackend(ExecutionBackend[DaytonaSettings]):
         params = daytona.CreateSandboxFromImageParams(
             image=self.settings.image,
             name=spec.name if persist else None,
-            labels=sandbox_labels(spec.lifetime_s, persist=persist),
+            labels=REMOTE_LABELS.make(spec.lifetime_s, persist=persist),
             **{k: v for k, v in self._network(spec).items() if k != "note"},
             resources=daytona.Resources(cpu=cpus, memory=gib),
             **lifetime,
@@ -346,7 +343,7 @@ class DaytonaBackend(ExecutionBackend[DaytonaSettings]):
         except daytona.DaytonaNotFoundError:
             return False
         labels = sandbox.labels or {}
-        if labels.get(SANDBOX_LABEL) != "1" or labels.get(PERSIST_LABEL) != "true":
+        if not REMOTE_LABELS.kept(labels):
             raise UnsupportedPolicyError(f"refused: a Daytona sandbox named {spec.name!r} exists but execbox did not "
                                          "persist it; use another name", backend=self.name)
         network = self._network(spec)
@@ -378,8 +375,8 @@ class DaytonaBackend(ExecutionBackend[DaytonaSettings]):
         client = self._client()
         removed = []
         try:
-            for sandbox in client.list(daytona.ListSandboxesQuery(labels={SANDBOX_LABEL: "1"})):
-                reason = orphan_reason(sandbox.labels or {})
+            for sandbox in client.list(daytona.ListSandboxesQuery(labels={REMOTE_LABELS.mark: "1"})):
+                reason = REMOTE_LABELS.orphan_reason(sandbox.labels or {})
                 if reason:
                     sandbox.delete()
                     removed.append(f"daytona sandbox {sandbox.name} ({reason})")

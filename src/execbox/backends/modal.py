@@ -17,7 +17,7 @@ Runs. One sandbox per session (a one-shot run is a session of one exec); files g
 ``sb.filesystem`` (paths checked inside the sandbox once code has run, so a planted symlink cannot lead a
 read out of /workspace); stdout and stderr are read as they stream, into the bounded capture, so memory
 stays at the cap. After a timeout in a session, every process the run started is killed (a setsid
-grandchild too, found by a marker variable). Every sandbox is tagged (see sandbox_labels) so ``gc``
+grandchild too, found by a marker variable). Every sandbox is tagged (see REMOTE_LABELS) so ``gc``
 terminates orphans.
 """
 
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from execbox.plugin import (
+    REMOTE_LABELS,
     RUN_MARKER,
-    SANDBOX_LABEL,
     BackendSettings,
     BackendUnavailableError,
     BoundedCapture,
@@ -51,10 +51,8 @@ from execbox.plugin import (
     create_cleanly,
     missing_credentials,
     new_run_marker,
-    orphan_reason,
     reap_argv,
     sandbox_env,
-    sandbox_labels,
     sdk_call,
     setting,
     wrapped_argv,
@@ -240,7 +238,7 @@ class ModalBackend(ExecutionBackend[ModalSettings]):
                 kwargs["outbound_cidr_allowlist"] = [str(net) for net in allowlist.networks]
             created.append(modal.Sandbox.create(
                 app=app, image=image, workdir=WORKSPACE, timeout=max(1, math.ceil(spec.lifetime_s)),
-                block_network=spec.network == "none", tags=sandbox_labels(spec.lifetime_s), client=client,
+                block_network=spec.network == "none", tags=REMOTE_LABELS.make(spec.lifetime_s), client=client,
                 **kwargs))
         except errors.AuthError as exc:
             raise self.credentials_error(str(exc)) from exc
@@ -262,8 +260,8 @@ class ModalBackend(ExecutionBackend[ModalSettings]):
             return []
         except errors.AuthError as exc:
             raise self.credentials_error(str(exc)) from exc
-        for sb in modal.Sandbox.list(app_id=app.app_id, tags={SANDBOX_LABEL: "1"}, client=client):
-            reason = orphan_reason(sb.get_tags())
+        for sb in modal.Sandbox.list(app_id=app.app_id, tags={REMOTE_LABELS.mark: "1"}, client=client):
+            reason = REMOTE_LABELS.orphan_reason(sb.get_tags())
             if reason:
                 sb.terminate()
                 removed.append(f"modal sandbox {sb.object_id} ({reason})")

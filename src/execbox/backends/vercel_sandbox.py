@@ -32,8 +32,8 @@ import time
 from typing import Any
 
 from execbox.plugin import (
+    REMOTE_LABELS,
     RUN_MARKER,
-    SANDBOX_LABEL,
     SIGKILL_EXIT_CODE,
     BackendSettings,
     BackendUnavailableError,
@@ -52,10 +52,8 @@ from execbox.plugin import (
     create_cleanly,
     missing_credentials,
     new_run_marker,
-    orphan_reason,
     reap_argv,
     sandbox_env,
-    sandbox_labels,
     sdk_call,
     setting,
     wrapped_argv,
@@ -221,7 +219,7 @@ class VercelSandboxBackend(ExecutionBackend[VercelSettings]):
         try:
             made.append(sync.create_sandbox(
                 image=self.settings.image or None, execution_time_limit=spec.lifetime_s, resources=resources,
-                persistent=False, network_policy=policy, tags=sandbox_labels(spec.lifetime_s)))
+                persistent=False, network_policy=policy, tags=REMOTE_LABELS.make(spec.lifetime_s)))
         except sync.SandboxError as exc:
             raise self.sdk_error(exc, "creating a sandbox") from exc
 
@@ -231,10 +229,10 @@ class VercelSandboxBackend(ExecutionBackend[VercelSettings]):
     def _gc(self) -> list[str]:
         sync = _sync()
         removed = []
-        query = sync.SandboxQueryByCreatedAt(tag=sync.TagFilter(key=SANDBOX_LABEL, value="1"))
+        query = sync.SandboxQueryByCreatedAt(tag=sync.TagFilter(key=REMOTE_LABELS.mark, value="1"))
         try:
             for sandbox in sync.query_sandboxes(query=query):
-                reason = orphan_reason(dict(sandbox.tags or {}))
+                reason = REMOTE_LABELS.orphan_reason(dict(sandbox.tags or {}))
                 if reason:
                     sandbox.destroy()
                     removed.append(f"vercel sandbox {sandbox.name} ({reason})")

@@ -23,7 +23,7 @@ from execbox.backends.docker.hardening import (
 )
 from execbox.backends.docker.image import DEFAULT_TAG
 from execbox.backends.docker.session import (
-    L_EXPIRES,
+    DOCKER_LABELS,
     L_OWNER,
     L_WORKSPACE,
     LABEL,
@@ -413,14 +413,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         now = time.time()
         for item in self.call(lambda c: c.api.containers(all=True, filters={"label": LABEL})):
             labels = item.get("Labels") or {}
-            if labels.get(LABEL) != "1":
-                continue
-            reason = None
-            with contextlib.suppress(ValueError):
-                if float(labels.get(L_EXPIRES, "inf")) < now:
-                    reason = "expired"
-            if reason is None and owner_alive(labels.get(L_OWNER, "")) is False:
-                reason = "orphaned"
+            reason = DOCKER_LABELS.orphan_reason(labels, now)
             if reason is None:
                 continue
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):

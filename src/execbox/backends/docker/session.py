@@ -68,6 +68,7 @@ from execbox.plugin import (
     Limits,
     Mount,
     NotASandboxError,
+    OwnerLabels,
     ProxyRun,
     SandboxError,
     Session,
@@ -94,6 +95,8 @@ L_SESSION = "io.execbox.session"
 L_CREATED = "io.execbox.created"
 L_EXPIRES = "io.execbox.expires"
 L_WORKSPACE = "io.execbox.workspace"
+#: gc's vocabulary spelled as docker labels: no container is kept on purpose (persist).
+DOCKER_LABELS = OwnerLabels(mark=LABEL, owner=L_OWNER, created=L_CREATED, expires=L_EXPIRES)
 
 HOME = "/tmp"
 WORKSPACE_PREFIX = "execbox-docker-"
@@ -334,9 +337,7 @@ class DockerSession(Session):
     # -- container arguments --
 
     def _labels(self, expires_in: float) -> dict[str, str]:
-        now = int(time.time())
-        return {LABEL: "1", L_OWNER: owner_id(), L_SESSION: self.id, L_CREATED: str(now),
-                L_EXPIRES: str(int(now + expires_in)), L_WORKSPACE: self.host_workspace}
+        return {**DOCKER_LABELS.make(expires_in), L_SESSION: self.id, L_WORKSPACE: self.host_workspace}
 
     def _create_kwargs(self, command: list[str], *, user: str, env: dict[str, str], workdir: str,
                        expires_in: float, stdin: bool) -> dict[str, Any]:

@@ -18,10 +18,9 @@
 from __future__ import annotations
 
 import posixpath
-import time
 import uuid
 from abc import abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -31,15 +30,13 @@ from execbox.contract.models import ExecResult, ExecSpec
 from execbox.contract.output import BoundedCapture, OnOutput, StreamName
 from execbox.errors import BackendUnavailableError, ExecboxError, FileTooLargeError, WorkspacePathError
 from execbox.files.workspace import is_directory_error
-from execbox.kit.ownership import owner_alive, owner_id
+from execbox.kit.ownership import OwnerLabels
 
 T = TypeVar("T")
 
-SANDBOX_LABEL = "execbox"
-OWNER_LABEL = "execbox-owner"
-CREATED_LABEL = "execbox-created"
-EXPIRES_LABEL = "execbox-expires"
-PERSIST_LABEL = "execbox-persist"
+#: The labels (tags) of every remote sandbox, for gc.
+REMOTE_LABELS = OwnerLabels(mark="execbox", owner="execbox-owner", created="execbox-created",
+                            expires="execbox-expires", persist="execbox-persist")
 # Set in the environment of every command a run starts, so the reaper can find what escaped its group.
 RUN_MARKER = "EXECBOX_RUN"
 # What a run that hit its deadline reports when the provider gives no exit code of its own (SIGKILL).
@@ -54,33 +51,6 @@ async def sdk_call(fn: Callable[..., T], *args: object) -> T:
 def missing_credentials(backend: str, what: str, fix: str, env_var: str) -> BackendUnavailableError:
     return BackendUnavailableError(f"{what} (credentials stay in this process; they never enter the sandbox)",
                                    backend=backend, fix=fix, env_var=env_var)
-
-
-# --- labels and gc ------------------------------------------------------------------------------------------
-
-
-def sandbox_labels(lifetime_s: float, *, persist: bool = False) -> dict[str, str]:
-    now = time.time()
-    out = {SANDBOX_LABEL: "1", OWNER_LABEL: owner_id(), CREATED_LABEL: str(int(now))}
-    if persist:
-        out[PERSIST_LABEL] = "true"  # kept on purpose (daytona's DAYTONA_SANDBOX_PERSIST): gc leaves it alone
-    else:
-        out[EXPIRES_LABEL] = str(int(now + lifetime_s))
-    return out
-
-
-def orphan_reason(tags: Mapping[str, str], now: float | None = None) -> str | None:
-    """Why gc may remove a sandbox with these labels ("expired", "orphaned"), or None to keep it."""
-    if tags.get(SANDBOX_LABEL) != "1" or tags.get(PERSIST_LABEL) == "true":
-        return None
-    try:
-        if float(tags.get(EXPIRES_LABEL, "inf")) < (now or time.time()):
-            return "expired"
-    except ValueError:
-        pass
-    if owner_alive(tags.get(OWNER_LABEL, "")) is False:
-        return "orphaned"
-    return None
 
 
 # --- inside the sandbox ---------------------------------------------------------------------------------
