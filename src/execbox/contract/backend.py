@@ -43,7 +43,7 @@ CHECK_TTL_S = 30.0
 
 T = TypeVar("T")
 #: A backend's own settings model (``ExecutionBackend[S]``); a backend without knobs leaves it out.
-S = DefaultedTypeVar("S", bound=EnvSettings, default=EnvSettings)
+S = DefaultedTypeVar("S", bound=EnvSettings, default=EnvSettings, covariant=True)  # read-only: self.settings
 
 
 @dataclass(frozen=True)
