@@ -186,7 +186,8 @@ class TestLazyRegistration:
     def test_a_third_party_plugin_may_register_by_name(self, fake_dists: FakeDistributions) -> None:  # noqa: F811
         fake_dists.add("acme", source="from execbox import hookimpl\n@hookimpl\n"
                                       "def execbox_register_backends(register):\n"
-                                      "    register('tests.support.fakes_plugin:FakeNamespace', name='fake_namespace')\n")
+                                      "    register('tests.support.fakes_plugin:FakeNamespace',"
+                                      " name='fake_namespace')\n")
         entry = get_registry().get("fake_namespace")
         assert (entry.distribution, entry.cls.name) == ("acme", "fake_namespace")
 

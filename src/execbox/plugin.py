@@ -1,13 +1,17 @@
 """The public plugin kit: everything a backend author needs, as a versioned contract.
 
-A backend, built-in or third-party, imports from here and from ``execbox`` only. The built-in backends
-use exactly these pieces. ``KIT_VERSION`` changes its major number when a name here changes meaning or
-goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's contract.
+A backend, built-in or third-party, imports from here and from ``execbox`` only, by name: ``__all__`` is every name
+a plugin may use, and none is a module. The built-in backends use exactly these pieces. ``KIT_VERSION`` changes its
+major number when a name here changes meaning or goes away; a new name is a minor change. CONTRIBUTING.md documents
+each piece's contract.
 
-    the contract     ExecutionBackend, Session, SessionSpec, ExecSpec (what Session.exec runs), Verdict,
-                     Capabilities, ExecRequest, ExecResult,
-                     Limits, hookimpl (the one hook: ``execbox_register_backends(register)``)
-    settings         BackendSettings (pydantic-settings, one variable per field), setting, comma_list
+    the contract     ExecutionBackend[S], Session, SessionSpec, ExecSpec (what Session.exec runs), Verdict,
+                     Capabilities, ExecRequest, ExecResult, Limits, hookimpl and Register (the one hook:
+                     ``execbox_register_backends(register: Register)``)
+    settings         BackendSettings (pydantic-settings, one variable per field), setting, comma_list: a backend's
+                     own knobs, its ``self.settings`` (an instance of S); SharedSettings, its ``self.shared``: what
+                     it reads of execbox's own settings (default limits, probe cache age, the egress allowlist, the
+                     runner's bounds); Settings (execbox's, what the constructor is given and keeps only that view of)
     sessions         HostWorkspaceSession (a local launcher in front of the command: override ``launcher``; its
                      directory names its owner: sweep_orphaned_workspaces(prefix) in gc),
                      RemoteSession (a provider's sandbox: supply its exec, small command, file calls)
@@ -23,23 +27,32 @@ goes away; a new name is a minor change. CONTRIBUTING.md documents each piece's 
     env policy       sandbox_env (the whole environment of a sandboxed command), filter_env, host_env (the
                      minimal environment of every host-side helper)
     workspace        normalize, safe_read, safe_write, remove_tree (never follow a link, bounded reads,
-                     removal that survives any tree the code built); disk (a size-limited workspace: mount_sized,
-                     release_sized, unavailable_reason)
+                     removal that survives any tree the code built); a size-limited workspace: mount_sized,
+                     mount_sized_soon, release_sized, sized_workspace_unavailable, SIZED_IMAGE_SUFFIX
     files            Session.list_files / upload / download have defaults (set ``Session.host_workspace`` when the
-                     workspace is a host directory, else they run find and tar through ``exec``); transfer (the
-                     bounded, symlink-safe tar walkers behind them), TransferLimits, FileInfo, Transfer; Mount
-                     (a host path to bind: declare ``Capabilities(mounts=True)`` and honour ``SessionSpec.mounts``);
-                     packages (wheels fetched on the host with its pip configuration, for images and caches)
-    policy           seccomp_policy (the one syscall deny list, for a backend that installs a filter); egress
-                     (the allowlist of network mode proxy) and proxy (EgressProxy: the host-side proxy, one per
-                     sandbox, a Unix socket to bind in, the in-sandbox forwarder, sweep_orphans for gc)
-    remote helpers   remote (labels and orphan_reason for gc, the in-sandbox argv wrapper and reaper, path checks)
+                     workspace is a host directory, else they run find and tar through ``exec``), TransferLimits,
+                     FileInfo, Transfer; Mount (a host path to bind: declare ``Capabilities(mounts=True)`` and
+                     honour ``SessionSpec.mounts``)
+    packages         wheels fetched on the host with its pip configuration, for images and caches: PythonTarget
+                     (from what PYTHON_TARGET_PROBE prints), check_requirements, read_requirements, pip_download
+    policy           the one syscall deny list, for a backend that installs a filter: DENIED_SYSCALLS,
+                     DENIED_WITH_NEWUSER (with CLONE_NEWUSER), DENIED_SOCKET_FAMILIES, ENOSYS_SYSCALLS,
+                     SECCOMP_DENY_ERRNO
+    egress proxy     EgressProxy (the host-side proxy of network mode proxy, one per sandbox, built from
+                     ``self.shared.egress_policy()``; a Unix socket bound in at PROXY_MOUNT_POINT), ProxyRun,
+                     with_egress (a result with its run's attempts), sweep_orphaned_proxies (for gc); a remote
+                     provider takes ``self.shared.provider_allowlist(name)`` instead
+    remote helpers   sdk_call (a blocking SDK call in a thread, abandoned on cancellation), missing_credentials,
+                     REMOTE_LABELS (the providers' spelling of OwnerLabels), RUN_MARKER,
+                     new_run_marker, wrapped_argv, reap_argv / REAP_SCRIPT (the in-sandbox reaper),
+                     SIGKILL_EXIT_CODE, TextCapture
     lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
-    probe cache      probecache.load / store: an engine's facts (never a verdict) kept across processes for
-                     CODE_EXEC_PROBE_CACHE_SEC, keyed by what names the engine instance
+    probe cache      load_probe_facts / store_probe_facts: an engine's facts (never a verdict) kept across
+                     processes for ``self.shared.probe_cache_sec``, keyed by what names the engine instance
     gc ownership     owner_id, owner_alive, pid_alive (host:pid:start-time; a reused pid is not the owner);
                      OWNER_FILE, orphaned (a host directory that names its owner); owner_tag, name_owner
-                     (PREFIX + pid-start + random names, and reading them back), orphaned_dirs (those of dead owners)
+                     (PREFIX + pid-start + random names, and reading them back), orphaned_dirs (those of dead owners);
+                     OwnerLabels (the labels of a sandbox that carries them: make, orphan_reason, kept)
                      ExecutionBackend.sweeps_on_first_use (gc after the first check of each process; the scope
                      of one sweep: sweep_scope)
     errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError,
@@ -50,8 +63,8 @@ from __future__ import annotations
 
 from execbox.config.settings import EnvSettings as BackendSettings
 from execbox.config.settings import Settings, comma_list, setting
-from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, Verdict
-from execbox.contract.hookspecs import PluginWarning, hookimpl
+from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, SharedSettings, Verdict
+from execbox.contract.hookspecs import PluginWarning, Register, hookimpl
 from execbox.contract.models import (
     Capabilities,
     CellError,
@@ -78,13 +91,15 @@ from execbox.errors import (
     UnsupportedPolicyError,
     WorkspacePathError,
 )
-from execbox.files import disk, transfer
+from execbox.files.disk import IMAGE_SUFFIX as SIZED_IMAGE_SUFFIX
+from execbox.files.disk import mount_sized, mount_sized_soon, release_sized
+from execbox.files.disk import unavailable_reason as sized_workspace_unavailable
 from execbox.files.transfer import FileInfo, Transfer, TransferLimits
 from execbox.files.workspace import normalize, remove_tree, safe_read, safe_write
-from execbox.kit import packages, probecache
 from execbox.kit.lifecycle import create_cleanly
 from execbox.kit.ownership import (
     OWNER_FILE,
+    OwnerLabels,
     name_owner,
     orphaned,
     orphaned_dirs,
@@ -93,6 +108,9 @@ from execbox.kit.ownership import (
     owner_tag,
     pid_alive,
 )
+from execbox.kit.packages import PROBE as PYTHON_TARGET_PROBE
+from execbox.kit.packages import PythonTarget, check_requirements, pip_download, read_requirements
+from execbox.kit.probecache import load_probe_facts, store_probe_facts
 from execbox.kit.processes import (
     ARMED,
     CommandEnv,
@@ -104,13 +122,32 @@ from execbox.kit.processes import (
     start_process,
     stop_process,
 )
-from execbox.kit.proxy import server as proxy
-from execbox.kit.sessions import remote
+from execbox.kit.proxy.server import MOUNT_POINT as PROXY_MOUNT_POINT
+from execbox.kit.proxy.server import EgressProxy, ProxyRun, with_egress
+from execbox.kit.proxy.server import sweep_orphans as sweep_orphaned_proxies
 from execbox.kit.sessions.host import HostWorkspaceSession, sweep_orphaned_workspaces
-from execbox.kit.sessions.remote import RemoteSession
-from execbox.policy import egress
-from execbox.policy import seccomp as seccomp_policy
+from execbox.kit.sessions.remote import (
+    REAP_SCRIPT,
+    REMOTE_LABELS,
+    RUN_MARKER,
+    SIGKILL_EXIT_CODE,
+    RemoteSession,
+    TextCapture,
+    missing_credentials,
+    new_run_marker,
+    reap_argv,
+    sdk_call,
+    wrapped_argv,
+)
 from execbox.policy.env import filter_env, host_env, sandbox_env
+from execbox.policy.seccomp import (
+    CLONE_NEWUSER,
+    DENIED_SOCKET_FAMILIES,
+    DENIED_SYSCALLS,
+    DENIED_WITH_NEWUSER,
+    ENOSYS_SYSCALLS,
+)
+from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 
 # 1.1: streaming (OnOutput, OutputEvent, Capabilities.streaming), run_cell's models. 1.2: files (Session.list_files /
 # upload / download with defaults, host_workspace, transfer, TransferLimits, FileInfo, Transfer), Mount and
@@ -122,83 +159,115 @@ from execbox.policy.env import filter_env, host_env, sandbox_env
 # sweep_orphaned_workspaces removes those of dead owners. 1.6: disk.mount_sized_soon (the sized workspace made in
 # the background while the backend starts what does not need it). 1.7: BackendTimeoutError (the runner bounds every
 # backend call: a call that does not return within its bound is abandoned, its sandbox closed and marked broken).
-KIT_VERSION = "1.7"
+# 2.0: names, never modules (disk, egress, packages, probecache, proxy, remote, seccomp_policy and transfer are gone:
+# their names are exported, some renamed to say what they are without their module); ExecutionBackend[S] with
+# self.settings (the backend's own, was self.options) and self.shared (SharedSettings: what it reads of execbox's
+# settings, was the whole Settings as self.settings); the hook's register typed as Register.
+KIT_VERSION = "2.0"
 
 __all__ = [
     "ARMED",
-    "KIT_VERSION",
+    "armed_script",
     "BackendSettings",
     "BackendTimeoutError",
     "BackendUnavailableError",
     "BoundedCapture",
+    "build_result",
     "Capabilities",
     "CellError",
     "CellResult",
+    "check_requirements",
+    "CLONE_NEWUSER",
+    "comma_list",
     "CommandEnv",
     "ConfigError",
+    "create_cleanly",
+    "DENIED_SOCKET_FAMILIES",
+    "DENIED_SYSCALLS",
+    "DENIED_WITH_NEWUSER",
     "DisplayData",
     "EgressAttempt",
+    "EgressProxy",
+    "ENOSYS_SYSCALLS",
+    "ExecboxError",
     "ExecRequest",
     "ExecResult",
     "ExecSpec",
-    "ExecboxError",
     "ExecutionBackend",
+    "failed_to_start",
     "FileInfo",
     "FileTooLargeError",
+    "filter_env",
+    "finish_process",
+    "hookimpl",
+    "host_env",
     "HostWorkspaceSession",
+    "KIT_VERSION",
     "Limits",
+    "load_probe_facts",
+    "missing_credentials",
     "Mount",
+    "mount_sized",
+    "mount_sized_soon",
+    "name_owner",
     "NetworkMode",
+    "new_run_marker",
+    "normalize",
     "NotASandboxError",
     "OnOutput",
+    "orphaned",
+    "orphaned_dirs",
     "OutputEvent",
+    "owner_alive",
+    "OWNER_FILE",
+    "owner_id",
+    "owner_tag",
+    "OwnerLabels",
+    "pid_alive",
+    "pip_download",
     "PluginWarning",
     "ProcessOutcome",
+    "PROXY_MOUNT_POINT",
+    "ProxyRun",
+    "PYTHON_TARGET_PROBE",
+    "PythonTarget",
+    "read_requirements",
+    "reap_argv",
+    "REAP_SCRIPT",
+    "REMOTE_LABELS",
+    "reaped",
+    "Register",
+    "release_sized",
     "RemoteSession",
+    "remove_tree",
+    "RUN_MARKER",
+    "run_process",
+    "safe_read",
+    "safe_write",
+    "sandbox_env",
     "SandboxError",
+    "sdk_call",
+    "SECCOMP_DENY_ERRNO",
     "Session",
     "SessionSpec",
+    "setting",
+    "SharedSettings",
     "Settings",
+    "SIGKILL_EXIT_CODE",
+    "SIZED_IMAGE_SUFFIX",
+    "sized_workspace_unavailable",
+    "start_process",
+    "stop_process",
+    "store_probe_facts",
+    "sweep_orphaned_proxies",
+    "sweep_orphaned_workspaces",
+    "TextCapture",
     "TIMEOUT_EXIT_CODE",
     "Transfer",
     "TransferLimits",
     "UnsupportedPolicyError",
     "Verdict",
+    "with_egress",
     "WorkspacePathError",
-    "armed_script",
-    "build_result",
-    "comma_list",
-    "create_cleanly",
-    "disk",
-    "egress",
-    "failed_to_start",
-    "finish_process",
-    "filter_env",
-    "hookimpl",
-    "host_env",
-    "name_owner",
-    "normalize",
-    "OWNER_FILE",
-    "orphaned",
-    "orphaned_dirs",
-    "owner_alive",
-    "owner_id",
-    "owner_tag",
-    "packages",
-    "pid_alive",
-    "probecache",
-    "proxy",
-    "reaped",
-    "remote",
-    "remove_tree",
-    "run_process",
-    "start_process",
-    "stop_process",
-    "sweep_orphaned_workspaces",
-    "safe_read",
-    "safe_write",
-    "sandbox_env",
-    "seccomp_policy",
-    "setting",
-    "transfer",
+    "wrapped_argv",
 ]

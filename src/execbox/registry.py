@@ -19,13 +19,13 @@ import warnings
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from execbox.contract import hookspecs
 from execbox.contract.backend import ExecutionBackend
-from execbox.contract.hookspecs import PluginWarning
+from execbox.contract.hookspecs import PluginWarning, Register
 from execbox.errors import BackendUnavailableError, ConfigError, ExecboxError, PluginError
 
 if TYPE_CHECKING:
@@ -231,11 +231,14 @@ def _build(load: list[str] | None, disable: list[str]) -> Registry:
     for impl in pm.hook.execbox_register_backends.get_hookimpls():
         dist = distributions.get(impl.plugin_name, impl.plugin_name)
 
-        def register(backend: type[ExecutionBackend] | str, name: str | None = None, _dist: str = dist) -> None:
+        def register(backend: type[ExecutionBackend[Any]] | str, name: str | None = None, _dist: str = dist,
+                     ) -> None:
             _add(registry, backend, _dist, name)
 
+        typed: Register = register  # what the hook promises a plugin
+
         try:
-            impl.function(register=register)
+            impl.function(register=typed)
         except PluginError:
             raise
         except Exception as exc:

@@ -118,7 +118,9 @@ def test_a_sized_workspace_left_by_a_killed_caller_is_released_by_gc(scratch: Pa
 def test_without_a_sized_workspace_the_limit_is_refused_when_demanded(monkeypatch: pytest.MonkeyPatch,
                                                                       scratch: Path) -> None:
     """What a host without root (or loop devices) gets: no disk claim, and a demand for it refused."""
-    monkeypatch.setattr(disk, "unavailable_reason", lambda: "a size-limited workspace needs root")
+    from execbox.backends.bubblewrap import probe
+
+    monkeypatch.setattr(probe, "sized_workspace_unavailable", lambda: "a size-limited workspace needs root")
     monkeypatch.setenv("CODE_EXEC_BWRAP_TMPFS_MB", "511")  # another configuration: probed afresh
     runner = Runner(Settings(backend="bubblewrap"))
     caps = checked(runner)

@@ -231,17 +231,17 @@ def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_gc_deletes_orphans_only(daytona_fake) -> None:
     import daytona
 
-    from execbox.kit.sessions import remote as _remote
+    from execbox.plugin import REMOTE_LABELS
 
     client = daytona.Daytona()
 
     def make(name: str, labels: dict[str, str]) -> object:
         return client.create(daytona.CreateSandboxFromImageParams(image="x", name=name, labels=labels))
 
-    make("expired", {**_remote.labels(60), "execbox-expires": "1"})
-    make("live", _remote.labels(600))
+    make("expired", {**REMOTE_LABELS.make(60), "execbox-expires": "1"})
+    make("live", REMOTE_LABELS.make(600))
     make("foreign", {"team": "other"})
-    make("kept", _remote.labels(60, persist=True))
+    make("kept", REMOTE_LABELS.make(60, persist=True))
     removed = anyio.run(runner().aio.backend("daytona").gc)
     assert removed == ["daytona sandbox expired (expired)"]
     assert sorted(s.name for s in daytona_fake.sandboxes.values()) == ["foreign", "kept", "live"]

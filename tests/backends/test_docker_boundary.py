@@ -237,7 +237,9 @@ def test_one_shot_runs_get_the_disk_limit_too(engine: Any) -> None:
 
 def test_without_root_the_disk_limit_is_not_claimed_and_a_demand_is_refused(engine: Any,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(disk, "unavailable_reason", lambda: "a size-limited workspace needs root")
+    from execbox.backends.docker import backend
+
+    monkeypatch.setattr(backend, "sized_workspace_unavailable", lambda: "a size-limited workspace needs root")
     runner = Runner(Settings.from_env(backend="docker"))
     assert "disk" not in run_blocking(runner.aio.backend("docker").check).limits
     with pytest.raises(UnsupportedPolicyError, match="cannot enforce the disk limit") as info:

@@ -159,13 +159,13 @@ def test_sandbox_lost_mid_session_is_a_sandbox_error(modal_fake) -> None:
 def test_gc_terminates_orphans_only(modal_fake) -> None:
     import modal
 
-    from execbox.kit.sessions import remote as _remote
+    from execbox.plugin import REMOTE_LABELS
 
     runner = Runner(Settings.from_env(backend="modal"))
     app = modal.App.lookup("execbox", create_if_missing=True)
-    expired = modal.Sandbox.create(app=app, tags={**_remote.labels(60), "execbox-expires": "1"})
-    orphan = modal.Sandbox.create(app=app, tags={**_remote.labels(60), "execbox-owner": _hostname() + ":1:1"})
-    live = modal.Sandbox.create(app=app, tags=_remote.labels(600))
+    expired = modal.Sandbox.create(app=app, tags={**REMOTE_LABELS.make(60), "execbox-expires": "1"})
+    orphan = modal.Sandbox.create(app=app, tags={**REMOTE_LABELS.make(60), "execbox-owner": _hostname() + ":1:1"})
+    live = modal.Sandbox.create(app=app, tags=REMOTE_LABELS.make(600))
     foreign = modal.Sandbox.create(app=app, tags={"owner": "someone-else"})
     removed = anyio.run(runner.aio.backend("modal").gc)
     assert sorted(removed) == sorted([f"modal sandbox {expired.object_id} (expired)",
@@ -199,10 +199,10 @@ def test_execbox_gc_command_removes_orphans(modal_fake) -> None:
     from click.testing import CliRunner
 
     from execbox.cli import main
-    from execbox.kit.sessions import remote as _remote
+    from execbox.plugin import REMOTE_LABELS
 
     app = modal.App.lookup("execbox", create_if_missing=True)
-    orphan = modal.Sandbox.create(app=app, tags={**_remote.labels(60), "execbox-expires": "1"})
+    orphan = modal.Sandbox.create(app=app, tags={**REMOTE_LABELS.make(60), "execbox-expires": "1"})
     result = CliRunner().invoke(main, ["gc", "--backend", "modal", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["removed"]["modal"] == [f"modal sandbox {orphan.object_id} (expired)"]

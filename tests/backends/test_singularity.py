@@ -271,6 +271,27 @@ def test_missing_binary_and_missing_image(env: Fake, monkeypatch: pytest.MonkeyP
     assert info.value.env_var == "CODE_EXEC_SINGULARITY_IMAGE"
 
 
+def test_gc_tells_a_reused_pid_from_the_owner(apptainer: Fake) -> None:
+    """Instances and workspaces are named pid-starttime (owner_tag), as every backend's: one named by this process's
+    pid but another start time was left by a dead process whose pid is now ours, and goes."""
+    from execbox.plugin import owner_tag
+
+    app = str(apptainer.bin / "apptainer")
+    mine, reused = owner_tag(), f"{os.getpid()}-1"
+    for name in (f"execbox-{reused}-abc123", f"execbox-{mine}-def456"):
+        subprocess.run([app, "instance", "start", str(apptainer.image), name], check=True, capture_output=True)
+    stale = apptainer.workspaces / f"execbox-sing-{reused}-x1"
+    live = apptainer.workspaces / f"execbox-sing-{mine}-x2"
+    stale.mkdir()
+    live.mkdir()
+    try:
+        removed = anyio.run(SingularityBackend(Settings.from_env()).gc)
+        assert sorted(removed) == sorted([f"instance execbox-{reused}-abc123", str(stale)])
+        assert live.exists() and not stale.exists()
+    finally:
+        fake.stop_all(apptainer.state)
+
+
 def test_gc_removes_what_dead_processes_left(apptainer: Fake) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()

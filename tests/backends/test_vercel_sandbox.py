@@ -168,10 +168,10 @@ def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_gc_destroys_orphans_only(vercel_fake) -> None:
     from vercel.sandbox import sync
 
-    from execbox.kit.sessions import remote as _remote
+    from execbox.plugin import REMOTE_LABELS
 
-    sync.create_sandbox(name="expired", tags={**_remote.labels(60), "execbox-expires": "1"})
-    sync.create_sandbox(name="live", tags=_remote.labels(600))
+    sync.create_sandbox(name="expired", tags={**REMOTE_LABELS.make(60), "execbox-expires": "1"})
+    sync.create_sandbox(name="live", tags=REMOTE_LABELS.make(600))
     sync.create_sandbox(name="foreign", tags={"team": "x"})
     removed = anyio.run(runner().aio.backend("vercel_sandbox").gc)
     assert removed == ["vercel sandbox expired (expired)"]

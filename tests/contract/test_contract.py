@@ -85,10 +85,10 @@ class TestBackendOptions:
         monkeypatch.setenv("CODE_EXEC_KNOBBED_SIZE", "7")
         one = AsyncRunner(Settings(), options={"knobbed": {"image": "one"}})
         two = AsyncRunner(Settings(), options={"knobbed": {"image": "two"}})
-        first, second = one.backend("knobbed").options, two.backend("knobbed").options
+        first, second = one.backend("knobbed").settings, two.backend("knobbed").settings
         assert (first.image, second.image) == ("one", "two")  # type: ignore[attr-defined]
         assert first.size == second.size == 7  # type: ignore[attr-defined]
-        assert one.backend("knobbed", {"image": "three"}).options.image == "three"  # type: ignore[attr-defined]
+        assert one.backend("knobbed", {"image": "three"}).settings.image == "three"  # type: ignore[attr-defined]
         assert one.backend("knobbed") is one.backend("knobbed")  # one instance per set of options
 
     def test_an_unknown_option_names_the_ones_it_takes(self, knobbed: type[Knobbed]) -> None:
@@ -98,7 +98,7 @@ class TestBackendOptions:
     def test_an_invalid_option_is_raised_on_use_naming_backend_and_variable(self, knobbed: type[Knobbed]) -> None:
         backend = AsyncRunner(Settings(), options={"knobbed": {"size": 0}}).backend("knobbed")  # constructing is fine
         with pytest.raises(ConfigError, match="CODE_EXEC_KNOBBED_SIZE") as info:
-            backend.options  # noqa: B018
+            backend.settings  # noqa: B018
         assert info.value.backend == "knobbed"
 
     def test_options_without_a_backend_name_are_refused(self) -> None:

@@ -44,3 +44,25 @@ def test_read_owner_takes_only_a_file(tmp_path: Path) -> None:
 def test_a_pid_no_process_can_have_is_not_alive() -> None:
     assert pid_alive(9_999_999_999) is False
     assert owner_alive(f"{socket.gethostname()}:9999999999:1") is False
+
+
+def test_owner_labels_are_one_vocabulary_however_spelled() -> None:
+    """docker's io.execbox.* labels and the providers' execbox-* tags are judged by the one OwnerLabels."""
+    import time
+
+    from execbox.plugin import REMOTE_LABELS, OwnerLabels
+
+    docker_like = OwnerLabels(mark="io.execbox", owner="io.execbox.owner", created="io.execbox.created",
+                              expires="io.execbox.expires")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for vocabulary in (docker_like, REMOTE_LABELS):
+        live = vocabulary.make(600)
+        assert live[vocabulary.mark] == "1" and vocabulary.orphan_reason(live) is None
+        assert vocabulary.orphan_reason({**live, vocabulary.expires: str(int(time.time()) - 5)}) == "expired"
+        dead_owner = f"{live[vocabulary.owner].split(':')[0]}:{dead.pid}:1"
+        assert vocabulary.orphan_reason({**live, vocabulary.owner: dead_owner}) == "orphaned"
+        assert vocabulary.orphan_reason({**live, vocabulary.mark: "yes", vocabulary.owner: dead_owner}) is None
+    kept = REMOTE_LABELS.make(60, persist=True)
+    assert REMOTE_LABELS.kept(kept) and REMOTE_LABELS.orphan_reason({**kept, REMOTE_LABELS.expires: "1"}) is None
+    assert not docker_like.kept(docker_like.make(60, persist=True))  # docker keeps nothing on purpose

@@ -31,37 +31,37 @@ def only_record(cache: Path) -> Path:
 
 
 def test_stored_facts_come_back_for_the_same_key_only(cache: Path) -> None:
-    probecache.store("docker", KEY, FACTS)
-    assert probecache.load("docker", KEY, 60) == FACTS
-    assert probecache.load("docker", [*KEY[:-1], 4], 60) is None
-    assert probecache.load("podman", KEY, 60) is None
-    assert probecache.load("docker", KEY, 0) is None  # 0: the cache is off
+    probecache.store_probe_facts("docker", KEY, FACTS)
+    assert probecache.load_probe_facts("docker", KEY, 60) == FACTS
+    assert probecache.load_probe_facts("docker", [*KEY[:-1], 4], 60) is None
+    assert probecache.load_probe_facts("podman", KEY, 60) is None
+    assert probecache.load_probe_facts("docker", KEY, 0) is None  # 0: the cache is off
     assert oct(cache.stat().st_mode & 0o777) == oct(0o700)
     assert oct(only_record(cache).stat().st_mode & 0o777) == oct(0o600)
 
 
 def test_a_record_older_than_the_limit_or_from_the_future_is_not_used(cache: Path) -> None:
-    probecache.store("docker", KEY, FACTS)
+    probecache.store_probe_facts("docker", KEY, FACTS)
     record = only_record(cache)
     data = json.loads(record.read_text())
     for at in (time.time() - 61, time.time() + 3600):
         record.write_text(json.dumps({**data, "at": at}))
-        assert probecache.load("docker", KEY, 60) is None
+        assert probecache.load_probe_facts("docker", KEY, 60) is None
 
 
 def test_a_record_of_another_key_under_this_name_is_not_used(cache: Path) -> None:
     """The file name is a hash; the key inside is what counts (a collision, or a file copied in place)."""
-    probecache.store("docker", KEY, FACTS)
+    probecache.store_probe_facts("docker", KEY, FACTS)
     record = only_record(cache)
     data = json.loads(record.read_text())
     record.write_text(json.dumps({**data, "key": ["docker", "unix:///other.sock", 1, 2, 3]}))
-    assert probecache.load("docker", KEY, 60) is None
+    assert probecache.load_probe_facts("docker", KEY, 60) is None
 
 
 @pytest.mark.parametrize("spoil", ["group-writable", "symlink", "not json", "not a dict", "facts not a dict",
                                    "huge", "fifo"])
 def test_anything_but_a_private_well_formed_record_is_ignored(cache: Path, tmp_path: Path, spoil: str) -> None:
-    probecache.store("docker", KEY, FACTS)
+    probecache.store_probe_facts("docker", KEY, FACTS)
     record = only_record(cache)
     data = json.loads(record.read_text())
     if spoil == "group-writable":
@@ -83,15 +83,15 @@ def test_anything_but_a_private_well_formed_record_is_ignored(cache: Path, tmp_p
     elif spoil == "fifo":
         record.unlink()
         os.mkfifo(record, 0o600)  # a reader that opened it blocking would wait for ever
-    assert probecache.load("docker", KEY, 60) is None
+    assert probecache.load_probe_facts("docker", KEY, 60) is None
 
 
 def test_a_directory_others_can_write_is_neither_read_nor_written(cache: Path) -> None:
-    probecache.store("docker", KEY, FACTS)
+    probecache.store_probe_facts("docker", KEY, FACTS)
     cache.chmod(0o777)
-    assert probecache.load("docker", KEY, 60) is None
+    assert probecache.load_probe_facts("docker", KEY, 60) is None
     only_record(cache).unlink()
-    probecache.store("docker", KEY, FACTS)
+    probecache.store_probe_facts("docker", KEY, FACTS)
     assert not [p for p in cache.iterdir()]
 
 
@@ -99,18 +99,18 @@ def test_a_directory_that_is_a_link_is_not_used(cache: Path, tmp_path: Path) -> 
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
     cache.symlink_to(real)
-    probecache.store("docker", KEY, FACTS)
+    probecache.store_probe_facts("docker", KEY, FACTS)
     assert not list(real.iterdir())
-    assert probecache.load("docker", KEY, 60) is None
+    assert probecache.load_probe_facts("docker", KEY, 60) is None
 
 
 def test_facts_that_cannot_be_written_are_simply_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setattr(probecache, "cache_dir", lambda: str(blocker / "probes"))
-    probecache.store("docker", KEY, FACTS)  # no error: the cache only saves time
-    probecache.store("docker", KEY, {"unserialisable": object()})
-    assert probecache.load("docker", KEY, 60) is None
+    probecache.store_probe_facts("docker", KEY, FACTS)  # no error: the cache only saves time
+    probecache.store_probe_facts("docker", KEY, {"unserialisable": object()})
+    assert probecache.load_probe_facts("docker", KEY, 60) is None
 
 
 def test_cache_dir_is_execbox_s_own_cache_place(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

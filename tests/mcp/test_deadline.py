@@ -9,8 +9,8 @@ from pathlib import Path
 import anyio
 from mcp import Client
 
-from tests.support import stuck_backends
 from tests.mcp.support import Asked, env, stdio, text
+from tests.support import stuck_backends
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVENESS_S = 120

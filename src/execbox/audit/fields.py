@@ -99,7 +99,7 @@ def where_fields(backend: Any) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if getattr(backend, "settings_model", None) is not None:
         with contextlib.suppress(Exception):  # a third-party options model must not break the run it describes
-            options = backend.options.model_dump()
+            options = backend.settings.model_dump()
     out: dict[str, Any] = {}
     for name in WHERE_FIELDS:
         value = options.get(name)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from execbox.plugin import hookimpl
+from execbox.plugin import Register, hookimpl
 
 # One line per backend, "name = module:Class" as in an entry point: registered by name, the module is imported
 # only when that backend is used or every backend is listed (a module that fails to import is the registry's
@@ -22,7 +20,7 @@ BUILTIN_BACKENDS = [
 
 
 @hookimpl
-def execbox_register_backends(register: Callable[..., None]) -> None:
+def execbox_register_backends(register: Register) -> None:
     for spec in BUILTIN_BACKENDS:
         name, _, ref = (part.strip() for part in spec.partition("="))
         register(ref, name=name)

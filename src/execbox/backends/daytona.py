@@ -36,9 +36,11 @@ import math
 import shlex
 import threading
 import time
-from typing import Any, cast
+from typing import Any
 
 from execbox.plugin import (
+    REMOTE_LABELS,
+    RUN_MARKER,
     BackendSettings,
     BackendUnavailableError,
     BoundedCapture,
@@ -47,17 +49,20 @@ from execbox.plugin import (
     ExecResult,
     ExecSpec,
     ExecutionBackend,
+    RemoteSession,
     SandboxError,
     SessionSpec,
     UnsupportedPolicyError,
     WorkspacePathError,
     build_result,
     create_cleanly,
+    missing_credentials,
+    new_run_marker,
+    reap_argv,
     sandbox_env,
+    sdk_call,
     setting,
 )
-from execbox.plugin import proxy as _proxy
-from execbox.plugin import remote as _remote
 
 log = logging.getLogger("execbox.backends.daytona")
 CTL = "/tmp/.execbox"  # run scripts and captured output, outside the workspace
@@ -115,7 +120,7 @@ def resources(spec: SessionSpec) -> tuple[int | None, int | None]:
     return (int(cpus) if cpus else None), (memory_mb // 1024 if memory_mb else None)
 
 
-class DaytonaSession(_remote.RemoteSession):
+class DaytonaSession(RemoteSession):
     def __init__(self, backend: DaytonaBackend, sandbox: Any, workspace: str, *, oneshot: bool, persist: bool) -> None:
         # a resumed sandbox may hold anything: check paths from the start
         super().__init__(sandbox, workspace, oneshot=oneshot, dirty=persist)
@@ -138,13 +143,13 @@ class DaytonaSession(_remote.RemoteSession):
 
     def run_exec(self, request: ExecSpec) -> ExecResult:
         daytona = _errors()
-        marker = _remote.new_marker()
+        marker = new_run_marker()
         ctl = f"{CTL}/{marker}"
         with self._finished_lock:
             finished, self._finished = self._finished, []
         run = _RUN.format(ctl=shlex.quote(ctl), root=CTL, argv=shlex.join(request.argv),
                           finished=" ".join(shlex.quote(d) for d in finished))
-        env = {**sandbox_env(request.env, home=self.workspace), _remote.MARKER: marker}
+        env = {**sandbox_env(request.env, home=self.workspace), RUN_MARKER: marker}
         started = time.monotonic()
         timed_out = False
         self.sb.fs.upload_files([
@@ -193,7 +198,7 @@ class DaytonaSession(_remote.RemoteSession):
 
     def _reap(self, marker: str) -> None:
         try:
-            self.sb.process.exec(shlex.join(_remote.reap_argv(marker)), timeout=30)
+            self.sb.process.exec(shlex.join(reap_argv(marker)), timeout=30)
         except _errors().DaytonaError as exc:
             log.warning("could not reap the processes of a timed-out run: %s", exc)
 
@@ -229,7 +234,7 @@ def _stop(sandbox: Any) -> None:
                     getattr(sandbox, "name", "?"), exc)
 
 
-class DaytonaBackend(ExecutionBackend):
+class DaytonaBackend(ExecutionBackend[DaytonaSettings]):
     name = "daytona"
     extra = "daytona"
     summary = "a Daytona sandbox in Daytona's cloud; files live in the remote sandbox; DAYTONA_SANDBOX_PERSIST keeps it"
@@ -247,19 +252,15 @@ class DaytonaBackend(ExecutionBackend):
     settings_model = DaytonaSettings
     sdk = "daytona"
 
-    @property
-    def daytona_settings(self) -> DaytonaSettings:
-        return cast(DaytonaSettings, self.options)
-
     def credentials_error(self, detail: str = "", *, missing: bool = False) -> BackendUnavailableError:
         what = "no Daytona credentials are set" if missing or not detail else "Daytona did not accept the credentials"
-        return _remote.missing_credentials(
+        return missing_credentials(
             "daytona", what + (f": {detail}" if detail else ""),
             fix="set DAYTONA_API_KEY (or DAYTONA_JWT_TOKEN and DAYTONA_ORGANIZATION_ID)", env_var="DAYTONA_API_KEY")
 
     async def probe(self) -> Capabilities:
-        self.daytona_settings  # noqa: B018 - an invalid setting is a ConfigError here
-        await _remote.blocking(self._client)  # reads the credentials; makes no request
+        self.settings  # noqa: B018 - an invalid setting is a ConfigError here
+        await sdk_call(self._client)  # reads the credentials; makes no request
         return self.capabilities
 
     def _client(self) -> Any:
@@ -276,11 +277,11 @@ class DaytonaBackend(ExecutionBackend):
                                          "enforces none, egress and proxy)", backend=self.name)
         network = self._network(spec)
         cpus, gib = resources(spec)
-        if not self.daytona_settings.image:
+        if not self.settings.image:
             raise UnsupportedPolicyError("refused: CODE_EXEC_DAYTONA_IMAGE is empty, and Daytona sets CPU and memory "
                                          "only on sandboxes created from an image. Set it (e.g. python:3.12-slim)",
                                          backend=self.name, env_var="CODE_EXEC_DAYTONA_IMAGE")
-        persist = self.daytona_settings.persist and not spec.oneshot
+        persist = self.settings.persist and not spec.oneshot
         where: dict[str, str] = {}
         sandbox = await create_cleanly(lambda made: self._open(spec, cpus, gib, persist, made, where),
                                                _stop if persist else _delete)
@@ -293,7 +294,7 @@ class DaytonaBackend(ExecutionBackend):
         """Daytona's network parameters for the session's mode (and, for proxy, the results' note)."""
         if spec.network != "proxy":
             return {"network_block_all": spec.network == "none"}
-        allowlist = _proxy.provider_allowlist_for(self.settings, self.name)
+        allowlist = self.shared.provider_allowlist(self.name)
         v6 = [str(net) for net in allowlist.networks if net.version == 6]
         if v6:
             raise UnsupportedPolicyError(f"refused: network mode proxy on daytona: its network_allow_list takes IPv4 "
@@ -326,9 +327,9 @@ class DaytonaBackend(ExecutionBackend):
                 return
         lifetime = {} if persist else {"ephemeral": True, "ttl_minutes": max(1, math.ceil(spec.lifetime_s / 60))}
         params = daytona.CreateSandboxFromImageParams(
-            image=self.daytona_settings.image,
+            image=self.settings.image,
             name=spec.name if persist else None,
-            labels=_remote.labels(spec.lifetime_s, persist=persist),
+            labels=REMOTE_LABELS.make(spec.lifetime_s, persist=persist),
             **{k: v for k, v in self._network(spec).items() if k != "note"},
             resources=daytona.Resources(cpu=cpus, memory=gib),
             **lifetime,
@@ -343,7 +344,7 @@ class DaytonaBackend(ExecutionBackend):
         except daytona.DaytonaNotFoundError:
             return False
         labels = sandbox.labels or {}
-        if labels.get(_remote.LABEL) != "1" or labels.get(_remote.L_PERSIST) != "true":
+        if not REMOTE_LABELS.kept(labels):
             raise UnsupportedPolicyError(f"refused: a Daytona sandbox named {spec.name!r} exists but execbox did not "
                                          "persist it; use another name", backend=self.name)
         network = self._network(spec)
@@ -368,15 +369,15 @@ class DaytonaBackend(ExecutionBackend):
         return True
 
     async def gc(self) -> list[str]:
-        return await _remote.blocking(self._gc)
+        return await sdk_call(self._gc)
 
     def _gc(self) -> list[str]:
         daytona = _errors()
         client = self._client()
         removed = []
         try:
-            for sandbox in client.list(daytona.ListSandboxesQuery(labels={_remote.LABEL: "1"})):
-                reason = _remote.orphan_reason(sandbox.labels or {})
+            for sandbox in client.list(daytona.ListSandboxesQuery(labels={REMOTE_LABELS.mark: "1"})):
+                reason = REMOTE_LABELS.orphan_reason(sandbox.labels or {})
                 if reason:
                     sandbox.delete()
                     removed.append(f"daytona sandbox {sandbox.name} ({reason})")

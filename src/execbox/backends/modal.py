@@ -17,7 +17,7 @@ Runs. One sandbox per session (a one-shot run is a session of one exec); files g
 ``sb.filesystem`` (paths checked inside the sandbox once code has run, so a planted symlink cannot lead a
 read out of /workspace); stdout and stderr are read as they stream, into the bounded capture, so memory
 stays at the cap. After a timeout in a session, every process the run started is killed (a setsid
-grandchild too, found by a marker variable). Every sandbox is tagged (see _remote.labels) so ``gc``
+grandchild too, found by a marker variable). Every sandbox is tagged (see REMOTE_LABELS) so ``gc``
 terminates orphans.
 """
 
@@ -29,9 +29,11 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from execbox.plugin import (
+    REMOTE_LABELS,
+    RUN_MARKER,
     BackendSettings,
     BackendUnavailableError,
     BoundedCapture,
@@ -40,17 +42,21 @@ from execbox.plugin import (
     ExecResult,
     ExecSpec,
     ExecutionBackend,
+    RemoteSession,
     SandboxError,
     SessionSpec,
     UnsupportedPolicyError,
     WorkspacePathError,
     build_result,
     create_cleanly,
+    missing_credentials,
+    new_run_marker,
+    reap_argv,
     sandbox_env,
+    sdk_call,
     setting,
+    wrapped_argv,
 )
-from execbox.plugin import proxy as _proxy
-from execbox.plugin import remote as _remote
 
 log = logging.getLogger("execbox.backends.modal")
 WORKSPACE = "/workspace"
@@ -69,7 +75,7 @@ def _modal_errors() -> Any:
     return modal.exception
 
 
-class ModalSession(_remote.RemoteSession):
+class ModalSession(RemoteSession):
     def __init__(self, backend: ModalBackend, sandbox: Any, oneshot: bool) -> None:
         super().__init__(sandbox, WORKSPACE, oneshot=oneshot)
         self.backend = backend
@@ -91,11 +97,11 @@ class ModalSession(_remote.RemoteSession):
         return SandboxError(f"modal failed while {doing}: {exc}", backend="modal")
 
     def run_exec(self, request: ExecSpec) -> ExecResult:
-        marker = _remote.new_marker()
-        env = {**sandbox_env(request.env, home=WORKSPACE), _remote.MARKER: marker}
+        marker = new_run_marker()
+        env = {**sandbox_env(request.env, home=WORKSPACE), RUN_MARKER: marker}
         out, err = request.captures()
         started = time.monotonic()
-        proc = self.sb.exec(*_remote.wrapped(request.argv), timeout=max(1, math.ceil(request.timeout)),
+        proc = self.sb.exec(*wrapped_argv(request.argv), timeout=max(1, math.ceil(request.timeout)),
                             workdir=request.workdir, env=env, text=False)
         feeder = threading.Thread(target=_feed, args=(proc.stdin, request.stdin), daemon=True)
         feeder.start()
@@ -113,7 +119,7 @@ class ModalSession(_remote.RemoteSession):
     def _reap(self, marker: str) -> None:
         """Kill what the timed-out run left behind (a setsid grandchild keeps running after Modal's kill)."""
         try:
-            self.sb.exec(*_remote.reap_argv(marker), timeout=30, text=False).wait()
+            self.sb.exec(*reap_argv(marker), timeout=30, text=False).wait()
         except _modal_errors().Error as exc:
             log.warning("could not reap the processes of a timed-out run: %s", exc)
 
@@ -157,7 +163,7 @@ def _drain(stream: Any, capture: BoundedCapture) -> None:
         capture.write(chunk)
 
 
-class ModalBackend(ExecutionBackend):
+class ModalBackend(ExecutionBackend[ModalSettings]):
     name = "modal"
     extra = "modal"
     summary = "a Modal Sandbox (gVisor) in Modal's cloud; files live in the remote sandbox"
@@ -175,18 +181,14 @@ class ModalBackend(ExecutionBackend):
     settings_model = ModalSettings
     sdk = "modal"
 
-    @property
-    def modal_settings(self) -> ModalSettings:
-        return cast(ModalSettings, self.options)
-
     def credentials_error(self, detail: str = "") -> BackendUnavailableError:
-        return _remote.missing_credentials(
+        return missing_credentials(
             "modal", (f"Modal did not accept the credentials: {detail}" if detail else "no Modal credentials are set"),
             fix="set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET (from `modal token new`), or a profile in ~/.modal.toml",
             env_var="MODAL_TOKEN_ID")
 
     async def probe(self) -> Capabilities:
-        self.modal_settings  # noqa: B018 - an invalid setting is a ConfigError here
+        self.settings  # noqa: B018 - an invalid setting is a ConfigError here
         token = os.environ.get("MODAL_TOKEN_ID") and os.environ.get("MODAL_TOKEN_SECRET")
         oauth = os.environ.get("MODAL_OAUTH_REFRESH_TOKEN")
         config = Path(os.environ.get("MODAL_CONFIG_PATH") or Path.home() / ".modal.toml")
@@ -207,7 +209,7 @@ class ModalBackend(ExecutionBackend):
         if spec.network not in ("none", "egress", "proxy"):
             raise UnsupportedPolicyError(f"refused: modal cannot enforce network mode {spec.network!r} (it enforces "
                                          "none, egress and proxy)", backend=self.name)
-        allowlist = _proxy.provider_allowlist_for(self.settings, self.name) if spec.network == "proxy" else None
+        allowlist = self.shared.provider_allowlist(self.name) if spec.network == "proxy" else None
         if spec.lifetime_s > MAX_LIFETIME_S:
             raise UnsupportedPolicyError(f"refused: a Modal sandbox lives at most {MAX_LIFETIME_S} s; ask for a "
                                          "shorter lifetime", backend=self.name)
@@ -223,8 +225,8 @@ class ModalBackend(ExecutionBackend):
         errors = _modal_errors()
         client = self._client()
         try:
-            app = modal.App.lookup(self.modal_settings.app, create_if_missing=True, client=client)
-            image = (modal.Image.from_registry(self.modal_settings.image) if self.modal_settings.image
+            app = modal.App.lookup(self.settings.app, create_if_missing=True, client=client)
+            image = (modal.Image.from_registry(self.settings.image) if self.settings.image
                      else modal.Image.debian_slim())
             kwargs: dict[str, Any] = {}
             if spec.limits.memory_mb:
@@ -236,7 +238,7 @@ class ModalBackend(ExecutionBackend):
                 kwargs["outbound_cidr_allowlist"] = [str(net) for net in allowlist.networks]
             created.append(modal.Sandbox.create(
                 app=app, image=image, workdir=WORKSPACE, timeout=max(1, math.ceil(spec.lifetime_s)),
-                block_network=spec.network == "none", tags=_remote.labels(spec.lifetime_s), client=client,
+                block_network=spec.network == "none", tags=REMOTE_LABELS.make(spec.lifetime_s), client=client,
                 **kwargs))
         except errors.AuthError as exc:
             raise self.credentials_error(str(exc)) from exc
@@ -244,7 +246,7 @@ class ModalBackend(ExecutionBackend):
             raise SandboxError(f"modal could not create a sandbox: {exc}", backend=self.name) from exc
 
     async def gc(self) -> list[str]:
-        return await _remote.blocking(self._gc)
+        return await sdk_call(self._gc)
 
     def _gc(self) -> list[str]:
         import modal
@@ -253,13 +255,13 @@ class ModalBackend(ExecutionBackend):
         client = self._client()
         removed = []
         try:
-            app = modal.App.lookup(self.modal_settings.app, client=client)
+            app = modal.App.lookup(self.settings.app, client=client)
         except errors.NotFoundError:
             return []
         except errors.AuthError as exc:
             raise self.credentials_error(str(exc)) from exc
-        for sb in modal.Sandbox.list(app_id=app.app_id, tags={_remote.LABEL: "1"}, client=client):
-            reason = _remote.orphan_reason(sb.get_tags())
+        for sb in modal.Sandbox.list(app_id=app.app_id, tags={REMOTE_LABELS.mark: "1"}, client=client):
+            reason = REMOTE_LABELS.orphan_reason(sb.get_tags())
             if reason:
                 sb.terminate()
                 removed.append(f"modal sandbox {sb.object_id} ({reason})")

@@ -34,18 +34,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio
 
 from execbox.plugin import (
+    REAP_SCRIPT,
+    RUN_MARKER,
     BackendSettings,
     BackendUnavailableError,
     Capabilities,
@@ -60,6 +61,10 @@ from execbox.plugin import (
     Settings,
     Verdict,
     create_cleanly,
+    name_owner,
+    orphaned_dirs,
+    owner_tag,
+    pid_alive,
     reaped,
     remove_tree,
     run_process,
@@ -68,7 +73,6 @@ from execbox.plugin import (
     sandbox_env,
     setting,
 )
-from execbox.plugin import remote as _remote
 
 NAME = "singularity"
 WORKSPACE = "/workspace"
@@ -77,6 +81,7 @@ NET_NONE = ["--net", "--network", "none"]
 _PROBE_TIMEOUT_S = 600.0  # the first probe may pull and convert the image
 _START_TIMEOUT_S = 600.0  # instance start, which may pull too
 _INSTANCE_PREFIX = "execbox"
+_WORKSPACE_PREFIX = "execbox-sing-"
 # Host variables the binary itself needs. Of its own settings only these dirs: never the *ENV_* ones (they
 # would be injected into the container), never *_BIND/*_BINDPATH (host paths bound in) or anything else.
 _HOST_VARS = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TMPDIR", "XDG_RUNTIME_DIR")
@@ -89,7 +94,7 @@ _BINARY_VARS = tuple(f"{p}_{d}" for p in ("APPTAINER", "SINGULARITY") for d in (
 _KILL_AFTER_TIMEOUT = (
     'ns=$(readlink /proc/self/ns/pid 2>/dev/null)\n'
     'if [ -n "$ns" ] && [ "$ns" != "$2" ]; then kill -9 -1; echo killed-all; exit 0; fi\n'
-    'echo no-pid-namespace\n' + _remote.REAP)
+    'echo no-pid-namespace\n' + REAP_SCRIPT)
 
 
 class SingularitySettings(BackendSettings):
@@ -120,7 +125,7 @@ class SingularitySession(Session):
         pwd = ["--pwd", request.workdir]
         if self.instance:
             return [b.binary, "exec", "--cleanenv", *pwd, f"instance://{self.instance}", *request.argv]
-        return [b.binary, "exec", *b.container_flags(self.spec, self.host_dir), *pwd, b.settings_s.image,
+        return [b.binary, "exec", *b.container_flags(self.spec, self.host_dir), *pwd, b.settings.image,
                 *request.argv]
 
     async def exec(self, request: ExecSpec) -> ExecResult:
@@ -171,7 +176,7 @@ class SingularitySession(Session):
             remove_tree(self.host_dir)
 
 
-class SingularityBackend(ExecutionBackend):
+class SingularityBackend(ExecutionBackend[SingularitySettings]):
     name = NAME
     extra = "singularity"
     summary = ("an Apptainer/Singularity container (--containall --cleanenv --no-home) as the calling user; "
@@ -188,20 +193,16 @@ class SingularityBackend(ExecutionBackend):
 
     settings_model = SingularitySettings
 
-    def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(settings, options)
+    def __init__(self, execbox_settings: Settings, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(execbox_settings, options)
         self._notes: list[str] = []
         self.version = ""
-
-    @property
-    def settings_s(self) -> SingularitySettings:
-        return cast(SingularitySettings, self.options)
 
     # --- the binary ---------------------------------------------------------------------------------
 
     @property
     def binary(self) -> str:
-        configured = self.settings_s.binary
+        configured = self.settings.binary
         found = shutil.which(configured) if configured else (shutil.which("apptainer") or shutil.which("singularity"))
         if not found:
             what = f"CODE_EXEC_SINGULARITY_BINARY={configured} is not an executable" if configured else \
@@ -229,7 +230,7 @@ class SingularityBackend(ExecutionBackend):
         if "PATH" not in request_env:
             inner.pop("PATH", None)
         if run_id:
-            inner[_remote.MARKER] = run_id
+            inner[RUN_MARKER] = run_id
         prefix = self.env_prefix
         env.update({prefix + k: v for k, v in inner.items()})
         return env
@@ -261,13 +262,13 @@ class SingularityBackend(ExecutionBackend):
             raise BackendUnavailableError(f"`{binary} --version` failed: {_tail(version.stderr)}", backend=NAME,
                                           fix="repair the Apptainer installation (`apptainer --version` must work)")
         self.version = version.stdout.strip()
-        image = self.settings_s.image
+        image = self.settings.image
         if "://" not in image and not os.path.exists(image):
             raise BackendUnavailableError(
                 f"the image {image} does not exist", backend=NAME, env_var="CODE_EXEC_SINGULARITY_IMAGE",
                 fix="set CODE_EXEC_SINGULARITY_IMAGE to a .sif file (e.g. `apptainer build python.sif "
                     "docker://python:3.12-slim`) or to a docker:// URI")
-        probe_dir = tempfile.mkdtemp(prefix="execbox-sing-probe-", dir=self.settings_s.tmpdir)
+        probe_dir = tempfile.mkdtemp(prefix="execbox-sing-probe-", dir=self.settings.tmpdir)
         try:
             spec_host = SessionSpec("host", Limits(), True, 60)
             base = await self.run_binary(["exec", *self.container_flags(spec_host, probe_dir), image, "true"],
@@ -302,11 +303,11 @@ class SingularityBackend(ExecutionBackend):
 
     async def open_session(self, spec: SessionSpec) -> SingularitySession:
         # a bad setting or a missing binary is raised here, before anything is made
-        image, _ = self.settings_s.image, self.binary
-        host_dir = tempfile.mkdtemp(prefix=f"execbox-sing-{os.getpid()}-", dir=self.settings_s.tmpdir)
+        image, _ = self.settings.image, self.binary
+        host_dir = tempfile.mkdtemp(prefix=f"{_WORKSPACE_PREFIX}{owner_tag()}-", dir=self.settings.tmpdir)
         if spec.oneshot:
             return SingularitySession(self, spec, host_dir, None)
-        instance = f"{_INSTANCE_PREFIX}-{os.getpid()}-{secrets.token_hex(6)}"
+        instance = f"{_INSTANCE_PREFIX}-{owner_tag()}-{secrets.token_hex(6)}"
 
         def start(made: list[SingularitySession]) -> None:
             # recorded first: a failed, timed-out or cancelled start may still have left the instance running
@@ -320,7 +321,8 @@ class SingularityBackend(ExecutionBackend):
         return await create_cleanly(start, SingularitySession.close_blocking)
 
     async def gc(self) -> list[str]:
-        """Stop instances and remove workspaces whose execbox process is gone."""
+        """Stop instances and remove workspaces whose execbox process is gone: both are named pid-starttime
+        (owner_tag), so a dead owner's pid reused by a new process does not keep them."""
         removed = []
         listed = await self.run_binary(["instance", "list", "--json"], timeout=60)
         try:
@@ -329,28 +331,17 @@ class SingularityBackend(ExecutionBackend):
             instances = []
         for item in instances:
             name = str(item.get("instance", ""))
-            match = re.fullmatch(rf"{_INSTANCE_PREFIX}-(\d+)-[0-9a-f]+", name)
-            if match and not _alive(int(match.group(1))):
+            owner = name_owner(name, f"{_INSTANCE_PREFIX}-")
+            if owner is not None and not pid_alive(*owner):
                 stopped = await self.run_binary(["instance", "stop", "-t", "5", name], timeout=60)
                 if stopped.returncode == 0:
                     removed.append(f"instance {name}")
-        root = Path(self.settings_s.tmpdir or tempfile.gettempdir())
-        for path in root.glob("execbox-sing-*-*"):
-            match = re.fullmatch(r"execbox-sing-(\d+)-.+", path.name)
-            if match and path.is_dir() and not path.is_symlink() and not _alive(int(match.group(1))):
-                remove_tree(str(path))
-                removed.append(str(path))
+        # by the name alone: the workspace is the code's to write, an owner file there would be the code's word
+        tmpdir = self.settings.tmpdir
+        for path in orphaned_dirs(_WORKSPACE_PREFIX, str(tmpdir) if tmpdir else None, owner_file=False):
+            remove_tree(path)
+            removed.append(path)
         return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _tail(text: str, limit: int = 400) -> str:

@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio
 
@@ -158,7 +158,7 @@ _SUBREAPER = (
 )
 
 # Run on close and by gc. Arguments: the remote tmp dir, then session tokens. Kills whatever still carries
-# a session's marker, then removes its workspace and stray stdin files. (Not _remote.REAP: that one forks
+# a session's marker, then removes its workspace and stray stdin files. (Not the kit's REAP_SCRIPT: that one forks
 # two processes per /proc entry and pass, cheap in a remote sandbox with a handful of processes, but on an
 # ordinary host it would add most of a second to every close, that is to every one-shot run; one grep over
 # all the environ files does the same here in milliseconds.)
@@ -593,12 +593,12 @@ class SshSession(Session):
         try:
             if self.conn.alive():
                 with contextlib.suppress(SandboxError):
-                    self.conn.run_small(_CLEANUP, [self.backend.ssh.remote_tmp, self.token])
+                    self.conn.run_small(_CLEANUP, [self.backend.settings.remote_tmp, self.token])
         finally:
             self.conn.close()
 
 
-class SshBackend(ExecutionBackend):
+class SshBackend(ExecutionBackend[SshSettings]):
     name = NAME
     extra = "ssh"
     summary = ("runs code on a remote host over SSH (paramiko); "
@@ -618,17 +618,13 @@ class SshBackend(ExecutionBackend):
     settings_model = SshSettings
     sdk = "paramiko"
 
-    def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(settings, options)
+    def __init__(self, execbox_settings: Settings, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(execbox_settings, options)
         self._remote_notes: list[str] = []
         self._accepted_keys: list[str] = []
 
-    @property
-    def ssh(self) -> SshSettings:
-        return cast(SshSettings, self.options)
-
     def _connect(self) -> _Connection:
-        conn = _Connection(self.ssh).open()
+        conn = _Connection(self.settings).open()
         if conn.accepted_new_key:
             self._accepted_keys.append(conn.accepted_new_key)
         return conn
@@ -642,38 +638,38 @@ class SshBackend(ExecutionBackend):
             code, out = conn.run_small(
                 "for c in awk grep cut sort rm env; do command -v $c >/dev/null 2>&1 || echo missing:$c; done; "
                 "[ -r /proc/self/stat ] || echo missing:/proc; command -v python3 >/dev/null 2>&1 || echo no-python3; "
-                "[ -d \"$1\" ] && [ -w \"$1\" ] || echo missing:tmp", [self.ssh.remote_tmp])
+                "[ -d \"$1\" ] && [ -w \"$1\" ] || echo missing:tmp", [self.settings.remote_tmp])
         finally:
             conn.close()
         missing = [w.split(":", 1)[1] for w in out.split() if w.startswith("missing:")]
         if code != 0 or missing:
             raise BackendUnavailableError(
-                f"{self.ssh.target} lacks what the remote wrapper needs: {', '.join(missing) or f'exit {code}'}",
+                f"{self.settings.target} lacks what the remote wrapper needs: {', '.join(missing) or f'exit {code}'}",
                 backend=NAME, fix="install coreutils, grep and awk there (a POSIX login shell and /proc are needed), "
-                f"and make CODE_EXEC_SSH_REMOTE_TMP={self.ssh.remote_tmp} a writable directory")
+                f"and make CODE_EXEC_SSH_REMOTE_TMP={self.settings.remote_tmp} a writable directory")
         if "no-python3" in out.split():
             self._remote_notes = [
-                f"{self.ssh.host} has no python3, so the remote wrapper is not a subreaper: a grandchild that called "
-                "setsid, cleared its environment and lost its parent can outlive a timeout"]
-        return self.capabilities.model_copy(update={"sandbox": self.ssh.sandboxed})
+                f"{self.settings.host} has no python3, so the remote wrapper is not a subreaper: a grandchild that "
+                "called setsid, cleared its environment and lost its parent can outlive a timeout"]
+        return self.capabilities.model_copy(update={"sandbox": self.settings.sandboxed})
 
     def verdict(self, request: ExecRequest) -> Verdict:
-        if self.ssh.sandboxed:
-            return Verdict(True, f"the operator attests that {self.ssh.host} is a disposable host "
+        if self.settings.sandboxed:
+            return Verdict(True, f"the operator attests that {self.settings.host} is a disposable host "
                                  "(CODE_EXEC_SSH_SANDBOXED=true); execbox does not isolate code there", attested=True)
-        return Verdict(False, f"code runs on {self.ssh.host or '(no host set)'} with the full privileges of the "
+        return Verdict(False, f"code runs on {self.settings.host or '(no host set)'} with the full privileges of the "
                               "SSH user; set CODE_EXEC_SSH_SANDBOXED=true only if that host is disposable")
 
     def notes(self) -> list[str]:
         notes = []
-        if self.ssh.sandboxed:
+        if self.settings.sandboxed:
             notes.append(f"ssh: sandbox status is attested by the operator (CODE_EXEC_SSH_SANDBOXED=true), "
-                         f"not enforced: code runs on {self.ssh.host or '(no host set)'} "
+                         f"not enforced: code runs on {self.settings.host or '(no host set)'} "
                          "with the SSH user's full privileges")
         else:
-            notes.append(f"ssh: not a sandbox: code runs on {self.ssh.host or '(no host set)'} "
+            notes.append(f"ssh: not a sandbox: code runs on {self.settings.host or '(no host set)'} "
                          "with the SSH user's full privileges")
-        if self.ssh.auto_add_host_key:
+        if self.settings.auto_add_host_key:
             accepted = f" (accepted: {'; '.join(self._accepted_keys)})" if self._accepted_keys else ""
             notes.append("ssh: unknown host keys are trusted on first use (CODE_EXEC_SSH_AUTO_ADD_HOST_KEY=true)"
                          + accepted)
@@ -687,13 +683,13 @@ class SshBackend(ExecutionBackend):
     def _open(self, spec: SessionSpec, made: list[SshSession]) -> None:
         conn = self._connect()
         token = f"{int(time.time() + spec.lifetime_s)}-{secrets.token_hex(8)}"
-        workspace = posixpath.join(self.ssh.remote_tmp, f"execbox-{token}")
+        workspace = posixpath.join(self.settings.remote_tmp, f"execbox-{token}")
         try:
             with conn.sftp_lock:
                 conn.sftp.mkdir(workspace, 0o700)  # fails if it exists: never reuse a path someone planted
         except Exception as exc:
             conn.close()
-            raise SandboxError(f"cannot create the remote workspace {workspace} on {self.ssh.target}: {exc}",
+            raise SandboxError(f"cannot create the remote workspace {workspace} on {self.settings.target}: {exc}",
                                backend=NAME) from None
         made.append(SshSession(self, conn, workspace, token))
 
@@ -705,7 +701,7 @@ class SshBackend(ExecutionBackend):
         conn = self._connect()
         try:
             with conn.sftp_lock:
-                names = conn.sftp.listdir(self.ssh.remote_tmp)
+                names = conn.sftp.listdir(self.settings.remote_tmp)
             now = time.time()
             expired = []
             for entry in names:
@@ -715,7 +711,8 @@ class SshBackend(ExecutionBackend):
                     expired.append(entry.removeprefix("execbox-"))
             if not expired:
                 return []
-            conn.run_small(_CLEANUP, [self.ssh.remote_tmp, *expired], timeout=120)
-            return [f"{self.ssh.host}:{posixpath.join(self.ssh.remote_tmp, 'execbox-' + tok)}" for tok in expired]
+            conn.run_small(_CLEANUP, [self.settings.remote_tmp, *expired], timeout=120)
+            where = self.settings
+            return [f"{where.host}:{posixpath.join(where.remote_tmp, 'execbox-' + tok)}" for tok in expired]
         finally:
             conn.close()

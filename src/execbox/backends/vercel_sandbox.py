@@ -29,9 +29,12 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import Any, cast
+from typing import Any
 
 from execbox.plugin import (
+    REMOTE_LABELS,
+    RUN_MARKER,
+    SIGKILL_EXIT_CODE,
     BackendSettings,
     BackendUnavailableError,
     Capabilities,
@@ -39,17 +42,22 @@ from execbox.plugin import (
     ExecResult,
     ExecSpec,
     ExecutionBackend,
+    RemoteSession,
     SandboxError,
     SessionSpec,
+    TextCapture,
     UnsupportedPolicyError,
     WorkspacePathError,
     build_result,
     create_cleanly,
+    missing_credentials,
+    new_run_marker,
+    reap_argv,
     sandbox_env,
+    sdk_call,
     setting,
+    wrapped_argv,
 )
-from execbox.plugin import proxy as _proxy
-from execbox.plugin import remote as _remote
 
 log = logging.getLogger("execbox.backends.vercel_sandbox")
 WORKSPACE = "/vercel/sandbox"  # the sandbox's default working directory
@@ -68,7 +76,7 @@ def _sync() -> Any:
     return sync
 
 
-class VercelSession(_remote.RemoteSession):
+class VercelSession(RemoteSession):
     def __init__(self, backend: VercelSandboxBackend, sandbox: Any, oneshot: bool) -> None:
         super().__init__(sandbox, WORKSPACE, oneshot=oneshot)
         self.backend = backend
@@ -84,11 +92,11 @@ class VercelSession(_remote.RemoteSession):
         return None
 
     def run_exec(self, request: ExecSpec) -> ExecResult:
-        marker = _remote.new_marker()
-        env = {**sandbox_env(request.env, home=WORKSPACE), _remote.MARKER: marker}
-        out = _remote.TextCapture(request.max_output_bytes, request.on_output, "stdout", redactor=request.redactor)
-        err = _remote.TextCapture(request.max_output_bytes, request.on_output, "stderr", redactor=request.redactor)
-        argv = _remote.wrapped(request.argv)
+        marker = new_run_marker()
+        env = {**sandbox_env(request.env, home=WORKSPACE), RUN_MARKER: marker}
+        out = TextCapture(request.max_output_bytes, request.on_output, "stdout", redactor=request.redactor)
+        err = TextCapture(request.max_output_bytes, request.on_output, "stderr", redactor=request.redactor)
+        argv = wrapped_argv(request.argv)
         started = time.monotonic()
         done = self.sb.run_process(argv[0], argv[1:], cwd=request.workdir, env=env,
                                    kill_after=request.timeout, stdout=out, stderr=err, input=request.stdin)
@@ -98,14 +106,14 @@ class VercelSession(_remote.RemoteSession):
         # it was killed (137 through the wrapper, -9 if the service reports the signal) after its deadline.
         # Elapsed time alone is not enough: a command that fails on its own in the last round trip before the
         # deadline keeps its exit code.
-        timed_out = code in (_remote.TIMEOUT_EXIT, -signal.SIGKILL) and duration >= request.timeout
+        timed_out = code in (SIGKILL_EXIT_CODE, -signal.SIGKILL) and duration >= request.timeout
         if timed_out and not self.oneshot:
             self._reap(marker)
         return build_result(exit_code=code, stdout=out.capture, stderr=err.capture, timed_out=timed_out,
                             duration_s=duration)
 
     def _reap(self, marker: str) -> None:
-        argv = _remote.reap_argv(marker)
+        argv = reap_argv(marker)
         try:
             self.sb.run_process(argv[0], argv[1:], capture_output=True, kill_after=30)
         except _sync().SandboxError as exc:
@@ -136,7 +144,7 @@ def _finish(sandbox: Any) -> None:
                     "removes it)", getattr(sandbox, "name", "?"), exc)
 
 
-class VercelSandboxBackend(ExecutionBackend):
+class VercelSandboxBackend(ExecutionBackend[VercelSettings]):
     name = "vercel_sandbox"
     extra = "vercel"
     summary = "a Vercel Sandbox (Firecracker microVM) in Vercel's cloud; files live in the remote sandbox"
@@ -154,15 +162,11 @@ class VercelSandboxBackend(ExecutionBackend):
     settings_model = VercelSettings
     sdk = "vercel.sandbox.sync"
 
-    @property
-    def vercel_settings(self) -> VercelSettings:
-        return cast(VercelSettings, self.options)
-
     def notes(self) -> list[str]:
         return [MEMORY_NOTE]
 
     def credentials_error(self, detail: str = "") -> BackendUnavailableError:
-        return _remote.missing_credentials(
+        return missing_credentials(
             "vercel_sandbox",
             f"Vercel did not accept the credentials: {detail}" if detail else "no Vercel credentials are set",
             fix="set VERCEL_OIDC_TOKEN (`vercel env pull`), or VERCEL_TOKEN, VERCEL_PROJECT_ID and VERCEL_TEAM_ID",
@@ -180,7 +184,7 @@ class VercelSandboxBackend(ExecutionBackend):
     async def probe(self) -> Capabilities:
         import os
 
-        self.vercel_settings  # noqa: B018 - an invalid setting is a ConfigError here
+        self.settings  # noqa: B018 - an invalid setting is a ConfigError here
         oidc = os.environ.get("VERCEL_OIDC_TOKEN") or os.environ.get("VERCEL_OIDC_TOKEN_FILE")
         token = all(os.environ.get(v) for v in ("VERCEL_TOKEN", "VERCEL_PROJECT_ID", "VERCEL_TEAM_ID"))
         if not (oidc or token):
@@ -191,7 +195,7 @@ class VercelSandboxBackend(ExecutionBackend):
         if spec.network not in ("none", "egress", "proxy"):
             raise UnsupportedPolicyError(f"refused: vercel_sandbox cannot enforce network mode {spec.network!r} (it "
                                          "enforces none, egress and proxy)", backend=self.name)
-        allowlist = _proxy.provider_allowlist_for(self.settings, self.name) if spec.network == "proxy" else None
+        allowlist = self.shared.provider_allowlist(self.name) if spec.network == "proxy" else None
         cpus = spec.limits.cpus
         if cpus is not None and not float(cpus).is_integer():
             raise UnsupportedPolicyError(
@@ -214,21 +218,21 @@ class VercelSandboxBackend(ExecutionBackend):
         resources = sync.SandboxResources(vcpus=int(spec.limits.cpus)) if spec.limits.cpus else None
         try:
             made.append(sync.create_sandbox(
-                image=self.vercel_settings.image or None, execution_time_limit=spec.lifetime_s, resources=resources,
-                persistent=False, network_policy=policy, tags=_remote.labels(spec.lifetime_s)))
+                image=self.settings.image or None, execution_time_limit=spec.lifetime_s, resources=resources,
+                persistent=False, network_policy=policy, tags=REMOTE_LABELS.make(spec.lifetime_s)))
         except sync.SandboxError as exc:
             raise self.sdk_error(exc, "creating a sandbox") from exc
 
     async def gc(self) -> list[str]:
-        return await _remote.blocking(self._gc)
+        return await sdk_call(self._gc)
 
     def _gc(self) -> list[str]:
         sync = _sync()
         removed = []
-        query = sync.SandboxQueryByCreatedAt(tag=sync.TagFilter(key=_remote.LABEL, value="1"))
+        query = sync.SandboxQueryByCreatedAt(tag=sync.TagFilter(key=REMOTE_LABELS.mark, value="1"))
         try:
             for sandbox in sync.query_sandboxes(query=query):
-                reason = _remote.orphan_reason(dict(sandbox.tags or {}))
+                reason = REMOTE_LABELS.orphan_reason(dict(sandbox.tags or {}))
                 if reason:
                     sandbox.destroy()
                     removed.append(f"vercel sandbox {sandbox.name} ({reason})")

@@ -34,7 +34,7 @@ def gc(only: str | None, as_json: bool) -> None:
                 backend = runner.backend(name)
                 backend.require_sdk()
                 # Bounded as an open is (CODE_EXEC_OPEN_TIMEOUT_SEC): a gc that never returns is skipped, said.
-                removed[name] = await bounded(backend.gc(), backend.settings.open_timeout_sec, backend=backend,
+                removed[name] = await bounded(backend.gc(), backend.shared.open_timeout_sec, backend=backend,
                                               doing="gc")
             except BackendUnavailableError as exc:
                 skipped[name] = exc.reason

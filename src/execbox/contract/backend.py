@@ -19,20 +19,77 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import IO, Any, ClassVar, TypeVar
+from pathlib import Path
+from typing import IO, Any, ClassVar, Generic, TypeVar, cast
 
 import anyio
+from typing_extensions import TypeVar as DefaultedTypeVar
 
 from execbox.config.settings import EnvSettings, Settings
 from execbox.contract.models import Capabilities, ExecRequest, ExecResult, ExecSpec, Limits, Mount, NetworkMode
-from execbox.errors import BackendTimeoutError, BackendUnavailableError, ConfigError, SandboxError
+from execbox.errors import (
+    BackendTimeoutError,
+    BackendUnavailableError,
+    ConfigError,
+    SandboxError,
+    UnsupportedPolicyError,
+)
 from execbox.files import transfer
 from execbox.files.transfer import HELPER_TIMEOUT_S, FileInfo, Transfer, TransferLimits
+from execbox.policy.egress import EgressPolicy, ProviderAllowlist, provider_allowlist
 
 #: How long a successful ``check()`` answer is trusted, per backend instance.
 CHECK_TTL_S = 30.0
 
 T = TypeVar("T")
+#: A backend's own settings model (``ExecutionBackend[S]``); a backend without knobs leaves it out.
+S = DefaultedTypeVar("S", bound=EnvSettings, default=EnvSettings, covariant=True)  # read-only: self.settings
+
+
+@dataclass(frozen=True)
+class SharedSettings:
+    """What a backend reads of execbox's own settings (the CODE_EXEC_* variables): a narrow view, so that a backend
+    depends on these few values and not on the runner's whole ``Settings``."""
+
+    #: The default memory, CPU and process limits (CODE_EXEC_MEMORY_MB, _CPUS, _PIDS_LIMIT).
+    default_limits: Limits
+    #: How long an engine's probed facts may be reused across processes (CODE_EXEC_PROBE_CACHE_SEC), seconds.
+    probe_cache_sec: float
+    #: Network mode proxy's allowlist as given (CODE_EXEC_EGRESS_ALLOW, _EGRESS_DEFAULTS) and the CA bundle the
+    #: proxy trusts (CODE_EXEC_CA_BUNDLE); ``egress_policy()`` and ``provider_allowlist()`` turn them into rules.
+    egress_allow: tuple[str, ...]
+    egress_defaults: bool
+    ca_bundle: Path | None
+    #: The runner's bounds on the backend's calls (see ``bounded``), seconds: open_session and check; past an
+    #: exec's timeout, and for close; the longest timeout a request may ask for.
+    open_timeout_sec: float
+    backend_grace_sec: float
+    max_timeout_sec: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> SharedSettings:
+        return cls(
+            default_limits=Limits(memory_mb=settings.memory_mb, cpus=settings.cpus, pids=settings.pids_limit),
+            probe_cache_sec=settings.probe_cache_sec, egress_allow=tuple(settings.egress_allow),
+            egress_defaults=settings.egress_defaults, ca_bundle=settings.ca_bundle,
+            open_timeout_sec=settings.open_timeout_sec, backend_grace_sec=settings.backend_grace_sec,
+            max_timeout_sec=settings.max_timeout_sec)
+
+    def egress_policy(self) -> EgressPolicy:
+        """The allowlist of network mode proxy, for the host-side proxy (``EgressProxy``)."""
+        try:
+            return EgressPolicy.build(list(self.egress_allow), defaults=self.egress_defaults)
+        except ValueError as exc:  # the settings validated it already; a policy built in code may not be
+            raise ConfigError(f"CODE_EXEC_EGRESS_ALLOW: {exc}", env_var="CODE_EXEC_EGRESS_ALLOW") from None
+
+    def provider_allowlist(self, backend: str) -> ProviderAllowlist:
+        """Network mode proxy on a remote backend: the allowlist as a provider's own allowlist takes it; refused
+        (UnsupportedPolicyError) when an entry names a port, which no provider's allowlist has."""
+        try:
+            return provider_allowlist(EgressPolicy.build(list(self.egress_allow), defaults=self.egress_defaults))
+        except ValueError as exc:
+            raise UnsupportedPolicyError(f"refused: network mode proxy on {backend}: CODE_EXEC_EGRESS_ALLOW entry "
+                                         f"{exc}", backend=backend, env_var="CODE_EXEC_EGRESS_ALLOW") from None
 
 
 @dataclass(frozen=True)
@@ -160,8 +217,8 @@ def _first_sweep(pid: int, scope: str) -> bool:
         return True
 
 
-class ExecutionBackend(ABC):
-    """Base class of every backend."""
+class ExecutionBackend(ABC, Generic[S]):
+    """Base class of every backend; ``S`` is its own settings model (``self.settings``)."""
 
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
@@ -172,17 +229,18 @@ class ExecutionBackend(ABC):
     sdk: ClassVar[str | None] = None
     #: One line for `execbox backends`.
     summary: ClassVar[str] = ""
-    #: The backend's own knobs: a BackendSettings subclass, one environment variable per field. Read with
-    #: ``self.options``; `execbox doctor` and the README's tables list them from here.
+    #: The backend's own knobs: a BackendSettings subclass (the ``S`` of ``ExecutionBackend[S]``), one environment
+    #: variable per field. Read them as ``self.settings``; `execbox doctor` and the README's tables list them from here.
     settings_model: ClassVar[type[EnvSettings] | None] = None
     #: Run ``gc`` after the first successful ``check`` in each process (a forked child sweeps again): what
     #: callers that died (SIGKILL, a crash) left on this host or engine goes without an `execbox gc`.
     sweeps_on_first_use: ClassVar[bool] = False
 
-    def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
-        """``options`` are values of ``settings_model`` given in code (by field name); they take precedence over
-        the environment, so two runners in one process can use, say, two images."""
-        self.settings = settings
+    def __init__(self, execbox_settings: Settings, options: Mapping[str, Any] | None = None) -> None:
+        """``execbox_settings``: the runner's, of which the backend keeps the narrow view ``self.shared``. ``options``
+        are values of ``settings_model`` given in code (by field name); they take precedence over the environment,
+        so two runners in one process can use, say, two images."""
+        self.shared = SharedSettings.of(execbox_settings)
         self._checked: tuple[float, Capabilities] | None = None
         self._given = dict(options or {})
         known = set(self.settings_model.model_fields) if self.settings_model else set()
@@ -193,13 +251,14 @@ class ExecutionBackend(ABC):
                 f"{', '.join(sorted(known)) or 'no options'}. Fix the option's name", backend=self.name)
 
     @cached_property
-    def options(self) -> EnvSettings:
-        """This backend's settings, validated on first use (so a misconfigured backend is still listed by
-        `execbox backends`); an invalid value is a ConfigError naming its variable."""
+    def settings(self) -> S:
+        """This backend's own settings (an instance of ``settings_model``), validated once, on first use (so a
+        misconfigured backend is still listed by `execbox backends`); an invalid value is a ConfigError naming its
+        variable."""
         if self.settings_model is None:
             raise ConfigError(f"backend {self.name!r} declares no settings_model", backend=self.name)
         try:
-            return self.settings_model(**self._given)
+            return cast(S, self.settings_model(**self._given))
         except ConfigError as exc:
             exc.backend = self.name
             raise
@@ -253,7 +312,9 @@ class ExecutionBackend(ABC):
         """Release what the instance holds (engine clients, connections); the runner calls it when it closes."""
 
     def verdict(self, request: ExecRequest) -> Verdict:
-        """Is this backend, configured as it is, a sandbox for this request? The guard asks this."""
+        """Is this backend, configured as it is (``self.settings``), a sandbox for this request? The guard asks this
+        with the request resolved: its network mode, limits and timeout are the settings' defaults where the caller
+        gave none, as the sandbox will run them."""
         if not self.capabilities.sandbox:
             return Verdict(False, f"backend {self.name!r} runs code with the privileges of its host user")
         if request.network == "host":
@@ -344,12 +405,12 @@ async def bounded(call: Awaitable[T], seconds: float, *, backend: ExecutionBacke
         if not task.done():
             scope.cancel()
             with anyio.CancelScope(shield=True):
-                await asyncio.wait((task,), timeout=backend.settings.backend_grace_sec)
+                await asyncio.wait((task,), timeout=backend.shared.backend_grace_sec)
         if not task.done():
             _abandon(task, scope, late)
             if session is not None:  # deaf to cancellation for the whole grace: still running in it, state unknown
                 await close_bounded(session, backend, reason=f"backend {backend.name!r} did not end {doing} within "
-                                    f"{backend.settings.backend_grace_sec:g} s of its caller's cancellation")
+                                    f"{backend.shared.backend_grace_sec:g} s of its caller's cancellation")
         elif not task.cancelled() and task.exception() is None and late is not None:
             # It returned all the same (a sandbox opened as the caller went): nobody will use it, so it is closed.
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):  # the cancellation propagates
@@ -376,7 +437,7 @@ async def close_bounded(session: Session, backend: ExecutionBackend, *, reason: 
     if session._runner_broken is not None:
         return
     session._runner_broken = reason
-    seconds = backend.settings.backend_grace_sec
+    seconds = backend.shared.backend_grace_sec
     task, scope = _start(session.close())
     with anyio.CancelScope(shield=True):
         done, _ = await asyncio.wait((task,), timeout=seconds)

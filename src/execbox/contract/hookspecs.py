@@ -3,14 +3,14 @@ reviews an agent's commands."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import pluggy
 
 if TYPE_CHECKING:
     import click
 
+    from execbox.contract.backend import ExecutionBackend
     from execbox.contract.review import ReviewDecision, ReviewRequest
 
 PROJECT = "execbox"
@@ -22,8 +22,20 @@ class PluginWarning(UserWarning):
     """A plugin could not be loaded; the others still work."""
 
 
+class Register(Protocol):
+    """What ``execbox_register_backends`` is given: ``register(BackendClass)``, or
+    ``register("package.module:BackendClass", name="its_name")`` to import the module only when that backend is
+    used or every backend is listed. A bad registration is a PluginError naming the plugin's distribution."""
+
+    @overload
+    def __call__(self, backend: type[ExecutionBackend[Any]], /) -> None: ...
+
+    @overload
+    def __call__(self, backend: str, /, *, name: str) -> None: ...
+
+
 @hookspec
-def execbox_register_backends(register: Callable[..., None]) -> None:
+def execbox_register_backends(register: Register) -> None:
     """Call ``register(BackendClass)`` once for each backend the plugin provides; or
     ``register("package.module:BackendClass", name="its_name")`` to have the module imported only when that
     backend is used or every backend is listed."""

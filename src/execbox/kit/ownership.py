@@ -11,6 +11,9 @@ import re
 import socket
 import stat
 import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from execbox.files.workspace import remove_tree
 
@@ -133,3 +136,46 @@ def remove_orphaned_dirs(prefix: str) -> list[str]:
     for path in found:
         remove_tree(path)
     return [path for path in found if not os.path.lexists(path)]
+
+
+@dataclass(frozen=True)
+class OwnerLabels:
+    """The one vocabulary of gc for a sandbox that carries labels (or tags): which execbox process made it
+    (``owner_id``: host, pid and start time), when, and until when; spelled as each engine or provider takes
+    label names (docker's ``io.execbox.*``, the remote providers' ``execbox-*``)."""
+
+    #: "1" on everything execbox made: gc never touches what lacks it.
+    mark: str
+    owner: str
+    created: str
+    expires: str
+    #: "true" on a sandbox kept on purpose (a named, resumable one): gc leaves it; None where nothing is kept.
+    persist: str | None = None
+
+    def make(self, lifetime_s: float, *, persist: bool = False) -> dict[str, str]:
+        """The labels of a sandbox this process makes now, to live ``lifetime_s`` (or, ``persist``, until removed)."""
+        now = int(time.time())
+        out = {self.mark: "1", self.owner: owner_id(), self.created: str(now)}
+        if persist and self.persist is not None:
+            out[self.persist] = "true"
+        else:
+            out[self.expires] = str(int(now + lifetime_s))
+        return out
+
+    def kept(self, tags: Mapping[str, str]) -> bool:
+        """Made by execbox and kept on purpose."""
+        return tags.get(self.mark) == "1" and self.persist is not None and tags.get(self.persist) == "true"
+
+    def orphan_reason(self, tags: Mapping[str, str], now: float | None = None) -> str | None:
+        """Why gc may remove a sandbox with these labels ("expired", "orphaned": its owner is gone), or None to
+        keep it (not execbox's, kept on purpose, or alive and in time)."""
+        if tags.get(self.mark) != "1" or self.kept(tags):
+            return None
+        try:
+            if float(tags.get(self.expires, "inf")) < (now or time.time()):
+                return "expired"
+        except ValueError:
+            pass
+        if owner_alive(tags.get(self.owner, "")) is False:
+            return "orphaned"
+        return None

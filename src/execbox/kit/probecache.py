@@ -41,7 +41,7 @@ def _private(st: os.stat_result, kind: int) -> bool:
     return stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
-def load(name: str, key: Sequence[object], max_age_s: float) -> dict[str, Any] | None:
+def load_probe_facts(name: str, key: Sequence[object], max_age_s: float) -> dict[str, Any] | None:
     """The facts stored under ``key`` at most ``max_age_s`` ago, or None (none, too old, another key, or a file
     that is not this user's private record)."""
     if max_age_s <= 0:
@@ -69,7 +69,7 @@ def load(name: str, key: Sequence[object], max_age_s: float) -> dict[str, Any] |
     return facts
 
 
-def store(name: str, key: Sequence[object], facts: dict[str, Any]) -> None:
+def store_probe_facts(name: str, key: Sequence[object], facts: dict[str, Any]) -> None:
     """Keep ``facts`` under ``key``; a cache that cannot be written (a read-only home, a foreign directory) is
     silently not kept: it only saves time."""
     directory = cache_dir()

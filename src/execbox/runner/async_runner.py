@@ -125,7 +125,7 @@ class AsyncRunner:
         backends, self._backends = list(self._backends.values()), {}
         with anyio.CancelScope(shield=True):
             for backend in backends:
-                await bounded(backend.aclose(), backend.settings.backend_grace_sec, backend=backend, doing="aclose")
+                await bounded(backend.aclose(), backend.shared.backend_grace_sec, backend=backend, doing="aclose")
 
     @property
     def registry(self) -> Registry:

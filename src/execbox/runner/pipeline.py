@@ -169,8 +169,10 @@ class Admission:
 
     ``request`` has the settings applied (defaults, clamps, the env policy; ``dropped`` names what the policy
     took out); ``asked`` is the request as the caller gave it. ``mounts`` are resolved and admitted; ``uploads``
-    were judged like mounts. ``session`` is the audit id of the sandbox it runs in (None for a one-shot)."""
+    were judged like mounts. ``session`` is the audit id of the sandbox it runs in (None for a one-shot).
+    ``settings`` are the runner's, which judged it (the collected files' bounds come from there)."""
 
+    settings: Settings
     backend: ExecutionBackend
     capabilities: Capabilities
     request: ExecRequest
@@ -267,7 +269,7 @@ async def admit(runner: Host, request: ExecRequest, *, backend: str | None = Non
         await _refused(runner, exc, record, backend=exc.backend or named, session=session,
                        opening=opening is not None, dropped=None if within is not None else dropped)
         raise
-    return Admission(impl, caps, resolved, request, dropped, mounts, tuple(uploads), session)
+    return Admission(runner.settings, impl, caps, resolved, request, dropped, mounts, tuple(uploads), session)
 
 
 async def admit_upload_into(runner: Host, within: Admission, local: str) -> None:
@@ -327,19 +329,19 @@ async def _choose(runner: Host, backend: str | None, resolved: ExecRequest, dema
 async def _open(backend: ExecutionBackend, spec: SessionSpec) -> Session:
     """A new sandbox, within CODE_EXEC_OPEN_TIMEOUT_SEC; one that opens after that is closed when it does."""
     with backend_errors(backend.name):
-        return await bounded(backend.open_session(spec), backend.settings.open_timeout_sec, backend=backend,
+        return await bounded(backend.open_session(spec), backend.shared.open_timeout_sec, backend=backend,
                              doing="open_session", late=lambda late: close_bounded(late, backend))
 
 
 async def _check(backend: ExecutionBackend) -> Capabilities:
     """What the backend enforces here (its check: cached, or a probe), within CODE_EXEC_OPEN_TIMEOUT_SEC."""
-    return await bounded(backend.check(), backend.settings.open_timeout_sec, backend=backend,
+    return await bounded(backend.check(), backend.shared.open_timeout_sec, backend=backend,
                          doing="its availability check")
 
 
 def _files_s(backend: ExecutionBackend) -> float:
     """The bound of one file call or transfer: the longest run, and the grace."""
-    return backend.settings.max_timeout_sec + backend.settings.backend_grace_sec
+    return backend.shared.max_timeout_sec + backend.shared.backend_grace_sec
 
 
 def _enough_threads(slots: int) -> None:
@@ -448,7 +450,7 @@ def finish(raw: ExecResult, admission: Admission, planned: Plan,
         "backend": backend.name, "filtered_env": admission.dropped, "notes": [*raw.notes, *backend.notes()],
     })
     result = explain(result, timeout=request.timeout, asked_timeout=admission.asked.timeout,
-                     max_timeout=backend.settings.max_timeout_sec, memory_mb=request.limits.memory_mb,
+                     max_timeout=backend.shared.max_timeout_sec, memory_mb=request.limits.memory_mb,
                      network=request.network)
     if collected is not None:
         files, notes = collected
@@ -460,7 +462,7 @@ def finish_cell(result: CellResult, admission: Admission, redactor: secrets_inje
     """``finish`` for a cell of a sandbox's interpreter: every secret the sandbox was given redacted (the code may
     have left one where the cell reads it), and a timeout cut to the maximum said as an exec's is."""
     result = secrets_inject.redact_model(result, redactor)
-    clamped = clamp_note(admission.asked.timeout, admission.backend.settings.max_timeout_sec)
+    clamped = clamp_note(admission.asked.timeout, admission.backend.shared.max_timeout_sec)
     return result if clamped is None else result.model_copy(update={"notes": [*result.notes, clamped]})
 
 
@@ -475,7 +477,7 @@ async def _collect(admission: Admission, session: Session) -> tuple[dict[str, by
     backend, request = admission.backend, admission.request
     if not request.collect:
         return None
-    settings = backend.settings
+    settings = admission.settings
     with backend_errors(backend.name):
         return await bounded(
             transfers.collect(session, list(request.collect), limits=transfer_bounds(settings),
@@ -524,7 +526,7 @@ async def _exec_audited(audit: audit_log.AuditLog, admission: Admission, session
 async def _session_exec(backend: ExecutionBackend, session: Session, spec: ExecSpec) -> ExecResult:
     """One exec, with the backend's errors translated, bounded by its timeout and CODE_EXEC_BACKEND_GRACE_SEC."""
     with backend_errors(backend.name):
-        return await bounded(session.exec(spec), spec.timeout + backend.settings.backend_grace_sec, backend=backend,
+        return await bounded(session.exec(spec), spec.timeout + backend.shared.backend_grace_sec, backend=backend,
                              doing="exec", session=session)
 
 

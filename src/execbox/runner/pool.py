@@ -90,7 +90,7 @@ class WarmPool:
 
     async def _open_one(self, backend: ExecutionBackend, spec: SessionSpec, key: PoolKey) -> None:
         member = self.member_spec(spec)
-        opening = backend.settings.open_timeout_sec  # the runner's bounds: a backend that never returns is given up on
+        opening = backend.shared.open_timeout_sec  # the runner's bounds: a backend that never returns is given up on
         try:
             session = await bounded(backend.open_session(member), opening, backend=backend, doing="open_session",
                                     late=lambda late: close_bounded(late, backend))

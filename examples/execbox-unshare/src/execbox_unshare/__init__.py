@@ -5,7 +5,7 @@ It runs each command in fresh network and PID namespaces (util-linux ``unshare``
 files or users, so it honestly says it is not a sandbox: the guard admits it only with CODE_EXEC_LOCAL=true.
 
 Everything else (workspace, env, rlimits, output cap, timeout, process-tree kill) comes from execbox's
-host-workspace session (``execbox.plugin.HostWorkspaceSession``), which this backend extends with one
+host-workspace session (``execbox.HostWorkspaceSession``), which this backend extends with one
 method. It imports nothing but the public plugin kit, ``execbox.plugin``.
 
 ``unshare`` runs as the caller (as root, if execbox does), so it must not see the request's variables: a
@@ -21,12 +21,21 @@ import shutil
 
 import anyio
 
-from execbox import plugin
+from execbox.plugin import (
+    BackendUnavailableError,
+    Capabilities,
+    ExecutionBackend,
+    HostWorkspaceSession,
+    Register,
+    SessionSpec,
+    hookimpl,
+    sweep_orphaned_workspaces,
+)
 
 PREFIX = "execbox-unshare-"
 
 
-class UnshareSession(plugin.HostWorkspaceSession):
+class UnshareSession(HostWorkspaceSession):
     """execbox's local session (temporary workspace, rlimits, output cap, process-tree kill) with the
     command put behind `unshare`."""
 
@@ -37,10 +46,10 @@ class UnshareSession(plugin.HostWorkspaceSession):
                 "/bin/sh", "-c", '"$@"; exit $?', "sh", *argv]
 
 
-class UnshareBackend(plugin.ExecutionBackend):
+class UnshareBackend(ExecutionBackend):
     name = "unshare_net"
     summary = "fresh network + PID namespaces via util-linux unshare; host files visible, so not a sandbox"
-    capabilities = plugin.Capabilities(
+    capabilities = Capabilities(
         sandbox=False,
         isolation="process",  # the filesystem and the users are the host's
         network_modes=frozenset({"none"}),
@@ -51,24 +60,24 @@ class UnshareBackend(plugin.ExecutionBackend):
     # What a SIGKILLed caller left (its workspace directory names it) goes on the next process's first check.
     sweeps_on_first_use = True
 
-    async def probe(self) -> plugin.Capabilities:
+    async def probe(self) -> Capabilities:
         if shutil.which("unshare") is None:
-            raise plugin.BackendUnavailableError(
+            raise BackendUnavailableError(
                 "the `unshare` command is missing", backend=self.name, fix="apt-get install util-linux")
         probe = await anyio.run_process(["unshare", "--user", "--map-root-user", "--net", "true"], check=False)
         if probe.returncode != 0:
-            raise plugin.BackendUnavailableError(
+            raise BackendUnavailableError(
                 f"this host does not allow new user namespaces: {probe.stderr.decode().strip()}",
                 backend=self.name, fix="sysctl -w kernel.unprivileged_userns_clone=1 (or run as root)")
         return self.capabilities
 
-    async def open_session(self, spec: plugin.SessionSpec) -> UnshareSession:
+    async def open_session(self, spec: SessionSpec) -> UnshareSession:
         return UnshareSession(prefix=PREFIX)
 
     async def gc(self) -> list[str]:
-        return await plugin.sweep_orphaned_workspaces(PREFIX)
+        return await sweep_orphaned_workspaces(PREFIX)
 
 
-@plugin.hookimpl
-def execbox_register_backends(register) -> None:  # type: ignore[no-untyped-def]
+@hookimpl
+def execbox_register_backends(register: Register) -> None:
     register(UnshareBackend)

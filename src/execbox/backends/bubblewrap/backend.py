@@ -8,7 +8,7 @@ import os
 import shutil
 import stat
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import anyio
 
@@ -21,14 +21,13 @@ from execbox.plugin import (
     Capabilities,
     ConfigError,
     ExecutionBackend,
-    Limits,
     SessionSpec,
     Settings,
     create_cleanly,
-    disk,
     orphaned_dirs,
-    proxy,
+    release_sized,
     remove_tree,
+    sweep_orphaned_proxies,
 )
 
 
@@ -61,7 +60,7 @@ def _unreachable_by(path: str, identity: tuple[int, int] | None, writable: bool)
     return None if allows(st, need) else f"uid {uid} cannot {'write' if writable else 'read'} {current}"
 
 
-class BubblewrapBackend(ExecutionBackend):
+class BubblewrapBackend(ExecutionBackend[BubblewrapSettings]):
     name = "bubblewrap"
     extra = None  # no Python SDK: needs the bwrap binary and libseccomp2 from the OS
     summary = "Linux namespaces with bwrap: no daemon, starts in milliseconds; shares the host kernel"
@@ -79,18 +78,12 @@ class BubblewrapBackend(ExecutionBackend):
     settings_model = BubblewrapSettings
     sweeps_on_first_use = True
 
-    def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(settings, options)
+    def __init__(self, execbox_settings: Settings, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(execbox_settings, options)
         self.report: HostReport | None = None
 
-    @property
-    def bwrap_settings(self) -> BubblewrapSettings:
-        return cast(BubblewrapSettings, self.options)
-
     async def probe(self) -> Capabilities:
-        core = self.settings
-        limits = Limits(memory_mb=core.memory_mb, cpus=core.cpus, pids=core.pids_limit)
-        self.report = await host_report(self.bwrap_settings, limits, BubblewrapBackend.capabilities)
+        self.report = await host_report(self.settings, self.shared.default_limits, BubblewrapBackend.capabilities)
         return self.report.capabilities
 
     def details(self) -> dict[str, Any]:
@@ -100,7 +93,7 @@ class BubblewrapBackend(ExecutionBackend):
     async def open_session(self, spec: SessionSpec) -> BubblewrapSession:
         if self.report is None:
             await self.check()
-        report, settings = self.report, self.bwrap_settings
+        report, settings = self.report, self.settings
         assert report is not None
         if spec.network == "proxy" and not shutil.which("python3", path="/usr/local/bin:/usr/bin"):
             raise unavailable("network mode proxy runs a small forwarder with python3 inside the sandbox, and "
@@ -113,18 +106,18 @@ class BubblewrapBackend(ExecutionBackend):
                                   f"{settings.user} (CODE_EXEC_BWRAP_USER) when execbox runs as root: make the path "
                                   "reachable by that user, or mount another one", backend=self.name,
                                   env_var="CODE_EXEC_BWRAP_USER")
-        return await create_cleanly(lambda made: made.append(BubblewrapSession(report, settings, spec, self.settings)),
+        return await create_cleanly(lambda made: made.append(BubblewrapSession(report, settings, spec, self.shared)),
                                     lambda session: session.destroy())
 
     async def gc(self) -> list[str]:
         """Session directories, size-limited workspaces and cgroups (v1 and v2) of execbox processes that are
         gone; needs no ``check`` first."""
-        settings = self.bwrap_settings
+        settings = self.settings
         plan = self.report.cgroup if self.report else None
 
         def sweep() -> list[str]:
             dirs = set(cgroup_sweep_dirs(settings)) | set(plan.parents.values() if plan else ())
-            return _gc(sorted(dirs)) + proxy.sweep_orphans()
+            return _gc(sorted(dirs)) + sweep_orphaned_proxies()
 
         return await anyio.to_thread.run_sync(sweep)
 
@@ -137,7 +130,7 @@ def _gc(cgroup_dirs: list[str]) -> list[str]:
     removed = []
     with contextlib.suppress(OSError):
         for path in orphaned_dirs(SESSION_PREFIX):
-            disk.release_sized(os.path.join(path, "workspace"))  # the mount first: a mount point cannot go
+            release_sized(os.path.join(path, "workspace"))  # the mount first: a mount point cannot go
             remove_tree(path)
             removed.append(path)
     for parent in cgroup_dirs:

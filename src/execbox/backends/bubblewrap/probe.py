@@ -22,6 +22,7 @@ from execbox.backends.bubblewrap.seccomp import SeccompUnavailable, compiled_fil
 from execbox.backends.bubblewrap.session import SANDBOX_UID, SESSION_PREFIX, BubblewrapSession
 from execbox.backends.bubblewrap.settings import BubblewrapSettings
 from execbox.plugin import (
+    DENIED_SYSCALLS,
     BackendUnavailableError,
     Capabilities,
     ExecResult,
@@ -29,10 +30,11 @@ from execbox.plugin import (
     Limits,
     SandboxError,
     SessionSpec,
-    disk,
+    mount_sized,
     owner_tag,
+    release_sized,
     remove_tree,
-    seccomp_policy,
+    sized_workspace_unavailable,
 )
 
 _REPORTS: dict[tuple[Any, ...], HostReport] = {}
@@ -96,14 +98,14 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits, claims:
     plan, reason = await anyio.to_thread.run_sync(plan_cgroups, settings)
     disk_reason = await anyio.to_thread.run_sync(_disk_reason, settings.host_identity())
     report = HostReport(_capabilities(claims, plan, not disk_reason), bwrap, version.strip(), features,
-                        settings.host_identity(), plan, reason, seccomp_policy.DENIED_SYSCALLS, disk_reason, tools)
+                        settings.host_identity(), plan, reason, DENIED_SYSCALLS, disk_reason, tools)
     # Prove it end to end: a real sandbox, with the cgroup and the seccomp filter, must run.
     result = await _probe(report, settings, core_limits)
     if result.exit_code != 0 and plan is not None:
         # A host that lets us create cgroups but not join them: fall back to rlimits only, and say so.
         failed = f"joining the cgroup failed: {result.stderr.strip()[-300:]}"
         report = HostReport(_capabilities(claims, None, not disk_reason), bwrap, version.strip(), features,
-                            settings.host_identity(), None, failed, seccomp_policy.DENIED_SYSCALLS, disk_reason,
+                            settings.host_identity(), None, failed, DENIED_SYSCALLS, disk_reason,
                             tools)
         result = await _probe(report, settings, core_limits)
     if result.exit_code != 0 or result.stdout.strip() != str(SANDBOX_UID):
@@ -203,17 +205,17 @@ def _untrusted_binary(path: str) -> str | None:
 
 def _disk_reason(owner: tuple[int, int] | None) -> str:
     """Why a session's workspace cannot be size-limited here ("" when it can), proved by mounting a small one."""
-    reason = disk.unavailable_reason()
+    reason = sized_workspace_unavailable()
     if reason:
         return reason
     trial = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-")  # named so that gc finds it after a crash
     workspace = os.path.join(trial, "workspace")
     try:
         os.mkdir(workspace, 0o700)
-        disk.mount_sized(workspace, 8, owner or (os.getuid(), os.getgid()))
+        mount_sized(workspace, 8, owner or (os.getuid(), os.getgid()))
         return ""
     except OSError as exc:
         return f"a size-limited workspace could not be mounted here: {exc}"
     finally:
-        disk.release_sized(workspace)
+        release_sized(workspace)
         remove_tree(trial)

@@ -22,7 +22,14 @@ import errno
 import functools
 import os
 
-from execbox.plugin import seccomp_policy
+from execbox.plugin import (
+    CLONE_NEWUSER,
+    DENIED_SOCKET_FAMILIES,
+    DENIED_SYSCALLS,
+    DENIED_WITH_NEWUSER,
+    ENOSYS_SYSCALLS,
+    SECCOMP_DENY_ERRNO,
+)
 
 # libseccomp's constants (seccomp.h); stable across libseccomp 2.x.
 _ACT_ALLOW = 0x7FFF0000
@@ -89,15 +96,15 @@ def compiled_filter() -> bytes:
             if rc < 0 and -rc not in (errno.EDOM, errno.EEXIST):
                 raise SeccompUnavailable(f"seccomp rule for {name} failed: {os.strerror(-rc)}")
 
-        deny = _act_errno(seccomp_policy.DENY_ERRNO)
-        for name in seccomp_policy.DENIED_SYSCALLS:
+        deny = _act_errno(SECCOMP_DENY_ERRNO)
+        for name in DENIED_SYSCALLS:
             add(name, deny)
-        newuser = _ArgCmp(0, _CMP_MASKED_EQ, seccomp_policy.CLONE_NEWUSER, seccomp_policy.CLONE_NEWUSER)
-        for name in seccomp_policy.DENIED_WITH_NEWUSER:
+        newuser = _ArgCmp(0, _CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER)
+        for name in DENIED_WITH_NEWUSER:
             add(name, deny, newuser)
-        for family in seccomp_policy.DENIED_SOCKET_FAMILIES:
+        for family in DENIED_SOCKET_FAMILIES:
             add("socket", deny, _ArgCmp(0, _CMP_EQ, family, 0))
-        for name in seccomp_policy.ENOSYS_SYSCALLS:
+        for name in ENOSYS_SYSCALLS:
             add(name, _act_errno(errno.ENOSYS))
 
         fd = os.memfd_create("execbox-seccomp")

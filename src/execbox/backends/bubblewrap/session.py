@@ -25,28 +25,33 @@ from execbox.backends.bubblewrap.settings import BubblewrapSettings
 from execbox.plugin import (
     ARMED,
     OWNER_FILE,
+    PROXY_MOUNT_POINT,
     ConfigError,
+    EgressProxy,
     ExecResult,
     ExecSpec,
     FileInfo,
+    ProxyRun,
     SandboxError,
     Session,
     SessionSpec,
     Settings,
+    SharedSettings,
     Transfer,
     TransferLimits,
     armed_script,
-    disk,
     finish_process,
+    mount_sized_soon,
     owner_id,
     owner_tag,
-    proxy,
+    release_sized,
     remove_tree,
     safe_read,
     safe_write,
     sandbox_env,
     start_process,
     stop_process,
+    with_egress,
 )
 
 SANDBOX_UID = SANDBOX_GID = 1000
@@ -79,11 +84,11 @@ class _Launched:
 class BubblewrapSession(Session):
     workspace = WORKSPACE
     #: Network mode proxy: the session's egress proxy (its directory is bound in, one socket per exec).
-    egress: proxy.EgressProxy | None = None
+    egress: EgressProxy | None = None
     host_workspace: str  # the host directory bound at /workspace: file transfer works on it directly
 
     def __init__(self, report: HostReport, settings: BubblewrapSettings, spec: SessionSpec,
-                 core: Settings | None = None) -> None:
+                 shared: SharedSettings | None = None) -> None:
         self.report = report
         self.settings = settings
         self.spec = spec
@@ -96,7 +101,8 @@ class BubblewrapSession(Session):
         self._sized: concurrent.futures.Future[None] | None = None  # the size-limited workspace being made
         try:
             if spec.network == "proxy":
-                self.egress = proxy.EgressProxy.for_settings(core or Settings.from_env(), owner=self.owner)
+                shared = shared or SharedSettings.of(Settings.from_env())
+                self.egress = EgressProxy(shared.egress_policy(), owner=self.owner, ca_bundle=shared.ca_bundle)
             # root: 0711 so the dropped uid can reach its workspace but list nothing else here
             os.chmod(self.root, 0o711)
             self._write_private(OWNER_FILE, owner_id() + "\n", 0o644)
@@ -104,7 +110,7 @@ class BubblewrapSession(Session):
             if self.owner:
                 os.chown(self.host_workspace, *self.owner)
             if report.sized_workspace and spec.limits.disk_mb:
-                self._sized = disk.mount_sized_soon(self.host_workspace, spec.limits.disk_mb,
+                self._sized = mount_sized_soon(self.host_workspace, spec.limits.disk_mb,
                                                     self.owner or (os.getuid(), os.getgid()))
                 if not spec.oneshot:
                     # A sandbox's workspace (the kit's host_workspace, usable by anyone holding the session) is
@@ -127,7 +133,7 @@ class BubblewrapSession(Session):
             self.egress.close()
         if self._sized is not None:
             concurrent.futures.wait([self._sized])  # done either way: no part of the mount appears later
-        disk.release_sized(self.host_workspace)
+        release_sized(self.host_workspace)
         remove_tree(self.root)
 
     def _write_private(self, name: str, data: str | bytes, mode: int) -> str:
@@ -163,7 +169,7 @@ class BubblewrapSession(Session):
         args += (["--size", str(self.settings.tmpfs_mb << 20)] if sized else []) + ["--tmpfs", "/tmp"]
         args += ["--bind", self.host_workspace, WORKSPACE]
         if self.egress is not None:  # the proxy's sockets: the only way out of the network namespace
-            args += ["--ro-bind", self.egress.directory, proxy.MOUNT_POINT]
+            args += ["--ro-bind", self.egress.directory, PROXY_MOUNT_POINT]
         for mount in self.spec.mounts:  # the caller's host paths (admitted by the guard), outer targets first
             self._check_mount_target(mount.target)
             args += ["--bind" if mount.writable else "--ro-bind", mount.source, mount.target]
@@ -212,7 +218,7 @@ class BubblewrapSession(Session):
         finally:
             with anyio.CancelScope(shield=True):
                 attempts, dropped = await anyio.to_thread.run_sync(self.egress.finish_run, run)
-        return proxy.with_egress(result, attempts, dropped)
+        return with_egress(result, attempts, dropped)
 
     async def arm(self) -> None:
         """Start the first exec's sandbox now, waiting in ARMED for its command (as docker arms a session's first
@@ -225,7 +231,7 @@ class BubblewrapSession(Session):
                         max_output_bytes=1, network=self.spec.network, limits=self.spec.limits)
         self._armed = await self._launch(spec, None)
 
-    async def _exec(self, request: ExecSpec, run: proxy.ProxyRun | None) -> ExecResult:
+    async def _exec(self, request: ExecSpec, run: ProxyRun | None) -> ExecResult:
         if self._closed:
             raise SandboxError("this bubblewrap session is closed", backend="bubblewrap")
         armed, self._armed = self._armed, None
@@ -239,7 +245,7 @@ class BubblewrapSession(Session):
             return await self._finish(armed, request, script + (request.stdin or b""))
         return await self._finish(await self._launch(request, run), request, request.stdin)
 
-    async def _launch(self, request: ExecSpec, run: proxy.ProxyRun | None) -> _Launched:
+    async def _launch(self, request: ExecSpec, run: ProxyRun | None) -> _Launched:
         """``request``'s sandbox started (its cgroup, argument and status files, the watched bwrap); not fed yet."""
         tag = uuid.uuid4().hex[:12]
         launched = _Launched(self._write_private(f"args-{tag}", "\0".join(self._bwrap_args(request)) + "\0", 0o600),
@@ -257,7 +263,7 @@ class BubblewrapSession(Session):
                 tools=self.report.tools, caller=os.getpid(), bwrap=self.report.bwrap, args_file=launched.args_file,
                 seccomp_file=os.path.join(self.root, "filter.bpf"), status_file=launched.status_file,
                 rlimits=self._rlimits(request, cgroup), cgroup_procs=cgroup.procs_files() if cgroup else [],
-                user=self.owner, command=proxy.EgressProxy.command(run, request.argv) if run else request.argv)
+                user=self.owner, command=EgressProxy.command(run, request.argv) if run else request.argv)
             launched.proc = await start_process(argv, env={"PATH": TOOLS_PATH}, cwd=self.root)
             launched.loop = asyncio.get_running_loop()
             await self._ready()  # made while the launcher started; only now may bwrap bind the workspace

@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import anyio
 from pydantic import field_validator
@@ -23,7 +23,7 @@ from execbox.backends.docker.hardening import (
 )
 from execbox.backends.docker.image import DEFAULT_TAG
 from execbox.backends.docker.session import (
-    L_EXPIRES,
+    DOCKER_LABELS,
     L_OWNER,
     L_WORKSPACE,
     LABEL,
@@ -43,11 +43,12 @@ from execbox.plugin import (
     SessionSpec,
     Settings,
     Verdict,
-    disk,
+    load_probe_facts,
     owner_alive,
-    probecache,
-    proxy,
     setting,
+    sized_workspace_unavailable,
+    store_probe_facts,
+    sweep_orphaned_proxies,
 )
 
 _EGRESS_VAR = "CODE_EXEC_DOCKER_EGRESS_NETWORK"
@@ -162,7 +163,7 @@ def _engine_may_use_ssh() -> bool:
         return False
 
 
-class DockerBackend(ExecutionBackend):
+class DockerBackend(ExecutionBackend[DockerSettings]):
     name = "docker"
     extra = "docker"
     sdk = "docker"
@@ -180,8 +181,8 @@ class DockerBackend(ExecutionBackend):
         mounts=True,  # execbox.Mount: plain private binds, read-only unless asked, checked in the inspect output
     )
 
-    def __init__(self, settings: Settings, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(settings, options)
+    def __init__(self, execbox_settings: Settings, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(execbox_settings, options)
         self._client: Any = None
         self.endpoint = ""
         self.origin = ""
@@ -191,12 +192,8 @@ class DockerBackend(ExecutionBackend):
         self._runtime: str | None = None  # the runtime check() judged (named or the default), asked for by name
 
     @property
-    def docker(self) -> DockerSettings:
-        return cast(DockerSettings, self.options)
-
-    @property
     def user(self) -> str:
-        return self.docker.user or default_user()
+        return self.settings.user or default_user()
 
     # -- engine access --
 
@@ -221,7 +218,9 @@ class DockerBackend(ExecutionBackend):
 
     def _kept_facts(self) -> dict[str, Any] | None:
         """The probe cache's record for this engine, when it has one of the shape engine_facts stores."""
-        facts = probecache.load("docker", self._engine_key, self.settings.probe_cache_sec) if self._engine_key else None
+        if not self._engine_key:
+            return None
+        facts = load_probe_facts("docker", self._engine_key, self.shared.probe_cache_sec)
         if facts and isinstance(facts.get("info"), dict) and re.fullmatch(r"\d+\.\d+", str(facts.get("api_version"))):
             return facts
         return None
@@ -236,7 +235,7 @@ class DockerBackend(ExecutionBackend):
             facts = {"api_version": self.call(lambda c: c.api.api_version),
                      "info": {k: info.get(k) for k in _INFO_FACTS}}
             if self._engine_key is not None:
-                probecache.store("docker", self._engine_key, facts)
+                store_probe_facts("docker", self._engine_key, facts)
         info_facts: dict[str, Any] = facts["info"]
         return info_facts
 
@@ -259,11 +258,11 @@ class DockerBackend(ExecutionBackend):
             raise unreachable(self.endpoint, self.origin, exc) from None
 
     def _missing_image(self, exc: BaseException) -> BackendUnavailableError:
-        built = self.docker.image == DEFAULT_TAG
+        built = self.settings.image == DEFAULT_TAG
         fix = ("build it from Debian's packages, no registry needed (as root): execbox image build"
-               if built else f"docker pull/load {self.docker.image}, or unset CODE_EXEC_DOCKER_IMAGE and run "
+               if built else f"docker pull/load {self.settings.image}, or unset CODE_EXEC_DOCKER_IMAGE and run "
                              "`execbox image build` for the default image")
-        return BackendUnavailableError(f"the sandbox image {self.docker.image} is not on the engine at "
+        return BackendUnavailableError(f"the sandbox image {self.settings.image} is not on the engine at "
                                        f"{self.endpoint}", backend="docker", fix=fix,
                                        env_var="CODE_EXEC_DOCKER_IMAGE")
 
@@ -282,7 +281,7 @@ class DockerBackend(ExecutionBackend):
         self.workspace_access()
         info = self.engine_facts()
         runtimes = info.get("Runtimes") or {}
-        runtime = self.docker.runtime
+        runtime = self.settings.runtime
         if runtime and runtime not in runtimes:
             raise BackendUnavailableError(
                 f"{_RUNTIME_VAR}={runtime} is not a runtime of the engine at {self.endpoint} "
@@ -298,12 +297,12 @@ class DockerBackend(ExecutionBackend):
                 fix=f"set {_RUNTIME_VAR} to one of: {', '.join(sorted(KNOWN_RUNTIMES))} (registered under that name "
                     "in the engine)")
         self._runtime = used
-        self.call(lambda c: c.images.get(self.docker.image))
+        self.call(lambda c: c.images.get(self.settings.image))
         limits = set(self.capabilities.limits)
         for limit, flag in (("memory", "MemoryLimit"), ("pids", "PidsLimit"), ("cpu", "CpuCfsQuota")):
             if info.get(flag) is False:
                 limits.discard(limit)
-        if disk.unavailable_reason() is not None:
+        if sized_workspace_unavailable() is not None:
             limits.discard("disk")
         isolation = KNOWN_RUNTIMES[used][0] if used in KNOWN_RUNTIMES else self.capabilities.isolation
         return self.capabilities.model_copy(update={"isolation": isolation, "limits": frozenset(limits)})
@@ -312,7 +311,7 @@ class DockerBackend(ExecutionBackend):
         import docker
 
         try:
-            return self.call(lambda c: c.api.inspect_network(self.docker.egress_network))  # type: ignore[no-any-return]
+            return self.call(lambda c: c.api.inspect_network(self.settings.egress_network))  # type: ignore[no-any-return]
         except docker.errors.NotFound:
             return None
 
@@ -342,13 +341,13 @@ class DockerBackend(ExecutionBackend):
         if uid == 0 or gid == 0:
             return Verdict(False, f"CODE_EXEC_DOCKER_USER={self.user} runs the code as root (uid or gid 0) in the "
                                   "container; unset it or give a non-root uid:gid")
-        runtime = self.docker.runtime
+        runtime = self.settings.runtime
         if runtime and runtime not in KNOWN_RUNTIMES:
             return Verdict(False, f"{_RUNTIME_VAR}={runtime} is not a runtime execbox knows to isolate at least "
                                   f"as well as runc (known: {', '.join(sorted(KNOWN_RUNTIMES))}); unset it or "
                                   "name one of those")
         if request.network == "egress":
-            problem = egress_network_problem(self.docker.egress_network, None)
+            problem = egress_network_problem(self.settings.egress_network, None)
             if problem:
                 return Verdict(False, problem)
         shown = f", runtime {runtime}" if runtime else ""
@@ -358,11 +357,11 @@ class DockerBackend(ExecutionBackend):
         uid, _ = parse_user(self.user)
         keeper = "65533:65533" if uid != 65533 else "65532:65532"
         caps = self._checked[1] if self._checked else None
-        return Plan(image=self.docker.image, user=self.user, keeper=keeper, limits=spec.limits, network=spec.network,
+        return Plan(image=self.settings.image, user=self.user, keeper=keeper, limits=spec.limits, network=spec.network,
                     # The judged runtime by name, also when it is the engine's default: a default changed since
                     # (a reload, facts from the probe cache) is then a refused contract, never another runtime.
-                    runtime=self.docker.runtime or self._runtime, tmpfs_mb=self.docker.tmpfs_mb,
-                    egress_network=self.docker.egress_network,
+                    runtime=self.settings.runtime or self._runtime, tmpfs_mb=self.settings.tmpfs_mb,
+                    egress_network=self.settings.egress_network,
                     disk=caps is not None and "disk" in caps.limits, mounts=spec.mounts)
 
     async def open_session(self, spec: SessionSpec) -> DockerSession:
@@ -387,7 +386,7 @@ class DockerBackend(ExecutionBackend):
         """The egress bridge, created when missing; an existing network is used only if execbox made it."""
         import docker
 
-        name = self.docker.egress_network
+        name = self.settings.egress_network
         attrs = self._egress_attrs()
         if attrs is None and egress_network_problem(name, None) is None:
             with contextlib.suppress(docker.errors.APIError):  # another process created it meanwhile
@@ -414,14 +413,7 @@ class DockerBackend(ExecutionBackend):
         now = time.time()
         for item in self.call(lambda c: c.api.containers(all=True, filters={"label": LABEL})):
             labels = item.get("Labels") or {}
-            if labels.get(LABEL) != "1":
-                continue
-            reason = None
-            with contextlib.suppress(ValueError):
-                if float(labels.get(L_EXPIRES, "inf")) < now:
-                    reason = "expired"
-            if reason is None and owner_alive(labels.get(L_OWNER, "")) is False:
-                reason = "orphaned"
+            reason = DOCKER_LABELS.orphan_reason(labels, now)
             if reason is None:
                 continue
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
@@ -433,5 +425,5 @@ class DockerBackend(ExecutionBackend):
         for path in orphaned_workspaces(parse_user(self.user)[0]):
             if remove_workspace(path):
                 removed.append(f"docker workspace {path} (orphaned)")
-        removed += [f"egress proxy directory {path} (orphaned)" for path in proxy.sweep_orphans()]
+        removed += [f"egress proxy directory {path} (orphaned)" for path in sweep_orphaned_proxies()]
         return removed

@@ -26,7 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from execbox.plugin import ConfigError, proxy, seccomp_policy
+from execbox.plugin import (
+    CLONE_NEWUSER,
+    DENIED_SOCKET_FAMILIES,
+    DENIED_SYSCALLS,
+    DENIED_WITH_NEWUSER,
+    ENOSYS_SYSCALLS,
+    PROXY_MOUNT_POINT,
+    SECCOMP_DENY_ERRNO,
+    ConfigError,
+)
 
 WORKSPACE = "/workspace"
 TMPFS = "/tmp"
@@ -80,15 +89,14 @@ def runtime_problem(name: str, entry: dict[str, Any] | None) -> str | None:
 @functools.cache
 def seccomp_profile(machine: str | None = None) -> str:
     """The profile as the JSON string ``--security-opt seccomp=`` takes (the engine stores it verbatim)."""
-    policy = seccomp_policy
-    deny = {"action": "SCMP_ACT_ERRNO", "errnoRet": policy.DENY_ERRNO}
-    newuser = {"index": 0, "value": policy.CLONE_NEWUSER, "valueTwo": policy.CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}
+    deny = {"action": "SCMP_ACT_ERRNO", "errnoRet": SECCOMP_DENY_ERRNO}
+    newuser = {"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}
     rules: list[dict[str, Any]] = [
-        {"names": sorted(policy.DENIED_SYSCALLS), **deny},
-        {"names": sorted(policy.DENIED_WITH_NEWUSER), **deny, "args": [newuser]},
+        {"names": sorted(DENIED_SYSCALLS), **deny},
+        {"names": sorted(DENIED_WITH_NEWUSER), **deny, "args": [newuser]},
         *({"names": ["socket"], **deny, "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]}
-          for family in policy.DENIED_SOCKET_FAMILIES),
-        {"names": sorted(policy.ENOSYS_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+          for family in DENIED_SOCKET_FAMILIES),
+        {"names": sorted(ENOSYS_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
     ]
     profile = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": _ARCHES.get(machine or platform.machine(), []),
                "syscalls": rules}
@@ -173,7 +181,7 @@ class Contract:
     nano_cpus: int
     pids: int
     runtime: str | None  # None: whatever the engine's default is, if it is a runtime execbox knows
-    proxy_dir: str | None = None  # network mode proxy: the host directory bound read-only at proxy.MOUNT_POINT
+    proxy_dir: str | None = None  # network mode proxy: the host directory bound read-only at PROXY_MOUNT_POINT
     mounts: tuple[tuple[str, str, bool], ...] = ()  # the caller's binds (execbox.Mount): source, target, writable
 
 
@@ -228,7 +236,7 @@ def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
     mounts = [(m.get("Type"), m.get("Source"), m.get("Destination"), m.get("RW")) for m in attrs.get("Mounts") or []]
     wanted = [("bind", c.workspace, WORKSPACE, True)]
     if c.proxy_dir:
-        wanted.append(("bind", c.proxy_dir, proxy.MOUNT_POINT, False))
+        wanted.append(("bind", c.proxy_dir, PROXY_MOUNT_POINT, False))
     wanted += [("bind", source, target, writable) for source, target, writable in c.mounts]
     want("Mounts", sorted(mounts, key=str), sorted(wanted, key=str))
     for m in attrs.get("Mounts") or []:

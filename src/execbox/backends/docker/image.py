@@ -41,8 +41,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from execbox.plugin import BackendUnavailableError, ExecboxError
-from execbox.plugin import packages as pypackages
+from execbox.plugin import (
+    PYTHON_TARGET_PROBE,
+    BackendUnavailableError,
+    ExecboxError,
+    PythonTarget,
+    check_requirements,
+    pip_download,
+    read_requirements,
+)
 
 DEFAULT_TAG = "execbox-sandbox:bookworm"
 DEFAULT_SUITE = "bookworm"
@@ -280,15 +287,15 @@ def _trim(rootfs: Path) -> None:
 def _pip_into(rootfs: Path, work: Path, pip: tuple[str, ...], log: Log) -> None:
     """Fetch ``pip`` (checked requirements) as wheels on the host for the rootfs's Python, then install them into
     it with its own pip and no index."""
-    probe = subprocess.run(["chroot", str(rootfs), "python3", "-c", pypackages.PROBE], capture_output=True, text=True,
-                           check=False)
+    probe = subprocess.run(["chroot", str(rootfs), "python3", "-c", PYTHON_TARGET_PROBE], capture_output=True,
+                           text=True, check=False)
     if probe.returncode != 0:
         raise ImageBuildError(f"the image's python3 does not run: {probe.stderr.strip()[-300:]}")
-    target = pypackages.PythonTarget.parse(probe.stdout)
+    target = PythonTarget.parse(probe.stdout)
     wheels = rootfs / "tmp" / "execbox-wheels"
     wheels.mkdir(parents=True)
     log(f"pip: fetching {', '.join(pip)} as wheels for Python {target.major}.{target.minor} on the host")
-    done = pypackages.pip_download(list(pip), wheels, target)
+    done = pip_download(list(pip), wheels, target)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-8:])
         raise ImageBuildError(f"pip on the host could not fetch the Python packages as wheels (only wheels are used: "
@@ -327,7 +334,7 @@ def build_image(
     an image with more than the default content, ``recipe_tag`` (the hash says what is in it).
     ``packages``: Debian packages (``DEFAULT_PACKAGES`` and any more); ``pip``, ``requirements``:
     Python packages fetched as wheels on the host (see the module docstring). A requirements file is read here,
-    each line checked as a ``pip`` requirement is (``packages.read_requirements``); pip never sees the file.
+    each line checked as a ``pip`` requirement is (``read_requirements``); pip never sees the file.
     """
     started = time.monotonic()
     check_packages(packages)
@@ -420,9 +427,9 @@ def build_image(
 def _checked_pip(pip: tuple[str, ...], files: tuple[Path, ...]) -> tuple[str, ...]:
     """``pip`` and every requirements file's lines, each checked: what the host's pip is given, names only."""
     try:
-        checked = pypackages.check_requirements(pip)
+        checked = check_requirements(pip)
         for path in files:
-            checked += pypackages.read_requirements(path)
+            checked += read_requirements(path)
     except ExecboxError as exc:
         raise ImageBuildError(exc.message) from None
     return tuple(checked)

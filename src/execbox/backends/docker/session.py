@@ -58,29 +58,35 @@ from execbox.backends.docker.hardening import (
 from execbox.backends.docker.stream import close, hijacked, pump
 from execbox.plugin import (
     ARMED,
+    PROXY_MOUNT_POINT,
+    SIZED_IMAGE_SUFFIX,
     BackendUnavailableError,
     BoundedCapture,
+    EgressProxy,
     ExecResult,
     ExecSpec,
     Limits,
     Mount,
     NotASandboxError,
+    OwnerLabels,
+    ProxyRun,
     SandboxError,
     Session,
     SessionSpec,
-    Settings,
+    SharedSettings,
     armed_script,
     build_result,
-    disk,
+    mount_sized_soon,
     name_owner,
     owner_id,
     owner_tag,
     pid_alive,
-    proxy,
+    release_sized,
     remove_tree,
     safe_read,
     safe_write,
     sandbox_env,
+    with_egress,
 )
 
 LABEL = "io.execbox"
@@ -89,6 +95,8 @@ L_SESSION = "io.execbox.session"
 L_CREATED = "io.execbox.created"
 L_EXPIRES = "io.execbox.expires"
 L_WORKSPACE = "io.execbox.workspace"
+#: gc's vocabulary spelled as docker labels: no container is kept on purpose (persist).
+DOCKER_LABELS = OwnerLabels(mark=LABEL, owner=L_OWNER, created=L_CREATED, expires=L_EXPIRES)
 
 HOME = "/tmp"
 WORKSPACE_PREFIX = "execbox-docker-"
@@ -115,8 +123,8 @@ def remove_workspace(path: str) -> bool:
     if os.path.realpath(os.path.dirname(p)) != os.path.realpath(tempfile.gettempdir()) \
             or name_owner(os.path.basename(p), WORKSPACE_PREFIX) is None or os.path.islink(p):
         return False
-    existed = os.path.exists(p) or os.path.exists(p + disk.IMAGE_SUFFIX)
-    disk.release_sized(p)
+    existed = os.path.exists(p) or os.path.exists(p + SIZED_IMAGE_SUFFIX)
+    release_sized(p)
     remove_tree(p)
     return existed
 
@@ -133,7 +141,7 @@ def orphaned_workspaces(sandbox_uid: int | None = None) -> list[str]:
     found = []
     with contextlib.suppress(OSError):
         for name in os.listdir(tmp):
-            base = os.path.join(tmp, name.removesuffix(disk.IMAGE_SUFFIX))
+            base = os.path.join(tmp, name.removesuffix(SIZED_IMAGE_SUFFIX))
             owner = name_owner(os.path.basename(base), WORKSPACE_PREFIX)
             if owner is None or pid_alive(*owner):
                 continue
@@ -146,7 +154,7 @@ def orphaned_workspaces(sandbox_uid: int | None = None) -> list[str]:
                 if stat.S_ISREG(st.st_mode) and st.st_uid == me and not os.path.lexists(base):
                     found.append(base)
             elif stat.S_ISDIR(st.st_mode) and (st.st_uid in uids or me == 0 and os.path.ismount(path)
-                                               and _owned_file(path + disk.IMAGE_SUFFIX, me)):
+                                               and _owned_file(path + SIZED_IMAGE_SUFFIX, me)):
                 found.append(path)
     return found
 
@@ -254,10 +262,10 @@ def reap_owner(tmp: str, prefix: str, owner: str, sandbox_uid: str) -> None:
 
 class SessionBackend(Protocol):
     """What a session uses of its backend (``DockerBackend``, which imports this module, not the other way): the
-    engine behind ``call``, where that engine is, and the settings its egress proxy is made from."""
+    engine behind ``call``, where that engine is, and the shared settings its egress proxy is made from."""
 
     @property
-    def settings(self) -> Settings: ...
+    def shared(self) -> SharedSettings: ...
 
     @property
     def endpoint(self) -> str: ...
@@ -312,25 +320,24 @@ class DockerSession(Session):
         self._streams: set[socket.socket] = set()  # the attach/exec sockets being read now (close() cuts them)
         self._broken: str | None = None  # why the container can no longer be trusted to run another exec
         # Network mode proxy: the session's egress proxy; its directory is bound read-only at /run/execbox.
-        self.egress: proxy.EgressProxy | None = None
+        self.egress: EgressProxy | None = None
 
     def prepare(self) -> None:
         """Before any container: the egress proxy in network mode proxy, and the size-limited workspace where
         the disk limit is enforced here — made in a thread while ``start`` has the engine create the container
         (a bind mount is resolved when the container starts, not when it is created)."""
         if self.plan.network == "proxy":
-            self.egress = proxy.EgressProxy.for_settings(self.backend.settings,
-                                                         owner=self._owner if os.geteuid() == 0 else None)
+            shared = self.backend.shared
+            self.egress = EgressProxy(shared.egress_policy(), owner=self._owner if os.geteuid() == 0 else None,
+                                      ca_bundle=shared.ca_bundle)
         if self.plan.disk and self.plan.limits.disk_mb:
             self._sized = True  # set first: close() releases whatever part of the mount was made
-            self._disk = disk.mount_sized_soon(self.host_workspace, self.plan.limits.disk_mb, self._owner)
+            self._disk = mount_sized_soon(self.host_workspace, self.plan.limits.disk_mb, self._owner)
 
     # -- container arguments --
 
     def _labels(self, expires_in: float) -> dict[str, str]:
-        now = int(time.time())
-        return {LABEL: "1", L_OWNER: owner_id(), L_SESSION: self.id, L_CREATED: str(now),
-                L_EXPIRES: str(int(now + expires_in)), L_WORKSPACE: self.host_workspace}
+        return {**DOCKER_LABELS.make(expires_in), L_SESSION: self.id, L_WORKSPACE: self.host_workspace}
 
     def _create_kwargs(self, command: list[str], *, user: str, env: dict[str, str], workdir: str,
                        expires_in: float, stdin: bool) -> dict[str, Any]:
@@ -356,7 +363,7 @@ class DockerSession(Session):
             kw["network"] = p.egress_network
         elif p.network == "proxy":  # no network at all: the proxy's Unix socket is the only way out
             kw["network_mode"] = "none"
-            kw["mounts"].append(Mount(proxy.MOUNT_POINT, self._egress_dir(), type="bind", read_only=True))
+            kw["mounts"].append(Mount(PROXY_MOUNT_POINT, self._egress_dir(), type="bind", read_only=True))
         else:
             kw["network_mode"] = p.network  # "none" or "host" (the guard has judged host already)
         for m in p.mounts:  # the caller's host paths: read-only unless asked otherwise
@@ -464,7 +471,7 @@ class DockerSession(Session):
         # which ends the thread's stream.
         return await anyio.to_thread.run_sync(self._guarded, run, request, abandon_on_cancel=True)
 
-    def _guarded(self, run: Callable[[ExecSpec, proxy.ProxyRun | None], ExecResult], request: ExecSpec
+    def _guarded(self, run: Callable[[ExecSpec, ProxyRun | None], ExecResult], request: ExecSpec
                  ) -> ExecResult:
         import docker
 
@@ -480,7 +487,7 @@ class DockerSession(Session):
                     fix="add python3 to the image, or unset CODE_EXEC_DOCKER_IMAGE for the default image")
             attempts, dropped = self.egress.finish_run(door) if self.egress else ([], 0)
             door = None
-            return proxy.with_egress(result, attempts, dropped)
+            return with_egress(result, attempts, dropped)
         except docker.errors.NotFound as exc:
             raise SandboxError(f"the sandbox container is gone (removed or killed from outside?): "
                                f"{exc.explanation or exc}", backend="docker") from None
@@ -494,17 +501,17 @@ class DockerSession(Session):
             if door is not None and self.egress is not None:
                 self.egress.finish_run(door, settle_s=0)
 
-    def _command(self, request: ExecSpec, door: proxy.ProxyRun | None) -> tuple[list[str], dict[str, str]]:
+    def _command(self, request: ExecSpec, door: ProxyRun | None) -> tuple[list[str], dict[str, str]]:
         """The container's command (under the backstop; behind the proxy's forwarder in mode proxy) and env."""
         # HOSTNAME as docker sets it for a container's own process and an exec: an armed command's env -i drops it.
         env = {"HOSTNAME": "sandbox", **sandbox_env(request.env, home=HOME)}
         argv = request.argv
         if door is not None and self.egress is not None:
             env.update(self.egress.env(request.egress))
-            argv = proxy.EgressProxy.command(door, argv)
+            argv = EgressProxy.command(door, argv)
         return backstop(argv, request.timeout + BACKSTOP_GRACE_S), env
 
-    def _exec_oneshot(self, request: ExecSpec, door: proxy.ProxyRun | None = None) -> ExecResult:
+    def _exec_oneshot(self, request: ExecSpec, door: ProxyRun | None = None) -> ExecResult:
         command, env = self._command(request, door)
         script = armed_script(command, env, request.workdir, backend="docker")
         with self._lock:
@@ -555,7 +562,7 @@ class DockerSession(Session):
             return state.get("ExitCode"), bool(state.get("OOMKilled"))
         return int(code), False
 
-    def _exec_in_session(self, request: ExecSpec, door: proxy.ProxyRun | None = None) -> ExecResult:
+    def _exec_in_session(self, request: ExecSpec, door: ProxyRun | None = None) -> ExecResult:
         if self._broken:
             raise SandboxError(f"this session is broken: {self._broken}. Open a new sandbox", backend="docker")
         command, env = self._command(request, door)
@@ -659,5 +666,5 @@ class DockerSession(Session):
         if self._disk is not None:
             concurrent.futures.wait([self._disk])
         if self._sized:  # the containers are gone: nothing holds the mount any more
-            disk.release_sized(self.host_workspace)
+            release_sized(self.host_workspace)
         remove_tree(self.host_workspace)

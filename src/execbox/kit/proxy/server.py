@@ -55,9 +55,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from execbox.config.settings import Settings
 from execbox.contract.models import EgressAttempt, ExecResult
-from execbox.errors import ConfigError, SandboxError, UnsupportedPolicyError
+from execbox.errors import ConfigError, SandboxError
 from execbox.files.workspace import remove_tree
 from execbox.kit.ownership import OWNER_FILE, owner_id, owner_tag, remove_orphaned_dirs
 from execbox.kit.proxy import secrets as egress_secrets
@@ -79,9 +78,7 @@ from execbox.policy.egress import (
     Decision,
     EgressPolicy,
     IPAddress,
-    ProviderAllowlist,
     literal_address,
-    provider_allowlist,
 )
 from execbox.secrets.egress import RunSecrets
 
@@ -392,15 +389,6 @@ class EgressProxy:
             self._loop.close()
             remove_tree(self.directory)
             raise
-
-    @classmethod
-    def for_settings(cls, settings: Settings, *, owner: tuple[int, int] | None = None) -> EgressProxy:
-        """The proxy for the core settings' allowlist (CODE_EXEC_EGRESS_ALLOW, _DEFAULTS) and CA bundle."""
-        try:
-            policy = EgressPolicy.build(settings.egress_allow, defaults=settings.egress_defaults)
-        except ValueError as exc:  # the settings validated it already; a policy built in code may not be
-            raise ConfigError(f"CODE_EXEC_EGRESS_ALLOW: {exc}", env_var="CODE_EXEC_EGRESS_ALLOW") from None
-        return cls(policy, owner=owner, ca_bundle=settings.ca_bundle)
 
     # -- what a backend uses --
 
@@ -723,16 +711,6 @@ def _release() -> None:
         _process_open -= 1
 
 
-def provider_allowlist_for(settings: Settings, backend: str) -> ProviderAllowlist:
-    """Network mode proxy on a remote backend: the core settings' allowlist as the provider's own allowlist
-    takes it; refused (UnsupportedPolicyError) when an entry names a port, which no provider's allowlist has."""
-    try:
-        return provider_allowlist(EgressPolicy.build(settings.egress_allow, defaults=settings.egress_defaults))
-    except ValueError as exc:
-        raise UnsupportedPolicyError(f"refused: network mode proxy on {backend}: CODE_EXEC_EGRESS_ALLOW entry {exc}",
-                                     backend=backend, env_var="CODE_EXEC_EGRESS_ALLOW") from None
-
-
 def with_egress(result: ExecResult, attempts: list[EgressAttempt], dropped: int) -> ExecResult:
     """``result`` carrying its run's attempts, and notes: when more were made than kept, and each destination
     whose TLS handshake failed (where an allowed attempt alone would leave the code's error unexplained)."""
@@ -875,4 +853,4 @@ class _TlsClient:
 
 
 __all__ = ["CA_VARIABLES", "FORWARDER", "MOUNT_POINT", "EgressProxy", "ProxyRun", "local_addresses",
-           "provider_allowlist_for", "resolve", "sweep_orphans", "with_egress"]
+           "resolve", "sweep_orphans", "with_egress"]

@@ -1,6 +1,6 @@
 """What the remote backends (modal, daytona, vercel_sandbox) share.
 
-- Their SDKs are blocking: every call runs in a worker thread (``blocking``), and a cancelled caller is
+- Their SDKs are blocking: every call runs in a worker thread (``sdk_call``), and a cancelled caller is
   released at once while ``Session.close`` (shielded by the runner) terminates the remote sandbox, which
   ends whatever the abandoned thread was waiting for.
 - Labels: every remote sandbox carries ``execbox=1``, its owner (host, pid, process start time), when it
@@ -18,10 +18,9 @@
 from __future__ import annotations
 
 import posixpath
-import time
 import uuid
 from abc import abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -31,23 +30,21 @@ from execbox.contract.models import ExecResult, ExecSpec
 from execbox.contract.output import BoundedCapture, OnOutput, StreamName
 from execbox.errors import BackendUnavailableError, ExecboxError, FileTooLargeError, WorkspacePathError
 from execbox.files.workspace import is_directory_error
-from execbox.kit.ownership import owner_alive, owner_id
+from execbox.kit.ownership import OwnerLabels
 from execbox.secrets.values import Redactor
 
 T = TypeVar("T")
 
-LABEL = "execbox"
-L_OWNER = "execbox-owner"
-L_CREATED = "execbox-created"
-L_EXPIRES = "execbox-expires"
-L_PERSIST = "execbox-persist"
+#: The labels (tags) of every remote sandbox, for gc.
+REMOTE_LABELS = OwnerLabels(mark="execbox", owner="execbox-owner", created="execbox-created",
+                            expires="execbox-expires", persist="execbox-persist")
 # Set in the environment of every command a run starts, so the reaper can find what escaped its group.
-MARKER = "EXECBOX_RUN"
+RUN_MARKER = "EXECBOX_RUN"
 # What a run that hit its deadline reports when the provider gives no exit code of its own (SIGKILL).
-TIMEOUT_EXIT = 137
+SIGKILL_EXIT_CODE = 137
 
 
-async def blocking(fn: Callable[..., T], *args: object) -> T:
+async def sdk_call(fn: Callable[..., T], *args: object) -> T:
     """Run a blocking SDK call in a worker thread; cancellation does not wait for it (see module doc)."""
     return await anyio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
 
@@ -57,51 +54,24 @@ def missing_credentials(backend: str, what: str, fix: str, env_var: str) -> Back
                                    backend=backend, fix=fix, env_var=env_var)
 
 
-# --- labels and gc ------------------------------------------------------------------------------------------
-
-
-def labels(lifetime_s: float, *, persist: bool = False) -> dict[str, str]:
-    now = time.time()
-    out = {LABEL: "1", L_OWNER: owner_id(), L_CREATED: str(int(now))}
-    if persist:
-        out[L_PERSIST] = "true"  # kept on purpose (daytona's DAYTONA_SANDBOX_PERSIST): gc leaves it alone
-    else:
-        out[L_EXPIRES] = str(int(now + lifetime_s))
-    return out
-
-
-def orphan_reason(tags: Mapping[str, str], now: float | None = None) -> str | None:
-    """Why gc may remove a sandbox with these labels ("expired", "orphaned"), or None to keep it."""
-    if tags.get(LABEL) != "1" or tags.get(L_PERSIST) == "true":
-        return None
-    try:
-        if float(tags.get(L_EXPIRES, "inf")) < (now or time.time()):
-            return "expired"
-    except ValueError:
-        pass
-    if owner_alive(tags.get(L_OWNER, "")) is False:
-        return "orphaned"
-    return None
-
-
 # --- inside the sandbox ---------------------------------------------------------------------------------
 
 # sh -c WRAP execbox ARGV...: runs ARGV as a child, so a signal death reaches us as 128+signal.
 WRAP = '"$@"; exit $?'
 
 
-def wrapped(argv: list[str]) -> list[str]:
+def wrapped_argv(argv: list[str]) -> list[str]:
     return ["/bin/sh", "-c", WRAP, "execbox", *argv]
 
 
-def new_marker() -> str:
+def new_run_marker() -> str:
     return uuid.uuid4().hex
 
 
-# sh -c REAP execbox MARKER: SIGKILL every process whose environment carries MARKER=<value>, until none is
-# left (a process forking while we scan is caught on the next pass).
-REAP = f"""
-m="{MARKER}=$1"
+# sh -c REAP_SCRIPT execbox MARKER: SIGKILL every process whose environment carries RUN_MARKER=<marker>, until none
+# is left (a process forking while we scan is caught on the next pass).
+REAP_SCRIPT = f"""
+m="{RUN_MARKER}=$1"
 for pass in 1 2 3 4 5 6 7 8 9 10; do
   found=
   for d in /proc/[0-9]*; do
@@ -116,7 +86,7 @@ done
 
 
 def reap_argv(marker: str) -> list[str]:
-    return ["/bin/sh", "-c", REAP, "execbox", marker]
+    return ["/bin/sh", "-c", REAP_SCRIPT, "execbox", marker]
 
 
 # sh -c CHECK execbox WORKSPACE RELPATH: prints the path with every symlink resolved; exit 4 when that is
@@ -183,15 +153,15 @@ class RemoteSession(Session):
 
     async def exec(self, request: ExecSpec) -> ExecResult:
         self.dirty = True
-        result: ExecResult = await blocking(self._translated, "running a command", None, self.run_exec, request)
+        result: ExecResult = await sdk_call(self._translated, "running a command", None, self.run_exec, request)
         return result.model_copy(update={"notes": [*result.notes, *self.result_notes]}) if self.result_notes else result
 
     async def write_file(self, path: str, data: bytes) -> None:
-        await blocking(self._translated, f"writing {path!r}", path,
+        await sdk_call(self._translated, f"writing {path!r}", path,
                        lambda: self.write_bytes(self._target(path), bytes(data)))
 
     async def read_file(self, path: str, max_bytes: int) -> bytes:
-        return await blocking(self._translated, f"reading {path!r}", path, lambda: self._read_capped(path, max_bytes))
+        return await sdk_call(self._translated, f"reading {path!r}", path, lambda: self._read_capped(path, max_bytes))
 
     def _read_capped(self, path: str, max_bytes: int) -> bytes:
         ran = self.dirty  # before any code ran, the workspace holds only what the caller wrote
@@ -219,7 +189,7 @@ class RemoteSession(Session):
         if self.closed:
             return
         self.closed = True
-        await blocking(self.dispose)
+        await sdk_call(self.dispose)
 
     def _target(self, path: str) -> str:
         if not self.dirty:
