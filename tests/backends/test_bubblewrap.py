@@ -186,7 +186,7 @@ def test_host_files_and_secrets_are_invisible(runner: Runner, caps: Capabilities
             import glob, os
             print("ENV", os.environ.get("EXECBOX_TEST_HOST_SECRET"))
             for path in [{str(marker)!r}, {outside!r}, "/home", "/root", "/run", "/var/run/docker.sock",
-                         "/etc/shadow", "/etc/sudoers", "/sys", {execbox_dir + '/core'!r}, {sys.prefix!r}]:
+                         "/etc/shadow", "/etc/sudoers", "/sys", {execbox_dir + '/runner'!r}, {sys.prefix!r}]:
                 print("SEEN" if os.path.exists(path) else "ABSENT", path)
             # nothing of the host's processes or their environment is reachable through /proc
             blobs = []

@@ -1,5 +1,5 @@
 """The disk limit on bubblewrap: as root each session's workspace is a size-limited filesystem of its own
-(core.disk); writing past it fails with ENOSPC inside, the host's disk grows by at most the limit, and the
+(files.disk); writing past it fails with ENOSPC inside, the host's disk grows by at most the limit, and the
 mount goes with the session (or with gc, when its owner was killed). Where that cannot be done the limit is
 not claimed, and a request that demands it is refused."""
 

@@ -1,4 +1,4 @@
-"""Every HTTP head the egress proxy reads is parsed strictly (core.proxy.parse_head), and an intercepted connection
+"""Every HTTP head the egress proxy reads is parsed strictly (protocol.parse_head), and an intercepted connection
 (secrets at egress) carries exactly one request and one response. Found attacking (issue 25, B2-B4): a bare LF in a
 header smuggled a second request, with the real value swapped in, to another virtual host of a lenient upstream;
 a bare LF in a plain-HTTP header put the code's own Host ahead of the proxy's; the value came back to the code in a

@@ -1,4 +1,4 @@
-"""The host step's requirements (core.packages): a requirements file is read by execbox, strictly, and every
+"""The host step's requirements (kit.packages): a requirements file is read by execbox, strictly, and every
 line must pass the same check as a requirement given alone; what reaches the host's pip is names and versions
 only, never the file, an option, a URL, a path or a name pip would take for a local archive."""
 

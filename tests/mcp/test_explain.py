@@ -1,4 +1,4 @@
-"""The limit that cut a run short, in one sentence on ExecResult (core.results.explain), for API users and the
+"""The limit that cut a run short, in one sentence on ExecResult (contract.results.explain), for API users and the
 MCP tools alike."""
 
 from __future__ import annotations

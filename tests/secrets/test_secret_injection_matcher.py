@@ -1,4 +1,4 @@
-"""The redactor's matcher (core.secrets_inject.Redactor.intervals) finds exactly what one alternation of every
+"""The redactor's matcher (secrets.values.Redactor.intervals) finds exactly what one alternation of every
 form, longest first, found (its pattern was that, which took ~18 s to compile for a 64 KiB value): the same
 intervals and names for any data, with values that share their start, forms that overlap, a form cut short."""
 

@@ -1,4 +1,4 @@
-"""The redactor of declared secrets (core.secrets_inject): every form of a value is cut out, nothing else is
+"""The redactor of declared secrets (secrets.values): every form of a value is cut out, nothing else is
 changed, whatever the chunking of the stream; delivery through the stdin wrapper; the Secret type."""
 
 from __future__ import annotations

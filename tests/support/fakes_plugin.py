@@ -1,4 +1,4 @@
-"""Backends for the core's tests, registered through an entry point like any third-party plugin.
+"""Backends for the tests of the runner and its layers, registered through an entry point like any third-party plugin.
 
 They run commands exactly like local_subprocess (a local process in a temporary workspace) but declare
 other capabilities, so the guard, the policy and the runner can be tested without a real engine.

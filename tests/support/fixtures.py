@@ -1,4 +1,5 @@
-"""Fixtures shared by the core's tests, tests/test_api.py and tests/test_cli.py (import them from here)."""
+"""Fixtures shared by the tests of the runner and its layers, tests/test_api.py and tests/test_cli.py (import them
+from here)."""
 
 from __future__ import annotations
 

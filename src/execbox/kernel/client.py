@@ -5,7 +5,7 @@ image (Debian has python3-ipykernel, but the default image and any image a calle
 host Python that bubblewrap binds, on every SSH host and remote provider; and ZeroMQ's IPC sockets are
 reachable from here only for backends whose workspace is a host directory. What is needed is small: run a
 cell, stream its output, return its displayed values as MIME bundles, interrupt it. So the interpreter is
-``_kernel_sandbox.py``: standard library only, any ``python3`` >= 3.8, talking JSON over a Unix socket in
+``payload.py``: standard library only, any ``python3`` >= 3.8, talking JSON over a Unix socket in
 the workspace (works with network none). Values with ``_repr_*_`` methods (pandas, IPython.display
 objects) come back as Jupyter-style MIME bundles, and matplotlib figures as PNG through an inline backend.
 

@@ -7,7 +7,7 @@ init; when the command exits, or when execbox sends SIGTERM at the deadline, or 
 Standard library only: it runs before anything of execbox is imported.
 
 The reaper runs on the host with the caller's privileges, so it starts with a clean environment, never
-the request's. The command's environment waits in an inherited descriptor (``CommandEnv`` in procs.py,
+the request's. The command's environment waits in an inherited descriptor (``CommandEnv`` in processes.py,
 ``NAME=VALUE\0`` records): with ``"env_fd"`` in the config the reaper reads it and gives it to the
 command's execve alone; behind a launcher, ``_reaper.py --exec-env FD ARGV...`` is the last step
 before the command and does the same there, after the launcher.

@@ -148,7 +148,7 @@ class AsyncRunner:
             backend = self.backend(name)
             return backend, await _check(backend)
         tried: list[str] = []
-        probe = configuration(self.settings.network)
+        probe = self.default_configuration()
         for candidate in self.auto_candidates():
             try:
                 backend = self.backend(candidate)
@@ -193,16 +193,21 @@ class AsyncRunner:
             names.append(LOCAL_FALLBACK)
         return names
 
+    def default_configuration(self, network: NetworkMode | None = None) -> ExecRequest:
+        """This runner's default configuration (with ``network``, when given), resolved as a run's would be (the
+        limits and timeout it would run with): what ``auto``, ``verdict`` and ``judge`` ask about."""
+        return resolve(self.settings, configuration(network or self.settings.network))[0]
+
     def verdict(self, backend: ExecutionBackend, network: NetworkMode | None = None) -> Verdict:
         """The backend's own verdict on this runner's default configuration (with ``network``, when given): is it
         a sandbox here? The backend's answer alone; ``judge`` adds the guard's."""
-        return backend.verdict(configuration(network or self.settings.network))
+        return backend.verdict(self.default_configuration(network))
 
     def judge(self, backend: ExecutionBackend, capabilities: Capabilities | None = None) -> Verdict:
         """Would the guard admit this runner's default configuration on ``backend`` here? The backend's verdict, or
         the guard's refusal raised (RefusedError): a question (``doctor``, ``backends``), so nothing is recorded.
         ``capabilities``: what the backend enforces here, when known (then the network mode is judged too)."""
-        request = configuration(self.settings.network)
+        request = self.default_configuration()
         verdict = backend.verdict(request)
         self.guard.check_verdict(backend, request)
         self.guard.check_secrets(backend)

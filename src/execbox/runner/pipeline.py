@@ -168,9 +168,9 @@ class Admission:
     """A request judged and resolved before any sandbox opens: what the later stages run, and nothing else.
 
     ``request`` has the settings applied (defaults, clamps, the env policy; ``dropped`` names what the policy
-    took out); ``asked`` is the request as the caller gave it. ``mounts`` are resolved and admitted; ``uploads``
-    were judged like mounts. ``session`` is the audit id of the sandbox it runs in (None for a one-shot).
-    ``settings`` are the runner's, which judged it (the collected files' bounds come from there)."""
+    took out); ``asked`` is the request as the caller gave it. ``mounts`` are resolved and admitted (the uploads
+    were judged like them, before it was made). ``session`` is the audit id of the sandbox it runs in (None for a
+    one-shot). ``settings`` are the runner's, which judged it (the collected files' bounds come from there)."""
 
     settings: Settings
     backend: ExecutionBackend
@@ -179,7 +179,6 @@ class Admission:
     asked: ExecRequest
     dropped: list[str]
     mounts: tuple[Mount, ...] = ()
-    uploads: tuple[tuple[str, str], ...] = ()
     session: str | None = None
 
 
@@ -269,7 +268,7 @@ async def admit(runner: Host, request: ExecRequest, *, backend: str | None = Non
         await _refused(runner, exc, record, backend=exc.backend or named, session=session,
                        opening=opening is not None, dropped=None if within is not None else dropped)
         raise
-    return Admission(runner.settings, impl, caps, resolved, request, dropped, mounts, tuple(uploads), session)
+    return Admission(runner.settings, impl, caps, resolved, request, dropped, mounts, session)
 
 
 async def admit_upload_into(runner: Host, within: Admission, local: str) -> None:

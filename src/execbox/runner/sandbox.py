@@ -106,7 +106,7 @@ class AsyncSandbox:
         cache = self.runner.package_cache
         mounts = self.admission.mounts
         if self._package_cache:
-            mounts = (*mounts, *self._cache_mount(self.backend, self.capabilities, cache))
+            mounts = (*mounts, *self._cache_mount(cache))
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name,
                            mounts=mounts)
         _enough_threads(self.runner.slots.total)
@@ -129,7 +129,7 @@ class AsyncSandbox:
                 raise
         return self
 
-    def _cache_mount(self, backend: ExecutionBackend, caps: Capabilities, cache: Path) -> tuple[Mount, ...]:
+    def _cache_mount(self, cache: Path) -> tuple[Mount, ...]:
         """The package cache, read-only at packages.SANDBOX_DIR, and pip pointed at it (offline when the network is
         none). Trusted: execbox's own directory, filled only on the host (kit.packages)."""
         packages.ensure_cache(cache)  # the admission said the backend can bind it

@@ -68,7 +68,7 @@ def parse_head(data: bytes, *, response: bool = False) -> Head:
     with a Transfer-Encoding, two different Content-Lengths, a transfer coding other than ``chunked`` or in an
     HTTP/1.0 message, a field named like either with ``_`` for ``-``. One
     recipient reading lines otherwise (a bare LF as a line end, say) would see other requests than the proxy
-    checked. (Which Host a request may name is its caller's to judge: ``egress_secrets.plain_request``.)"""
+    checked. (Which Host a request may name is its caller's to judge: ``kit.proxy.secrets.plain_request``.)"""
     if not data.endswith(b"\r\n\r\n"):
         raise HeadError("the head does not end with an empty line")
     lines = data[:-4].split(b"\r\n")

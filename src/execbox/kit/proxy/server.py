@@ -315,7 +315,7 @@ class ProxyRun:
     dropped: int = 0
     server: asyncio.AbstractServer | None = None
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
-    # The run's secrets at egress (core.RunSecrets), if it has any.
+    # The run's secrets at egress (secrets.egress.RunSecrets), if it has any.
     secrets: Any = None
 
     @property
