@@ -9,34 +9,50 @@ refused; 126 if the backend is unavailable; 2 for a usage or configuration error
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 import click
 
-from execbox.cli import audit, doctor, gc, mcp, run, serve
 from execbox.cli.common import fail
 from execbox.config.settings import Settings
 from execbox.errors import ConfigError, ExecboxError
 from execbox.registry import get_registry
 
-__all__ = ["main"]
+__all__ = ["BUILTIN_COMMANDS", "load_builtin_commands", "main"]
+
+#: execbox's own commands, each in the module of its group (``module:attribute`` under execbox.cli).
+BUILTIN_COMMANDS = {"run": "run:run", "backends": "doctor:backends", "doctor": "doctor:doctor", "gc": "gc:gc",
+                    "audit": "audit:audit_group", "serve": "serve:serve", "mcp": "mcp:mcp_command"}
 
 
 class ExecboxGroup(click.Group):
-    """execbox's own commands, known at once; the plugins' commands, loaded only when a command line names a
-    command execbox does not have or the commands are listed (--help): `execbox run` loads none of them."""
+    """execbox's own commands, each imported when a command line names it (`execbox run` imports no other group's
+    module); the plugins' commands, loaded only when a command line names a command execbox does not have or the
+    commands are listed (--help)."""
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        command = super().get_command(ctx, cmd_name)
-        if command is not None:
-            return command
-        commands, problem = _plugin_commands(set(self.commands))
+        if cmd_name in BUILTIN_COMMANDS:
+            return self._builtin(cmd_name)
+        commands, problem = _plugin_commands(set(BUILTIN_COMMANDS))
         if cmd_name not in commands and problem is not None:
             fail(problem, False)  # which plugins to load is unknown: say why rather than "no such command"
         return commands.get(cmd_name)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*self.commands, *_plugin_commands(set(self.commands))[0]})
+        return sorted({*BUILTIN_COMMANDS, *_plugin_commands(set(BUILTIN_COMMANDS))[0]})
+
+    def _builtin(self, name: str) -> click.Command:
+        if name not in self.commands:
+            module, attribute = BUILTIN_COMMANDS[name].split(":")
+            self.add_command(getattr(importlib.import_module(f"execbox.cli.{module}"), attribute), name)
+        return self.commands[name]
+
+
+def load_builtin_commands() -> None:
+    """Import every command of execbox's own (`execbox serve` does, before it forks a child per command line)."""
+    for name in BUILTIN_COMMANDS:
+        main._builtin(name)
 
 
 def _plugin_commands(taken: set[str]) -> tuple[dict[str, click.Command], ConfigError | None]:
@@ -82,11 +98,3 @@ def _report_errors(command: click.Command) -> None:
 def main() -> None:
     """Run untrusted code behind a real sandbox boundary."""
 
-
-main.add_command(run.run)
-main.add_command(doctor.backends)
-main.add_command(doctor.doctor)
-main.add_command(gc.gc)
-main.add_command(audit.audit_group)
-main.add_command(serve.serve)
-main.add_command(mcp.mcp_command)

@@ -48,6 +48,9 @@ def _preload(settings: Settings) -> None:
     import importlib
 
     importlib.import_module("anyio._backends._asyncio")
+    from execbox.cli import load_builtin_commands
+
+    load_builtin_commands()
     for entry in get_registry(settings.load_plugins, settings.disable_plugins).backends.values():
         sdk = entry.cls.sdk
         with contextlib.suppress(Exception):  # a missing or broken SDK is the backend's own error, at first use

@@ -4,10 +4,10 @@ What cannot work is a BackendUnavailableError with the fix."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -52,8 +52,10 @@ def unavailable(reason: str, fix: str, env_var: str | None = None) -> BackendUna
 
 
 async def _output(*argv: str) -> tuple[int, str]:
-    done = await anyio.run_process(argv, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=False)
-    return done.returncode or 0, done.stdout.decode(errors="replace")
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                                                stdin=asyncio.subprocess.DEVNULL)
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode(errors="replace")
 
 
 async def host_report(settings: BubblewrapSettings, core_limits: Limits, claims: Capabilities) -> HostReport:
