@@ -71,7 +71,14 @@ def test_each_command_works_with_only_this_extra(environments: dict[str, Path], 
             assert rows[backend]["fix"] == f"pip install 'execbox[{other}]'", rows[backend]
 
     doctor = _execbox(bin_dir, "doctor", "--json")
-    assert {row["name"] for row in json.loads(doctor.stdout)["backends"]} == set(rows)
+    checked = {row["name"]: row for row in json.loads(doctor.stdout)["backends"]}
+    assert set(checked) == set(rows)
+    if ROOT and extra != "docker":  # the engine answers here, its extra is missing: doctor says so, not only auto
+        warning = checked["docker"]["warning"] or ""
+        assert "Docker engine" in warning and "pip install 'execbox[docker]'" in warning, checked["docker"]
+        assert f"warning: {warning}" in _execbox(bin_dir, "doctor").stdout
+    else:
+        assert checked["docker"]["warning"] is None, checked["docker"]
 
     gc = json.loads(_execbox(bin_dir, "gc", "--json").stdout)
     for other, backend in BACKEND_OF.items():

@@ -93,6 +93,17 @@ class BackendUnavailableError(ExecboxError):
         super().__init__(full, backend=backend, retryable=False, **kw)  # type: ignore[arg-type]
 
 
+class MissingExtraError(BackendUnavailableError):
+    """The backend's Python SDK, which its extra installs, is not. ``present`` names what this machine has that the
+    backend would use (e.g. a Docker engine's socket), or is None: then `execbox doctor` warns, since ``auto``
+    quietly picks a weaker sandbox until the extra is installed."""
+
+    def __init__(self, message: str, *, extra: str | None, present: str | None = None, **kw: object) -> None:
+        self.extra = extra
+        self.present = present
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+
+
 class BusyError(ExecboxError):
     """Every sandbox slot (CODE_EXEC_MAX_CONCURRENT) stayed taken for the whole queue timeout; trying again later
     can help."""

@@ -162,8 +162,9 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # 2.0: names, never modules (disk, egress, packages, probecache, proxy, remote, seccomp_policy and transfer are gone:
 # their names are exported, some renamed to say what they are without their module); ExecutionBackend[S] with
 # self.settings (the backend's own, was self.options) and self.shared (SharedSettings: what it reads of execbox's
-# settings, was the whole Settings as self.settings); the hook's register typed as Register.
-KIT_VERSION = "2.0"
+# settings, was the whole Settings as self.settings); the hook's register typed as Register. 2.1: present_here (what a
+# backend would use is on this machine though its SDK is not: `execbox doctor` warns).
+KIT_VERSION = "2.1"
 
 __all__ = [
     "ARMED",

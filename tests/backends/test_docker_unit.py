@@ -4,6 +4,7 @@ endpoint resolution, owners, and the image builder's recipe and mirror lookup.""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -568,3 +569,32 @@ def test_orphaned_workspaces_take_neither_another_users_nor_trust_an_owner_file_
             shutil.rmtree(path, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(link)
+
+
+def test_doctor_warns_when_an_engine_is_here_but_its_extra_is_not(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip install execbox` alone on a machine with Docker: auto quietly picks bubblewrap; doctor says why."""
+    from click.testing import CliRunner
+
+    from execbox.cli import main
+
+    def doctor(*args: str) -> str:
+        return CliRunner().invoke(main, ["doctor", *args]).stdout
+
+    monkeypatch.setattr(db.DockerBackend, "sdk", "execbox_test_no_such_sdk")  # docker-py as if not installed
+    listening = tmp_path / "docker.sock"
+    with socket.socket(socket.AF_UNIX) as fake_engine:
+        fake_engine.bind(str(listening))
+        fake_engine.listen()
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{listening}")
+        row = {r["name"]: r for r in json.loads(doctor("--json"))["backends"]}["docker"]
+        assert row["available"] is False and row["fix"] == "pip install 'execbox[docker]'"
+        assert row["warning"] == (f"a Docker engine (unix://{listening}) is here, but the docker backend needs "
+                                  "its extra: pip install 'execbox[docker]' (until then auto passes it over)")
+        assert "though a Docker engine" in row["reason"]
+        assert f"warning: {row['warning']}" in doctor()
+    # Nothing answers there now: the missing extra is a fix, not a warning.
+    row = {r["name"]: r for r in json.loads(doctor("--json"))["backends"]}["docker"]
+    assert row["available"] is False and row["warning"] is None
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:2375")  # configured by the operator: that says enough
+    assert engine.engine_here() == "a Docker engine (DOCKER_HOST=tcp://127.0.0.1:2375)"

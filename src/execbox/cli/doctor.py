@@ -17,7 +17,7 @@ from execbox.cli.common import fail, load_settings
 from execbox.config.settings import EnvSettings, Settings
 from execbox.contract.backend import bounded
 from execbox.contract.models import Capabilities
-from execbox.errors import BackendTimeoutError, BackendUnavailableError, ExecboxError, RefusedError
+from execbox.errors import BackendTimeoutError, BackendUnavailableError, ExecboxError, MissingExtraError, RefusedError
 from execbox.runner import AsyncRunner, run_blocking
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ async def _probe(runner: AsyncRunner, name: str) -> dict[str, Any]:
     cls = runner.registry.get(name).cls
     row: dict[str, Any] = {"name": cls.name, "summary": cls.summary, "available": False, "reason": None,
                            "fix": None, "capabilities": cls.capabilities.model_dump(mode="json"),
-                           "notes": [], "details": {}}
+                           "notes": [], "details": {}, "warning": None}
     try:
         backend = runner.backend(name)
         row["notes"] = backend.notes()
@@ -45,6 +45,11 @@ async def _probe(runner: AsyncRunner, name: str) -> dict[str, Any]:
         row["notes"] = backend.notes()
     except BackendTimeoutError:
         row["reason"] = f"the availability check did not answer within {CHECK_TIMEOUT_S:g}s"
+    except MissingExtraError as exc:
+        row["reason"], row["fix"] = exc.reason, exc.fix
+        if exc.present:  # the engine is here, only its extra is not: auto quietly picks a weaker sandbox
+            row["warning"] = (f"{exc.present} is here, but the {cls.name} backend needs its extra: {exc.fix} "
+                              "(until then auto passes it over)")
     except BackendUnavailableError as exc:
         row["reason"], row["fix"] = exc.reason, exc.fix
     except ExecboxError as exc:
@@ -202,7 +207,7 @@ def doctor(as_json: bool, run_self_check: bool, check_backend: str | None, check
         for var in core_settings:
             if var["set"] is not None:
                 click.echo(f"set: {var['variable']}={var['set']}")
-        for problem in runner.registry.problems:
+        for problem in [*runner.registry.problems, *(r["warning"] for r in rows if r["warning"])]:
             click.echo(f"warning: {problem}")
         click.echo(f"audit log: {audit_health['path']} ({audit_health['chain']} chain)" if audit_health["enabled"]
                    else "audit log: off")

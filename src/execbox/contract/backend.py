@@ -29,8 +29,8 @@ from execbox.config.settings import EnvSettings, Settings
 from execbox.contract.models import Capabilities, ExecRequest, ExecResult, ExecSpec, Limits, Mount, NetworkMode
 from execbox.errors import (
     BackendTimeoutError,
-    BackendUnavailableError,
     ConfigError,
+    MissingExtraError,
     SandboxError,
     UnsupportedPolicyError,
 )
@@ -286,8 +286,13 @@ class ExecutionBackend(ABC, Generic[S]):
         engine. Called after ``probe``."""
         return self.name
 
+    def present_here(self) -> str | None:
+        """What this machine has that the backend would use, found without its SDK (docker: an engine's socket
+        that answers), or None. Asked only when the SDK is missing: `execbox doctor` then warns."""
+        return None
+
     def require_sdk(self) -> None:
-        """BackendUnavailableError with the pip command when the backend's SDK is not importable."""
+        """MissingExtraError with the pip command when the backend's SDK is not importable."""
         if self.sdk is None:
             return
         try:
@@ -296,8 +301,11 @@ class ExecutionBackend(ABC, Generic[S]):
             found = False
         if not found:
             hint = f"pip install 'execbox[{self.extra}]'" if self.extra else f"install the {self.sdk!r} package"
-            raise BackendUnavailableError(f"the {self.name} backend needs the `{self.sdk}` package, which is not "
-                                          "installed", backend=self.name, fix=hint)
+            present = self.present_here()
+            here = f", though {present} is here: auto picks a weaker sandbox until it is" if present else ""
+            raise MissingExtraError(f"the {self.name} backend needs the `{self.sdk}` package, which is not "
+                                    f"installed{here}", backend=self.name, fix=hint, extra=self.extra,
+                                    present=present)
 
     async def probe(self) -> Capabilities:
         """Find out whether this backend can run here and what it enforces; override this, not ``check``.

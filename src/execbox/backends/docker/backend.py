@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 from pydantic import field_validator
 
-from execbox.backends.docker.engine import instance, is_local, locate, open_client, unreachable
+from execbox.backends.docker.engine import engine_here, instance, is_local, locate, open_client, unreachable
 from execbox.backends.docker.hardening import (
     KNOWN_RUNTIMES,
     default_user,
@@ -190,6 +190,9 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         self._lock = threading.Lock()
         self._engine_key: list[object] | None = None  # the engine instance and docker-py, for the probe cache
         self._runtime: str | None = None  # the runtime check() judged (named or the default), asked for by name
+
+    def present_here(self) -> str | None:
+        return engine_here()
 
     @property
     def user(self) -> str:

@@ -3,8 +3,10 @@ socket, like the docker CLI; one BackendUnavailableError naming the endpoint whe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 from typing import Any
 
 from execbox.plugin import BackendUnavailableError
@@ -39,6 +41,24 @@ def resolve_endpoint(environ: dict[str, str] | None = None) -> tuple[str, dict[s
             params["tls"] = ctx.TLSConfig
         return host, params, f"docker context {ctx.name!r}"
     return DEFAULT_SOCKET, {"base_url": DEFAULT_SOCKET}, "the default socket"
+
+
+def engine_here(environ: dict[str, str] | None = None) -> str | None:
+    """A Docker engine this machine has, found without docker-py: DOCKER_HOST as set, or a local socket that
+    accepts a connection (the default one, the rootless one). None when there is none."""
+    env = os.environ if environ is None else environ
+    host = env.get("DOCKER_HOST", "")
+    if host and not host.startswith("unix://"):
+        return f"a Docker engine (DOCKER_HOST={host})"
+    runtime_dir = env.get("XDG_RUNTIME_DIR")
+    candidates = [host.removeprefix("unix://")] if host else [
+        DEFAULT_SOCKET.removeprefix("unix://"), *([f"{runtime_dir}/docker.sock"] if runtime_dir else [])]
+    for path in candidates:
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(0.5)
+            probe.connect(path)
+            return f"a Docker engine (unix://{path})"
+    return None
 
 
 def is_local(endpoint: str) -> bool:
