@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     )
     from execbox.files.transfer import FileInfo, Transfer
     from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox, run_blocking
+    from execbox.runner.batch import AsyncBatch, Batch, BatchItem, BatchSummary
     from execbox.runner.pipeline import Uploads
     from execbox.secrets.egress import Given
     from execbox.secrets.values import Secret
@@ -74,6 +75,7 @@ _LAZY = {
     "Secret": "execbox.secrets.values",
     "Settings": "execbox.config.settings",
     **dict.fromkeys(["AsyncRunner", "AsyncSandbox", "Runner", "Sandbox", "run_blocking"], "execbox.runner"),
+    **dict.fromkeys(["AsyncBatch", "Batch", "BatchItem", "BatchSummary"], "execbox.runner.batch"),
 }
 
 if not TYPE_CHECKING:  # hidden from mypy, so a misspelt name is still an error there rather than Any
@@ -97,10 +99,14 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AsyncBatch",
     "AsyncRunner",
     "AsyncSandbox",
     "BackendTimeoutError",
     "BackendUnavailableError",
+    "Batch",
+    "BatchItem",
+    "BatchSummary",
     "BusyError",
     "Capabilities",
     "CellError",

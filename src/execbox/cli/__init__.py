@@ -23,7 +23,8 @@ __all__ = ["BUILTIN_COMMANDS", "load_builtin_commands", "main"]
 
 #: execbox's own commands, each in the module of its group (``module:attribute`` under execbox.cli).
 BUILTIN_COMMANDS = {"run": "run:run", "backends": "doctor:backends", "doctor": "doctor:doctor", "gc": "gc:gc",
-                    "audit": "audit:audit_group", "serve": "serve:serve", "mcp": "mcp:mcp_command"}
+                    "audit": "audit:audit_group", "serve": "serve:serve", "mcp": "mcp:mcp_command",
+                    "batch": "batch:batch"}
 
 
 class ExecboxGroup(click.Group):

@@ -8,6 +8,7 @@ exits with the same codes for the same errors.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from typing import NoReturn
 
@@ -23,6 +24,17 @@ from execbox.errors import (
 )
 
 EXIT_TIMEOUT, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = 124, 125, 126, 2
+
+
+def _interrupt(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def stop_signals_interrupt() -> None:
+    """SIGTERM (timeout(1), systemd, kubernetes) and SIGHUP (a closed terminal or ssh session) clean up like Ctrl-C:
+    a KeyboardInterrupt, on whose way out every sandbox of the command is removed."""
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, _interrupt)
 
 
 def exit_code(exc: ExecboxError) -> int:

@@ -6,7 +6,6 @@ import atexit
 import contextlib
 import json
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any, NoReturn, cast
 
 import click
 
-from execbox.cli.common import EXIT_TIMEOUT, exit_code, fail, load_settings, usage
+from execbox.cli.common import EXIT_TIMEOUT, exit_code, fail, load_settings, stop_signals_interrupt, usage
 from execbox.contract.models import NETWORK_MODES, ExecRequest, ExecResult, Language, Mount
 from execbox.contract.output import OutputEvent, stream_events
 from execbox.errors import ConfigError, ExecboxError
@@ -24,10 +23,6 @@ from execbox.secrets.values import Secret
 
 #: The file `python -m execbox.cli` runs: a process started so is the execbox program too (see _end).
 MAIN_FILE = Path(__file__).with_name("__main__.py")
-
-
-def _interrupt(signum: int, frame: object) -> NoReturn:
-    raise KeyboardInterrupt
 
 
 def _read_stdin(cap: int, as_json: bool) -> bytes:
@@ -117,10 +112,7 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
     secrets = _secrets(secret_specs, as_json)
     settings = load_settings(as_json)
     runner = Runner(settings)
-    # SIGTERM (timeout(1), systemd, kubernetes) and SIGHUP (a closed terminal or ssh session) must clean up like
-    # Ctrl-C: the sandbox is removed on the way out.
-    for stop in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(stop, _interrupt)
+    stop_signals_interrupt()
     # Only on request: an inherited pipe that never closes must not hang a run. Bounded: never more than the cap
     # in memory, and a larger input is refused, not cut.
     stdin = _read_stdin(settings.max_stdin_bytes, as_json) if pass_stdin and sys.stdin is not None else None

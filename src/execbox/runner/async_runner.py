@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from execbox.files.workspace import normalize
 from execbox.guard.guard import Guard
 from execbox.kit import packages, transfers
 from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
+from execbox.runner.batch import AsyncBatch, Item
 from execbox.runner.pipeline import (
     Uploads,
     _check,
@@ -386,6 +387,16 @@ class AsyncRunner:
             network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
             secrets_at_egress))
         return stream_events(lambda out: self.execute(request, backend=backend, output=out))
+
+    def map(self, items: Iterable[Item] | AsyncIterable[Item], *, concurrency: int | None = None,
+            ordered: bool = True, progress: bool | None = None, backend: str | None = None) -> AsyncBatch:
+        """Run many one-shots, each item in its own fresh sandbox, ``concurrency`` at a time (default: this runner's
+        slots, CODE_EXEC_MAX_CONCURRENT), through the warm pool when the runner has one. An item is Python code
+        (str), a command (argv list), an ExecRequest or a mapping of its fields. ``async with runner.map(items) as
+        batch: async for item in batch`` gives a BatchItem per item (its result, or the error that was its
+        outcome), in input order or, ``ordered=False``, as they finish. ``progress``: a progress bar and summary on
+        stderr (default: when stderr is a terminal); ``batch.summary`` counts outcomes either way."""
+        return AsyncBatch(self, items, concurrency=concurrency, ordered=ordered, progress=progress, backend=backend)
 
     def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
                 name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,

@@ -7,7 +7,7 @@ import functools
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from execbox.audit import log as audit_log
@@ -20,6 +20,7 @@ from execbox.errors import (
 )
 from execbox.files.transfer import FileInfo, Transfer
 from execbox.runner.async_runner import AsyncRunner
+from execbox.runner.batch import Batch, Item
 from execbox.runner.loop_thread import _OPEN_FACADES, _Closing, _LoopThread, run_blocking
 from execbox.runner.pipeline import Uploads
 from execbox.runner.sandbox import AsyncSandbox
@@ -133,6 +134,13 @@ class Runner:
                 options: Mapping[str, Any] | None = None) -> ExecResult:
         return self._call(functools.partial(self.aio.execute, request, backend=backend, output=output, options=options,
                                             upload=upload, download=download))
+
+    def map(self, items: Iterable[Item], *, concurrency: int | None = None, ordered: bool = True,
+            progress: bool | None = None, backend: str | None = None) -> Batch:
+        """See AsyncRunner.map: ``for item in runner.map(items)``; leaving a ``with`` block, ``close()``, or Ctrl-C
+        stops the batch and leaves nothing behind."""
+        return Batch(self.aio.map(items, concurrency=concurrency, ordered=ordered, progress=progress,
+                                  backend=backend), self._call)
 
     def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
                 name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
