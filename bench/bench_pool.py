@@ -263,8 +263,9 @@ def bubblewrap_figures(runs: int, rows: Rows) -> None:
                  f"({med(got['pooled']) - med(got['bare_pool']):+.1f} ms)"))
 
 
-def peer(runs: int, rows: Rows) -> None:
-    """llm-sandbox in a venv of its own; its image is ours plus `python` on PATH, so no registry is needed."""
+def peer_image() -> Path:
+    """llm-sandbox in a venv of its own (its python returned); its image is ours plus `python` on PATH, so no
+    registry is needed."""
     python = PEER_VENV / "bin/python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
@@ -272,6 +273,11 @@ def peer(runs: int, rows: Rows) -> None:
     dockerfile = f"FROM {docker_image.DEFAULT_TAG}\nUSER root\nRUN ln -sf /usr/bin/python3 /usr/local/bin/python\n"
     subprocess.run(["docker", "build", "-q", "-t", PEER_IMAGE, "-"], input=dockerfile.encode(), check=True,
                    stdout=subprocess.DEVNULL)
+    return python
+
+
+def peer(runs: int, rows: Rows) -> None:
+    python = peer_image()
     out = subprocess.run([str(python), str(Path(__file__).parent / "peer_llm_sandbox.py"), PEER_IMAGE, str(runs)],
                          capture_output=True, text=True, check=True).stdout
     pairs = json.loads(out.strip().splitlines()[-1])

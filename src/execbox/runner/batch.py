@@ -43,6 +43,8 @@ class BatchItem:
     index: int
     result: ExecResult | None = None
     error: ExecboxError | None = None
+    #: Seconds from the item's start (a slot free for it) to its outcome: sandbox start, run and clean-up.
+    elapsed_s: float = 0.0
 
     @property
     def outcome(self) -> Outcome:
@@ -68,7 +70,8 @@ class BatchItem:
 
 @dataclass
 class BatchSummary:
-    """How a batch went so far: items per outcome, wall time, and each run's duration (p50 / p99)."""
+    """How a batch went so far: items per outcome, wall time, and each item's time from its start to its outcome
+    (p50 / p99; BatchItem.elapsed_s)."""
 
     counts: dict[Outcome, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     durations: list[float] = field(default_factory=list)
@@ -77,8 +80,7 @@ class BatchSummary:
 
     def add(self, item: BatchItem) -> None:
         self.counts[item.outcome] += 1
-        if item.result is not None:
-            self.durations.append(item.result.duration_s)
+        self.durations.append(item.elapsed_s)
 
     @property
     def total(self) -> int:
@@ -89,7 +91,7 @@ class BatchSummary:
         return (self.ended or time.monotonic()) - self.started
 
     def percentile(self, q: float) -> float | None:
-        """The run duration (seconds) below which ``q`` of the runs fall (nearest rank); None before any."""
+        """The item time (seconds) below which ``q`` of the items fall (nearest rank); None before any."""
         ranked = sorted(self.durations)
         return ranked[max(0, math.ceil(q * len(ranked)) - 1)] if ranked else None
 
@@ -98,7 +100,7 @@ class BatchSummary:
         words = {"timed_out": "timed out", "error": "with an error"}
         parts = ", ".join(f"{n} {words.get(outcome, outcome)}" for outcome, n in self.counts.items())
         p50, p99 = self.percentile(0.5), self.percentile(0.99)
-        timing = f"; per run p50 {p50:.3f} s, p99 {p99:.3f} s" if p50 is not None and p99 is not None else ""
+        timing = f"; per item p50 {p50:.3f} s, p99 {p99:.3f} s" if p50 is not None and p99 is not None else ""
         return f"{self.total} items in {self.wall_s:.1f} s ({rate:.1f}/s): {parts}{timing}"
 
 
@@ -215,12 +217,13 @@ class AsyncBatch:
 
         async def one(index: int, item: Item) -> None:
             nonlocal next_out
-            try:
-                async with running:
-                    done = BatchItem(index, result=await self._runner.execute(as_request(item),
-                                                                              backend=self._backend))
-            except ExecboxError as exc:
-                done = BatchItem(index, error=exc)
+            async with running:
+                started = time.monotonic()
+                try:
+                    result = await self._runner.execute(as_request(item), backend=self._backend)
+                    done = BatchItem(index, result=result, elapsed_s=time.monotonic() - started)
+                except ExecboxError as exc:
+                    done = BatchItem(index, error=exc, elapsed_s=time.monotonic() - started)
             self.summary.add(done)
             if self._progress is not None:
                 self._progress.update(self.summary)
