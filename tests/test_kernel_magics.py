@@ -5,6 +5,8 @@ them, refusals that are results, and the errors of an empty install and of a san
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import execbox
@@ -86,3 +88,21 @@ def test_a_cell_installs_from_the_package_cache_of_a_sandbox_opened_without_aski
         sb.close()  # closing twice is fine
     with pytest.raises(SandboxError, match="not open"):
         sb.run_cell("1")
+
+
+@pytest.mark.engine
+def test_a_package_cache_it_cannot_use_fails_the_install_not_the_sandbox(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    with execbox.Runner() as runner:
+        _usable(runner, "bubblewrap")
+    link = tmp_path / "cache"
+    link.symlink_to(tmp_path)  # ensure_cache refuses a symlink: someone else could point it anywhere
+    monkeypatch.setenv("CODE_EXEC_PACKAGE_CACHE", str(link))
+    with execbox.sandbox("bubblewrap") as sb:
+        assert sb.exec("echo ok").stdout == "ok\n"
+        with pytest.raises(ConfigError, match="symlink"):
+            sb.pip_install(NAME)
+        cell = sb.run_cell(f"%pip install {NAME}")
+        assert cell.error is not None and cell.error.name == "PipInstallError" and "symlink" in cell.error.value
+    with pytest.raises(ConfigError, match="symlink"), execbox.sandbox("bubblewrap", package_cache=True):
+        pass

@@ -117,12 +117,15 @@ class AsyncSandbox:
         resolved = self.admission.request
         mounts = self.admission.mounts
         if self.capabilities.mounts:  # bound wherever the backend can, so pip_install needs no decision at open
+            cache = self.runner.package_cache
             try:
-                mounts = (*mounts, *self._cache_mount(self.runner.package_cache))
-            except ConfigError as exc:
+                mounts = (*mounts, *self._cache_mount(cache))
+            except (ConfigError, OSError) as exc:
+                problem = exc if isinstance(exc, ConfigError) else ConfigError(
+                    f"cannot make the package cache {cache}: {exc.strerror or exc}", env_var="CODE_EXEC_PACKAGE_CACHE")
                 if self._package_cache:
-                    raise
-                self._no_cache = exc  # said by pip_install, to the one who wants the cache
+                    raise problem from None
+                self._no_cache = problem  # said by pip_install, to the one who wants the cache
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name,
                            mounts=mounts)
         _enough_threads(self.runner.slots.total)
@@ -165,10 +168,9 @@ class AsyncSandbox:
         try:
             await self._close_session()
         finally:
-            if self.owns_runner and not self._closed:
-                self._closed = True
+            closed, self._closed = self._closed, True
+            if self.owns_runner and not closed:
                 await self.runner.aclose()
-            self._closed = True
 
     async def _close_session(self) -> None:
         kernel, self._kernel = self._kernel, None
