@@ -88,6 +88,8 @@ def test_a_cell_installs_from_the_package_cache_of_a_sandbox_opened_without_aski
         sb.close()  # closing twice is fine
     with pytest.raises(SandboxError, match="not open"):
         sb.run_cell("1")
+    with pytest.raises(SandboxError, match="does not reopen"):
+        sb.open()
 
 
 @pytest.mark.engine

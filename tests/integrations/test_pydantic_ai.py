@@ -79,6 +79,9 @@ def test_a_sandbox_given_to_the_toolset_is_shared_and_left_open(backend: str) ->
                 result = await agent.run("go", model=scripted([("run_python", {"code": code})]))
                 outputs.append(result.output)
             outputs.append((await sb.exec("echo still open")).stdout)
+        await sb.close()  # closing twice is fine; a closed sandbox does not reopen
+        with pytest.raises(execbox.SandboxError, match="does not reopen"):
+            await sb.open()
         return outputs
 
     import anyio

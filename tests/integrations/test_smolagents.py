@@ -16,7 +16,7 @@ from smolagents.models import ChatMessage, MessageRole, Model
 from execbox import Runner
 from execbox.integrations.smolagents import ExecboxExecutor
 from tests.support.readme import readme_block
-from tests.support.wheels import MODULE, NAME, VALUE, Index, probe_cache, probe_index  # noqa: F401 - fixtures
+from tests.support.wheels import MODULE, NAME, VALUE, VERSION, Index, probe_cache, probe_index  # noqa: F401 - fixtures
 from tests.test_kernel import _usable
 
 
@@ -63,7 +63,7 @@ def test_a_code_agent_runs_its_steps_in_one_sandbox(backend: str, probe_cache: I
         uid = executor.sandbox.exec(["id", "-u"]).stdout.strip()
     assert f"installed {VALUE} uid {uid}" in model.seen[1]  # the tool ran inside, as the sandbox user
     assert "total 42" in model.seen[2] and "ZeroDivisionError" in model.seen[2]  # the error is an observation
-    assert probe_cache.downloads.count(f"{MODULE}-1.0-py3-none-any.whl") <= 1  # fetched once, on the host
+    assert probe_cache.downloads == [f"{MODULE}-{VERSION}-py3-none-any.whl"]  # fetched once, on the host
 
 
 @pytest.mark.engine
