@@ -278,7 +278,8 @@ class AsyncSandbox:
 
         ``%pip install ...`` and ``!pip install ...`` lines (kernel/magics.py) install with ``pip_install``, from the
         package cache, between the Python around them; any other magic is refused before anything runs. The parts
-        run in order and the first that fails ends the cell; its result is theirs joined."""
+        run in order and the first that fails ends the cell; its result is theirs joined. ``timeout`` bounds each
+        Python part; an install is bounded as ``pip_install``'s are."""
         self._live()
         try:
             parts = magics.split_cell(_text(code, "code"))
