@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import execbox
-from execbox import ConfigError, SandboxError
+from execbox import ConfigError, SandboxError, Settings
+from execbox.audit import reader as audit_reader
 from execbox.kernel.magics import MagicError, PipInstall, split_cell
 from tests.support.wheels import MODULE, NAME, VALUE, Index, probe_cache, probe_index  # noqa: F401 - fixtures
 from tests.test_kernel import _usable
@@ -80,6 +81,8 @@ def test_a_cell_installs_from_the_package_cache_of_a_sandbox_opened_without_aski
         assert not sb.run_cell("x").ok  # nothing of the refused cell ran
         other = sb.run_cell("!ls")
         assert other.error is not None and "exec()" in other.error.value
+        cells = [r for r in audit_reader.records(Path(Settings().audit_log or "")) if r["event"] == "cell"]
+        assert [r["error"] for r in cells[-2:]] == ["NameError", "MagicError"]  # refused cells are audited too
         missing = sb.run_cell("%pip install execbox-no-such-package")
         assert missing.error is not None and missing.error.name == "PipInstallError"
         assert "planted" not in sb.exec("touch /opt/execbox/pip/planted.whl 2>/dev/null && echo planted").stdout

@@ -280,17 +280,23 @@ class AsyncSandbox:
         package cache, between the Python around them; any other magic is refused before anything runs. The parts
         run in order and the first that fails ends the cell; its result is theirs joined. ``timeout`` bounds each
         Python part; an install is bounded as ``pip_install``'s are."""
-        self._live()
+        backend = self._live()[0]
+        code = _text(code, "code")
         try:
-            parts = magics.split_cell(_text(code, "code"))
+            parts = magics.split_cell(code)
             for part in parts:
                 if isinstance(part, magics.PipInstall):
                     if not part.requirements:
                         raise magics.MagicError(f"{part.line[:200]!r} names nothing to install")
                     packages.check_requirements(part.requirements)
-        except (magics.MagicError, ConfigError) as exc:
-            return CellResult(error=CellError(name="MagicError", value=str(exc)),
-                              backend=self._opened().backend.name, notes=["nothing in the cell ran"])
+        except (magics.MagicError, ConfigError) as exc:  # the cell's own error, in the audit log as any cell's
+            admission = await admit(self.runner, _request(code=code, language="python", timeout=timeout),
+                                    within=self._opened(), extra_env=self._extra_env)
+            refused = CellResult(error=CellError(name="MagicError", value=str(exc)), backend=backend.name,
+                                 notes=["nothing in the cell ran"])
+            fields = audit_fields.exec_fields(backend, admission.request, [], session=self.id, oneshot=False)
+            note = await self.runner.audit.arecord("cell", **fields, **_cell_fields(refused, self.runner.audit))
+            return refused if note is None else refused.model_copy(update={"notes": [*refused.notes, note]})
         results: list[CellResult] = []
         for part in parts:
             if isinstance(part, magics.PipInstall):
