@@ -24,7 +24,7 @@ import execbox
 try:
     from pydantic_ai import RunContext
     from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
-except ImportError as exc:  # pragma: no cover - the extra is installed wherever the tests run
+except ImportError as exc:
     raise execbox.ExecboxError(f"execbox.integrations.pydantic_ai needs pydantic-ai ({exc.name} is missing): "
                                "pip install 'execbox[pydantic-ai]'") from exc
 

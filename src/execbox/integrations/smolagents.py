@@ -28,7 +28,7 @@ try:
     from smolagents.remote_executors import RemotePythonExecutor
     from smolagents.tools import get_tools_definition_code
     from smolagents.utils import AgentError
-except ImportError as exc:  # pragma: no cover - the extra is installed wherever the tests run
+except ImportError as exc:
     raise execbox.ExecboxError(f"execbox.integrations.smolagents needs smolagents ({exc.name} is missing): "
                                "pip install 'execbox[smolagents]'") from exc
 
