@@ -111,3 +111,11 @@ def test_a_package_cache_it_cannot_use_fails_the_install_not_the_sandbox(tmp_pat
         assert cell.error is not None and cell.error.name == "PipInstallError" and "symlink" in cell.error.value
     with pytest.raises(ConfigError, match="symlink"), execbox.sandbox("bubblewrap", package_cache=True):
         pass
+
+
+def test_a_cell_of_many_magic_lines_is_refused_quickly() -> None:
+    # Each Python part is padded to the cell's line numbers: unbounded parts would cost the host quadratic memory.
+    with pytest.raises(MagicError, match="on fewer lines"):
+        split_cell("a = 1\n!pip install x\n" * 50_000)
+    long = split_cell("!pip install " + "\\\n".join(["x"] * 100_000))  # a long continuation is joined linearly
+    assert isinstance(long[0], PipInstall) and len(long[0].requirements) == 100_000

@@ -20,6 +20,9 @@ _QUIET = {"-q", "-qq", "-qqq", "--quiet"}
 #: The ways a notebook line runs pip: %pip, !pip, !pip3, !python -m pip, !python3 -m pip.
 _PIP = {("%pip",), ("!pip",), ("!pip3",), ("!python", "-m", "pip"), ("!python3", "-m", "pip")}
 _FLAGS = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
+#: The most parts one cell splits into: each Python part is padded to the cell's line numbers, so their size
+#: together is this many times the cell's at worst.
+MAX_PARTS = 64
 
 
 class MagicError(ValueError):
@@ -72,11 +75,15 @@ def split_cell(code: str) -> list[Part]:
         line = lines[number]
         if line.startswith(("!", "%")):
             flush()
-            text = line
-            while text.endswith("\\") and number + 1 < len(lines):  # a magic continued on the next line
+            if len(parts) >= MAX_PARTS:
+                raise MagicError(f"more than {MAX_PARTS // 2} `%pip install` lines in one cell: put the "
+                                 "requirements on fewer lines")
+            pieces = [line]
+            while pieces[-1].endswith("\\") and number + 1 < len(lines):  # a magic continued on the next line
+                pieces[-1] = pieces[-1][:-1]
                 number += 1
-                text = text[:-1] + " " + lines[number].strip()
-            parts.append(_pip_line(text))
+                pieces.append(lines[number].strip())
+            parts.append(_pip_line(" ".join(pieces)))
             start = number + 1
         else:
             chunk.append(line)
