@@ -7,6 +7,8 @@ import base64
 import hashlib
 import http.server
 import os
+import shutil
+import tempfile
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -100,3 +102,25 @@ def host_pip_uses(index: Index, monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_INDEX_URL", index.url)
+
+
+@pytest.fixture(scope="module")
+def probe_index() -> Iterator[Index]:
+    """The probe wheel on a loopback index, for a module's tests; its ``root`` is in a directory every sandbox
+    user can reach (as root, docker and bubblewrap run the code as 65534), beside the package cache."""
+    shared = Path(tempfile.mkdtemp(prefix="wheels-", dir="/opt" if os.access("/opt", os.W_OK) else None))
+    shared.chmod(0o755)
+    try:
+        with serve_index(shared / "index", [build_wheel(shared)]) as index:
+            yield index
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.fixture
+def probe_cache(probe_index: Index, monkeypatch: pytest.MonkeyPatch) -> Index:
+    """This host's pip pointed at the probe index alone, and execbox's package cache beside it (empty at first:
+    the module's first install fetches the wheel, the later ones find it cached)."""
+    host_pip_uses(probe_index, monkeypatch)
+    monkeypatch.setenv("CODE_EXEC_PACKAGE_CACHE", str(probe_index.root.parent / "cache"))
+    return probe_index

@@ -201,7 +201,7 @@ class Settings(EnvSettings):
         "refused (trees deeper than 256 levels are refused too)", gt=0, le=1 << 24)
     package_cache: Path | None = setting(
         "CODE_EXEC_PACKAGE_CACHE", None, "per-user wheel cache that `pip_install` fills on the host and sandboxes "
-        "opened with `package_cache=True` see read-only; (none) = /var/cache/execbox/pip as root, else "
+        "see read-only (every sandbox whose backend takes mounts); (none) = /var/cache/execbox/pip as root, else "
         "~/.cache/execbox/pip")
     load_plugins: Annotated[list[str] | None, NoDecode] = setting(
         "EXECBOX_LOAD_PLUGINS", None,

@@ -709,7 +709,24 @@ class Interpreter:
 
     # -- running a cell --
 
+    def user_site(self) -> None:
+        """pip installs as the sandbox user into the user site-packages, which site leaves off sys.path when it
+        did not exist as this interpreter started: added once it does, so a cell imports what the last one
+        installed (``%pip install``)."""
+        try:
+            import site
+
+            path = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+            if path and path not in sys.path and os.path.isdir(path):
+                site.addsitedir(path)
+                import importlib
+
+                importlib.invalidate_caches()
+        except Exception:  # noqa: BLE001 - a broken site module leaves sys.path as it was
+            pass
+
     def run(self, code: str, count: int) -> dict[str, Any] | None:
+        self.user_site()
         filename = "<cell-%d>" % count
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         flags = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)

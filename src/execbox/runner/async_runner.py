@@ -406,8 +406,9 @@ class AsyncRunner:
                 **options: Any) -> AsyncSandbox:
         """A persistent sandbox. Keywords beyond these are the backend's own options (its settings_model's fields,
         e.g. ``image=`` for docker), on top of the runner's and the environment's. ``mounts``: host paths bound
-        in for the sandbox's life. ``package_cache``: the per-user wheel cache, read-only, where pip looks;
-        ``pip``: requirements installed from it when the sandbox opens (implies ``package_cache``). ``secrets``:
+        in for the sandbox's life. The per-user wheel cache is bound read-only (where pip looks) wherever the backend
+        can; ``package_cache``: demand it (refused where the backend cannot bind it); ``pip``: requirements
+        installed from it when the sandbox opens (implies ``package_cache``). ``secrets``:
         given to every exec (on top of an exec's own), redacted from what every exec returns; ``secrets_at_egress``
         likewise (network mode proxy)."""
         sandbox = AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s,

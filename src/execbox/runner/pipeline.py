@@ -232,7 +232,7 @@ async def admit(runner: Host, request: ExecRequest, *, backend: str | None = Non
     secrets at egress). Any refusal is raised after exactly one `refused` audit record.
 
     ``opening``: the audit id of a sandbox this request opens (the sandbox's own configuration, not a command);
-    ``package_cache``: that sandbox binds the package cache.
+    ``package_cache``: the sandbox opened, or the one this request runs in, must bind the package cache.
     ``within``: the admission of the open sandbox this request runs in (its backend, network and limits are
     fixed; ``extra_env`` is what that sandbox adds to every exec)."""
     session = within.session if within is not None else opening
@@ -258,10 +258,10 @@ async def admit(runner: Host, request: ExecRequest, *, backend: str | None = Non
             impl, caps = await _choose(runner, backend, resolved, demanded, session=opening is not None,
                                        options=options)
             mounts = runner.guard.check_mounts(impl, caps, resolved.mounts, state=runner.state_places())
-            if package_cache and not caps.mounts:
-                raise UnsupportedPolicyError(
-                    f"refused: backend {impl.name!r} cannot bind the package cache (it takes no mounts); install "
-                    "packages in the sandbox itself, or bake them into the image", backend=impl.name)
+        if package_cache and not caps.mounts:
+            raise UnsupportedPolicyError(
+                f"refused: backend {impl.name!r} cannot bind the package cache (it takes no mounts); install "
+                "packages in the sandbox itself, or bake them into the image", backend=impl.name)
         secret_run.refuse_uncarried(resolved, backend=impl)
     except ExecboxError as exc:
         record = request if within is not None else resolved  # a session's refusal says what the caller asked

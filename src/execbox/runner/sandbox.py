@@ -15,6 +15,7 @@ from execbox.audit import fields as audit_fields
 from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, bounded, broken, close_bounded
 from execbox.contract.models import (
     Capabilities,
+    CellError,
     CellResult,
     ExecRequest,
     ExecResult,
@@ -24,12 +25,10 @@ from execbox.contract.models import (
     NetworkMode,
 )
 from execbox.contract.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
-from execbox.errors import (
-    ConfigError,
-    SandboxError,
-)
+from execbox.errors import BackendTimeoutError, ConfigError, RefusedError, SandboxError
 from execbox.files.transfer import FileInfo, Transfer
 from execbox.files.workspace import is_directory_error, normalize
+from execbox.kernel import magics
 from execbox.kit import packages
 from execbox.runner.pipeline import (
     Admission,
@@ -95,18 +94,38 @@ class AsyncSandbox:
         self._given: dict[str, secrets_inject.Secret] = {}
         #: How the sandbox was admitted when it opened (its backend, network, limits, mounts); its execs' rules.
         self.admission: Admission | None = None
+        self._closed = False
+        # Why the package cache is not bound, when the backend could bind it (a cache directory it refused).
+        self._no_cache: ConfigError | None = None
 
     async def __aenter__(self) -> AsyncSandbox:
+        return await self.open()
+
+    async def open(self) -> AsyncSandbox:
+        """Open the sandbox: what ``async with`` does on entering, for an owner that holds it longer than a block
+        (``sb = await execbox.asandbox().open()`` ... ``await sb.close()``). An open sandbox is returned as it is;
+        a closed one does not reopen."""
+        if self._session is not None:
+            return self
+        if self._closed:
+            raise SandboxError("this sandbox was closed and does not reopen: open another one")
         opening = configuration(self._network, self._limits, mounts=self._mounts, secrets=self.secrets,
                                 secrets_at_egress=self.secrets_at_egress)
         self.admission = await admit(self.runner, opening, backend=self._backend_name, options=self._options,
                                      opening=self.id, package_cache=self._package_cache)
         self.backend, self.capabilities = self.admission.backend, self.admission.capabilities
         resolved = self.admission.request
-        cache = self.runner.package_cache
         mounts = self.admission.mounts
-        if self._package_cache:
-            mounts = (*mounts, *self._cache_mount(cache))
+        if self.capabilities.mounts:  # bound wherever the backend can, so pip_install needs no decision at open
+            cache = self.runner.package_cache
+            try:
+                mounts = (*mounts, *self._cache_mount(cache))
+            except (ConfigError, OSError) as exc:
+                problem = exc if isinstance(exc, ConfigError) else ConfigError(
+                    f"cannot make the package cache {cache}: {exc.strerror or exc}", env_var="CODE_EXEC_PACKAGE_CACHE")
+                if self._package_cache:
+                    raise problem from None
+                self._no_cache = problem  # said by pip_install, to the one who wants the cache
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name,
                            mounts=mounts)
         _enough_threads(self.runner.slots.total)
@@ -142,10 +161,18 @@ class AsyncSandbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-        if self.owns_runner:
-            await self.runner.aclose()
 
     async def close(self) -> None:
+        """Close the sandbox (what leaving ``async with`` does), and the runner it made for itself; a second call
+        does nothing."""
+        try:
+            await self._close_session()
+        finally:
+            closed, self._closed = self._closed, True
+            if self.owns_runner and not closed:
+                await self.runner.aclose()
+
+    async def _close_session(self) -> None:
         kernel, self._kernel = self._kernel, None
         if kernel is not None:
             with anyio.CancelScope(shield=True):
@@ -168,8 +195,9 @@ class AsyncSandbox:
 
     def _live(self) -> tuple[ExecutionBackend, Session]:
         if self._session is None or self.backend is None:
-            raise SandboxError("this sandbox is not open (closed already, or never entered): use it as "
-                               "`async with runner.sandbox() as sb:` and call it inside that block")
+            raise SandboxError("this sandbox is closed: open another one" if self._closed else
+                               "this sandbox is not open yet: use it as `async with runner.sandbox() as sb:` and "
+                               "call it inside that block, or open it first (`await sb.open()`)")
         why = broken(self._session)
         if why is not None:
             raise SandboxError(f"this sandbox is broken and was closed: {why}. Open another sandbox",
@@ -246,9 +274,62 @@ class AsyncSandbox:
         """Run Python in this sandbox's persistent interpreter (kernel/client.py): variables, imports and open files
         persist from cell to cell; the last expression's value and display()ed objects come back as MIME bundles,
         matplotlib figures as PNG. A cell past its timeout is interrupted (KeyboardInterrupt, state kept) or, if
-        it does not stop, its interpreter is killed: the result then says ``state_lost``, never silently."""
+        it does not stop, its interpreter is killed: the result then says ``state_lost``, never silently.
+
+        ``%pip install ...`` and ``!pip install ...`` lines (kernel/magics.py) install with ``pip_install``, from the
+        package cache, between the Python around them; any other magic is refused before anything runs. The parts
+        run in order and the first that fails ends the cell; its result is theirs joined. ``timeout`` bounds each
+        Python part; an install is bounded as ``pip_install``'s are."""
+        backend = self._live()[0]
+        code = _text(code, "code")
+        try:
+            parts = magics.split_cell(code)
+            for part in parts:
+                if isinstance(part, magics.PipInstall):
+                    if not part.requirements:
+                        raise magics.MagicError(f"{part.line[:200]!r} names nothing to install")
+                    packages.check_requirements(part.requirements)
+        except (magics.MagicError, ConfigError) as exc:  # the cell's own error, in the audit log as any cell's
+            admission = await admit(self.runner, _request(code=code, language="python", timeout=timeout),
+                                    within=self._opened(), extra_env=self._extra_env)
+            refused = CellResult(error=CellError(name="MagicError", value=str(exc)), backend=backend.name,
+                                 notes=["nothing in the cell ran"])
+            fields = audit_fields.exec_fields(backend, admission.request, [], session=self.id, oneshot=False)
+            note = await self.runner.audit.arecord("cell", **fields, **_cell_fields(refused, self.runner.audit))
+            return refused if note is None else refused.model_copy(update={"notes": [*refused.notes, note]})
+        results: list[CellResult] = []
+        for part in parts:
+            if isinstance(part, magics.PipInstall):
+                results.append(await self._pip_cell(part, on_stdout, on_stderr))
+            else:
+                results.append(await self._cell(part, timeout, on_stdout, on_stderr))
+            if not results[-1].ok:
+                break
+        return results[0] if len(results) == 1 else _joined(results)
+
+    async def _pip_cell(self, part: magics.PipInstall, on_stdout: OnText | None,
+                        on_stderr: OnText | None) -> CellResult:
+        """A ``pip install`` line of a cell, as a cell's result: a refusal or a failed install is its error."""
+        try:
+            installed = await self.pip_install(*part.requirements, on_stdout=None if part.quiet else on_stdout,
+                                               on_stderr=on_stderr)
+        except (ConfigError, RefusedError, SandboxError) as exc:
+            if isinstance(exc, BackendTimeoutError) or self.broken:
+                raise  # the sandbox itself failed, not the install
+            return CellResult(error=CellError(name="PipInstallError", value=str(exc)),
+                              backend=self._opened().backend.name)
+        error = None if installed.ok else CellError(
+            name="PipInstallError", value=f"{part.line[:200]} failed (exit {installed.exit_code}): "
+                                          f"{installed.stderr.strip()[-2000:]}")
+        return CellResult(stdout="" if part.quiet else installed.stdout, stderr=installed.stderr, error=error,
+                          timed_out=installed.timed_out, truncated=installed.truncated,
+                          oom_killed=installed.oom_killed, duration_s=installed.duration_s,
+                          backend=installed.backend, notes=installed.notes)
+
+    async def _cell(self, code: str, timeout: float | None, on_stdout: OnText | None,
+                    on_stderr: OnText | None) -> CellResult:
         backend, session = self._live()
-        request = _request(code=_text(code, "code"), language="python", timeout=timeout)
+        request = _request(code=code, language="python", timeout=timeout)
         admission = await admit(self.runner, request, within=self._opened(), extra_env=self._extra_env)
         resolved = admission.request
         if self._kernel is None:
@@ -338,16 +419,23 @@ class AsyncSandbox:
         backend, session = self._live()
         return await self.runner.download_from(backend, session, remote, os.fspath(local_path), self._redactor())
 
-    async def pip_install(self, *requirements: str) -> ExecResult:
-        """Install Python packages into this sandbox from the per-user package cache (``package_cache=True``):
-        the wheels are fetched on the host by a trusted step (kit.packages: the host's pip configuration,
-        wheels only) when the cache lacks them, then pip installs them inside the sandbox with no index. The
-        result is the install's; a note says how many wheels came from the cache and how many were fetched."""
+    async def pip_install(self, *requirements: str, on_stdout: OnText | None = None,
+                          on_stderr: OnText | None = None) -> ExecResult:
+        """Install Python packages into this sandbox from the per-user package cache, which every sandbox whose
+        backend takes mounts has read-only: the wheels are fetched on the host by a trusted step (kit.packages:
+        the host's pip configuration, wheels only) when the cache lacks them, then pip installs them inside the
+        sandbox with no index. The result is the install's; a note says how many wheels came from the cache and
+        how many were fetched. ``run_cell`` sends its ``%pip install`` / ``!pip install`` lines here."""
         backend, session = self._live()
+        if not requirements:
+            raise ConfigError("pip_install() was given no requirements: name what to install, e.g. "
+                              "sb.pip_install('numpy', 'pandas>=2')")
         reqs = packages.check_requirements(requirements)
+        install = ["python3", "-m", "pip", "install", "--no-index", "--progress-bar", "off", *reqs]
         if not self._extra_env:
-            raise ConfigError("this sandbox was opened without the package cache: open it with "
-                              "sandbox(..., package_cache=True) (or pip=[...])")
+            # The admission's one rule (a backend that takes no mounts cannot bind the cache): one refused record.
+            await admit(self.runner, _command_request(install), within=self._opened(), package_cache=True)
+            raise self._no_cache or ConfigError("this sandbox has no package cache")
         probe = await self.exec(["python3", "-c", packages.PROBE], timeout=60)
         if not probe.ok:
             raise SandboxError(f"the sandbox has no working python3 to install into: {probe.stderr[-400:]}",
@@ -355,9 +443,20 @@ class AsyncSandbox:
         target = packages.PythonTarget.parse(probe.stdout)
         fill = await anyio.to_thread.run_sync(packages.fill_cache, self.runner.package_cache, reqs, target)
         # PIP_FIND_LINKS (set for this sandbox) points pip at the cache; --no-index: nothing else is looked at.
-        result = await self.exec(["python3", "-m", "pip", "install", "--no-index", "--progress-bar", "off", *reqs])
+        result = await self.exec(install, on_stdout=on_stdout, on_stderr=on_stderr)
         note = (f"package cache: {len(fill.downloaded)} wheel(s) fetched on the host ({', '.join(fill.downloaded)}), "
                 f"{len(fill.cached)} from the cache") if fill.downloaded else (
                 f"package cache: every wheel came from the cache ({len(fill.cached)}), nothing was downloaded")
         return result.model_copy(update={"notes": [*result.notes, note]})
 
+
+def _joined(results: list[CellResult]) -> CellResult:
+    """The parts of one cell (Python and pip installs) as one result: their output in order, the last error."""
+    last = results[-1]
+    counts = [r.execution_count for r in results if r.execution_count]
+    return CellResult(
+        outputs=[o for r in results for o in r.outputs], stdout="".join(r.stdout for r in results),
+        stderr="".join(r.stderr for r in results), error=last.error, execution_count=counts[-1] if counts else 0,
+        timed_out=last.timed_out, truncated=any(r.truncated for r in results), oom_killed=last.oom_killed,
+        state_lost=any(r.state_lost for r in results), duration_s=round(sum(r.duration_s for r in results), 4),
+        backend=last.backend, notes=[n for r in results for n in r.notes])

@@ -166,19 +166,25 @@ class Sandbox:
         self._closing: _Closing | None = None
 
     def __enter__(self) -> Sandbox:
+        return self.open()
+
+    def open(self) -> Sandbox:
+        """Open the sandbox: what ``with`` does on entering, for an owner that holds it longer than a block
+        (``sb = execbox.sandbox().open()`` ... ``sb.close()``). An open sandbox is returned as it is."""
+        if self._loop is not None:
+            return self
         # One loop thread per runner: a sandbox a Runner opened runs in that runner's loop, and only one made
         # without one (execbox.sandbox) starts its own.
         runner = self._runner
         loop = runner._loop_thread() if runner is not None else _LoopThread()
         try:
-            loop.portal.call(self.aio.__aenter__)
+            loop.portal.call(self.aio.open)
         except BaseException:
             if runner is None:
                 loop.stop(cancel=True)
             raise
         self._loop = loop
-        closers = [self.aio.close, *([self.aio.runner.aclose] if self.aio.owns_runner else [])]
-        self._closing = _Closing(self, loop, *closers, owns_loop=runner is None)
+        self._closing = _Closing(self, loop, self.aio.close, owns_loop=runner is None)  # and its own runner
         if runner is not None:
             runner._sandboxes.add(self)
         return self
@@ -204,9 +210,9 @@ class Sandbox:
 
     def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
         if self._loop is None:
-            raise SandboxError("this sandbox is not open (closed already, never entered, or opened by the process "
+            raise SandboxError("this sandbox is not open (closed already, never opened, or opened by the process "
                                "this one was forked from): use it as `with execbox.sandbox() as sb:` and call it "
-                               "inside that block")
+                               "inside that block, or open it first (`sb.open()`)")
         return self._loop.call(functools.partial(fn, *args, **kw))
 
     def exec(self, command: str | Sequence[str], *, network: NetworkMode | None = None, timeout: float | None = None,
@@ -258,5 +264,6 @@ class Sandbox:
     def download(self, remote: str, local_path: str | os.PathLike[str]) -> Transfer:
         return self._call(self.aio.download, remote, local_path)
 
-    def pip_install(self, *requirements: str) -> ExecResult:
-        return self._call(self.aio.pip_install, *requirements)
+    def pip_install(self, *requirements: str, on_stdout: OnText | None = None,
+                    on_stderr: OnText | None = None) -> ExecResult:
+        return self._call(self.aio.pip_install, *requirements, on_stdout=on_stdout, on_stderr=on_stderr)
