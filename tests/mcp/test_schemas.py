@@ -17,6 +17,7 @@ import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from mcp import Client
 
+from execbox.mcp.tools import ERROR_META
 from tests.mcp.support import SERVER, env, stdio, text, usable
 
 CALLS: list[tuple[str, dict[str, Any]]] = [
@@ -106,7 +107,8 @@ def test_bad_arguments_are_named_field_by_field(live: tuple[BlockingPortal, Clie
     assert "code: Field required" in said and "timeout_s: Input should be greater than 0" in said
     assert "network: Input should be" in said
     assert "pydantic" not in said and "input_value" not in said and "http" not in said
-    assert result.structured_content is not None and result.structured_content["error"]["type"] == "ConfigError"
+    assert result.structured_content is None  # an error result is validated against no outputSchema
+    assert result.meta is not None and result.meta[ERROR_META]["type"] == "ConfigError"
 
 
 def test_with_code_execution_off_the_server_says_so_and_offers_nothing() -> None:

@@ -30,8 +30,8 @@ from execbox.mcp.review import Approval, Gate
 MAX_LISTED = 1000
 
 
-# The structured content of each tool's result, published as its outputSchema (a client validates a successful
-# result against it; an error result carries {"error": {...}} instead, as the spec allows for isError).
+# The structured content of each tool's result, published as its outputSchema (a client validates a result against
+# it; an error result has none: its error is text, and data under _meta, ERROR_META).
 
 
 class Egress(BaseModel):
@@ -195,15 +195,20 @@ def cell_result(result: CellResult, max_images: int = 8) -> CallToolResult:
                           structured_content=data)
 
 
+#: Where an error result carries the error as data (type, message, retryable, ...): in _meta, not structured
+#: content, which a client validates against the tool's outputSchema (the MCP Inspector does, errors included).
+ERROR_META = "io.execbox/error"
+
+
 def error_result(error: ExecboxError | str) -> CallToolResult:
     """A call that could not do what was asked: what went wrong, and what to change."""
     if isinstance(error, ExecboxError):
-        data: dict[str, Any] = {"error": error.to_dict()}
+        data: dict[str, Any] = error.to_dict()
         text = f"{type(error).__name__}: {error.message}"
     else:
-        data = {"error": {"type": "Refused", "message": error, "retryable": False}}
+        data = {"type": "Refused", "message": error, "retryable": False}
         text = error
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data, is_error=True)
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True, _meta={ERROR_META: data})
 
 
 def data_result(data: dict[str, Any], text: str | None = None) -> CallToolResult:
