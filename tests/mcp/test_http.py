@@ -5,6 +5,7 @@ the session ends, a sub-agent's bearer grant narrower than its parent's, approva
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,11 @@ def test_http_refuses_to_start_without_a_token_or_with_posture_3() -> None:
                                      EXECBOX_MCP_TOKEN="t" * 32))
     assert started.returncode != 0 and "AGENT_COMPUTE_POSTURE=3 is a shell on this host" in started.stderr
     assert "HTTP server would hand that shell" in started.stderr and "serving" not in started.stderr
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # a port in use: refused before "serving" is said
+        started = subprocess.run([*SERVER, "--http", f"127.0.0.1:{taken.getsockname()[1]}"], capture_output=True,
+                                 text=True, timeout=60, env=env(CODE_EXEC_ENABLED="true", EXECBOX_MCP_TOKEN="t" * 32))
+    assert started.returncode != 0 and "cannot listen on 127.0.0.1" in started.stderr
+    assert "serving" not in started.stderr and "Traceback" not in started.stderr
     started = subprocess.run(SERVER, input="", capture_output=True, text=True, timeout=60,
                              env=env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="3"))
     assert started.returncode != 0 and "CODE_EXEC_LOCAL=true" in started.stderr

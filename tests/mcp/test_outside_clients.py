@@ -83,6 +83,8 @@ def readme_lines() -> list[list[str]]:
 def inspector(argv: list[str], *, url: str = "", token: str = "") -> subprocess.CompletedProcess[str]:
     """Run an Inspector command line as the README writes it, with this checkout's node, Inspector and execbox."""
     args = [a.replace("$EXECBOX_MCP_TOKEN", token) for a in argv[2:]]  # after `npx @modelcontextprotocol/...`
+    # A loaded CI machine may take longer than the Inspector's 15 s to start a stdio server.
+    args = [args[0], "--connect-timeout", "120000", *args[1:]]
     if url:
         args = [a.replace("http://127.0.0.1:8765/mcp", url) for a in args]
     if "--" in args:  # stdio: the server the Inspector starts is this checkout's, with its PYTHONPATH
@@ -118,7 +120,7 @@ def each_tool(url: str = "", token: str = "") -> list[tuple[str, str, subprocess
                 "--tool-name", name, *(x for pair in pairs for x in ("--tool-arg", pair)), *server]
         return name, expected, inspector(argv, url=url, token=token)
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=3) as pool:
         return list(pool.map(one, CALLS))
 
 
