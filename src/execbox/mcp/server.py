@@ -7,9 +7,10 @@ Each call is attributed to its caller in the audit log: the MCP client's name an
 Transports. stdio (the default): one client, the process's own; when the client closes the pipe, exits or dies,
 the server closes its sandboxes and exits. HTTP (``--http HOST:PORT``, streamable HTTP): bound to 127.0.0.1
 unless told otherwise, and every request needs ``Authorization: Bearer <token>``: the server token
-(EXECBOX_MCP_TOKEN or --token-file) or a delegated grant's token; anything else is a 401. A session is bound to
-the credential that opened it. A persistent sandbox (posture 1) belongs to an MCP session: over stdio, the
-process; over HTTP, the Mcp-Session-Id session, closed when the client deletes it or it is idle for
+(EXECBOX_MCP_TOKEN or --token-file) or a delegated grant's token; anything else is a 401 whose challenge points at
+no OAuth metadata, and /.well-known/* is a 404: the server is no OAuth resource, a client is to send the token.
+A session is bound to the credential that opened it. A persistent sandbox (posture 1) belongs to an MCP session:
+over stdio, the process; over HTTP, the Mcp-Session-Id session, closed when the client deletes it or it is idle for
 EXECBOX_MCP_IDLE_SEC. (The 2026-07-28 protocol over HTTP has no sessions: its requests get one-shot tools only.)
 """
 
