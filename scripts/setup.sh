@@ -3,7 +3,8 @@
 #   1. as root: Debian packages (docker.io, openssh-server, bubblewrap, debootstrap), dockerd started
 #      when no engine answers, and the sandbox image built when it is missing (scripts/bootstrap.sh);
 #   2. a virtual environment in .venv with execbox and all its extras installed (re-installed only when
-#      pyproject.toml changed).
+#      pyproject.toml changed);
+#   3. Node 22, the MCP Inspector and the MCP conformance suite in .cache/node (scripts/node_tools.sh).
 # Not root and things missing: it says what to run and carries on, so the suite can still run (the
 # tests that need an engine skip on a laptop; in CI, CI=true turns those skips into failures).
 set -euo pipefail
@@ -27,6 +28,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 else
     say "python environment up to date"
 fi
+
+# 3. Node 22, the MCP Inspector and the MCP conformance suite in .cache/node, for tests/mcp/test_outside_clients.py
+#    (no npm, or no registry: their tests skip, and fail under EXECBOX_REQUIRE_ENGINES).
+"$repo/scripts/node_tools.sh" || say "the node tools could not be installed; tests/mcp/test_outside_clients.py will skip"
 
 if [ "$(id -u)" -eq 0 ]; then
     EXECBOX_PYTHON="$venv/bin/python" "$repo/scripts/bootstrap.sh" --image

@@ -5,6 +5,7 @@ the session ends, a sub-agent's bearer grant narrower than its parent's, approva
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,12 @@ def test_http_refuses_to_start_without_a_token_or_with_posture_3() -> None:
                              env=env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="3", CODE_EXEC_LOCAL="true",
                                      EXECBOX_MCP_TOKEN="t" * 32))
     assert started.returncode != 0 and "AGENT_COMPUTE_POSTURE=3 is a shell on this host" in started.stderr
-    assert "HTTP server would hand that shell" in started.stderr
+    assert "HTTP server would hand that shell" in started.stderr and "serving" not in started.stderr
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # a port in use: refused before "serving" is said
+        started = subprocess.run([*SERVER, "--http", f"127.0.0.1:{taken.getsockname()[1]}"], capture_output=True,
+                                 text=True, timeout=60, env=env(CODE_EXEC_ENABLED="true", EXECBOX_MCP_TOKEN="t" * 32))
+    assert started.returncode != 0 and "cannot listen on 127.0.0.1" in started.stderr
+    assert "serving" not in started.stderr and "Traceback" not in started.stderr
     started = subprocess.run(SERVER, input="", capture_output=True, text=True, timeout=60,
                              env=env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="3"))
     assert started.returncode != 0 and "CODE_EXEC_LOCAL=true" in started.stderr
@@ -45,7 +51,15 @@ def test_http_without_the_token_or_with_a_wrong_one_is_401() -> None:
                             {"Authorization": f"Basic {token}"}, {"Authorization": "Bearer exg1.forged.grant"}):
                 answer = http.post(url, json=INIT, headers={**ACCEPT, **headers})
                 assert answer.status_code == 401, headers
+                # A bearer challenge with nothing to discover: a client asks its user for the token.
                 assert answer.headers["www-authenticate"].startswith("Bearer")
+                assert "resource_metadata" not in answer.headers["www-authenticate"]
+            # Not an OAuth resource: the metadata a spec-following client looks for is not there, token or not.
+            base = url.removesuffix("/mcp")
+            for path in ("/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp",
+                         "/.well-known/oauth-authorization-server", "/.well-known/openid-configuration"):
+                for headers in ({}, {"Authorization": f"Bearer {token}"}):
+                    assert http.get(base + path, headers=headers).status_code == 404, path
             answer = http.post(url, json=INIT, headers={**ACCEPT, "Authorization": f"Bearer {token}"})
             assert answer.status_code == 200
             session = answer.headers["mcp-session-id"]

@@ -211,11 +211,22 @@ def test_a_sub_agents_grant_cannot_run_what_its_parent_could_not(tmp_path: Path)
     async def main() -> None:
         async with Client(stdio(env(**common))) as parent:
             result = await parent.call_tool("delegate", {"tools": ["run_code", "delegate"], "network": ["none"],
+                                                         "backends": ["bubblewrap"], "posture": 0,
                                                          "timeout_s": 5, "label": "worker"})
             assert not result.is_error and result.structured_content is not None
             token = result.structured_content["token"]
         async with Client(stdio(env(**common, EXECBOX_MCP_GRANT=token))) as worker:
-            assert [t.name for t in (await worker.list_tools()).tools] == ["run_code", "delegate"]
+            listed = {t.name: t for t in (await worker.list_tools()).tools}
+            assert list(listed) == ["run_code", "delegate"]
+            # The schemas offer what the worker's grant allows, and the descriptions name only its tools.
+            props = listed["run_code"].input_schema["properties"]
+            assert props["network"]["anyOf"][0]["enum"] == ["none"]
+            assert props["backend"]["anyOf"][0]["enum"] == ["bubblewrap"]
+            props = listed["delegate"].input_schema["properties"]
+            assert props["tools"]["items"]["enum"] == ["run_code", "delegate"]
+            assert props["posture"]["anyOf"][0]["enum"] == [0]
+            assert "(run_code, delegate)" in (listed["delegate"].description or "")
+            assert "`shell`" not in (listed["run_code"].description or "")
             assert (await worker.call_tool("run_code", {"code": "print('ok')"})).structured_content is not None
             result = await worker.call_tool("shell", {"command": "id"})
             assert result.is_error and "does not include the tool 'shell'" in text(result)

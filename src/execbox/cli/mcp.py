@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import anyio
 import click
 
@@ -27,25 +29,33 @@ def mcp_command(http: str | None, token_file: str | None) -> None:
     if importlib.util.find_spec("mcp") is None:
         fail(BackendUnavailableError("the MCP server needs the mcp SDK, which is not installed",
                                       fix="pip install 'execbox[mcp]'"), False)
-    from execbox.mcp.server import serve_http, serve_stdio, server_token
+    from execbox.mcp.server import OFF, McpApp, serve_http, serve_stdio, server_token
     from execbox.mcp.settings import McpSettings
+
+    def ready(app: McpApp, *lines: str) -> None:
+        """Said once the server has accepted its settings (and bound its port): never before a refusal."""
+        if not app.tools:
+            click.echo(f"execbox mcp: {OFF}", err=True)
+        for line in lines:
+            click.echo(f"execbox mcp: {line}", err=True)
 
     try:
         settings, mcp_settings = Settings.from_env(), McpSettings.from_env()
         if http is None:
-            anyio.run(serve_stdio, settings, mcp_settings)
+            anyio.run(functools.partial(serve_stdio, settings, mcp_settings, ready=ready))
             return
         host, _, port = http.rpartition(":")
         if not port.isdigit() or not 0 < int(port) < 65536:
             usage(f"--http takes HOST:PORT (or PORT), got {http!r}", False)
         token = server_token(mcp_settings, token_file)
         host = host.strip("[]") or "127.0.0.1"
+        lines = []
         if host not in ("127.0.0.1", "localhost", "::1"):
-            click.echo(f"execbox mcp: listening on {host}, beyond this machine: every request needs the token; "
-                       "put TLS in front of it", err=True)
+            lines.append(f"listening on {host}, beyond this machine: every request needs the token; put TLS in "
+                         "front of it")
         shown = f"[{host}]" if ":" in host else host
-        click.echo(f"execbox mcp: serving http://{shown}:{port}/mcp", err=True)
-        anyio.run(serve_http, settings, mcp_settings, host, int(port), token)
+        lines.append(f"serving http://{shown}:{port}/mcp")
+        anyio.run(functools.partial(serve_http, settings, mcp_settings, host, int(port), token,
+                                    ready=lambda app: ready(app, *lines)))
     except ExecboxError as exc:
         fail(exc, False)
-

@@ -7,9 +7,10 @@ Each call is attributed to its caller in the audit log: the MCP client's name an
 Transports. stdio (the default): one client, the process's own; when the client closes the pipe, exits or dies,
 the server closes its sandboxes and exits. HTTP (``--http HOST:PORT``, streamable HTTP): bound to 127.0.0.1
 unless told otherwise, and every request needs ``Authorization: Bearer <token>``: the server token
-(EXECBOX_MCP_TOKEN or --token-file) or a delegated grant's token; anything else is a 401. A session is bound to
-the credential that opened it. A persistent sandbox (posture 1) belongs to an MCP session: over stdio, the
-process; over HTTP, the Mcp-Session-Id session, closed when the client deletes it or it is idle for
+(EXECBOX_MCP_TOKEN or --token-file) or a delegated grant's token; anything else is a 401 whose challenge points at
+no OAuth metadata, and /.well-known/* is a 404: the server is no OAuth resource, a client is to send the token.
+A session is bound to the credential that opened it. A persistent sandbox (posture 1) belongs to an MCP session:
+over stdio, the process; over HTTP, the Mcp-Session-Id session, closed when the client deletes it or it is idle for
 EXECBOX_MCP_IDLE_SEC. (The 2026-07-28 protocol over HTTP has no sessions: its requests get one-shot tools only.)
 """
 
@@ -17,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import importlib.metadata
 import logging
 import signal
-from collections.abc import AsyncIterator, Mapping
+import socket
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -29,11 +32,13 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import Context, Elicit, MCPServer
-from mcp.types import CallToolResult
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.types import CallToolResult, InputRequiredResult
+from pydantic import ValidationError
 
 from execbox.audit import fields as audit_fields
 from execbox.config.settings import Settings
-from execbox.contract.models import CellResult, ExecResult, Limits, NetworkMode
+from execbox.contract.models import NETWORK_MODES, CellResult, ExecResult, Limits, NetworkMode
 from execbox.contract.results import clamp_note, timed_out
 from execbox.contract.review import ReviewDecision, ReviewRequest, strictest
 from execbox.errors import ConfigError, ExecboxError, FileTooLargeError, NotASandboxError, SandboxError
@@ -57,10 +62,12 @@ from execbox.mcp.tools import (
     accepted,
     cell_result,
     data_result,
+    descriptions,
     error_result,
     exec_result,
     read_result,
     register_tools,
+    tailor,
 )
 from execbox.runner import AsyncRunner, AsyncSandbox
 
@@ -70,10 +77,20 @@ SERVER_POOL_SIZE = 2
 SESSION_LIFETIME_S = 24 * 3600.0
 SANDBOX_WORKSPACE = "/workspace"
 GRANT_SCOPE_KEY = "execbox.grant"
-INSTRUCTIONS = ("execbox runs code in isolated sandboxes. run_code and run_command start a fresh sandbox for each "
-                "call; shell, python, write_file, read_file and list_files (when offered) share one persistent "
-                "sandbox for this session. Results carry the exit code, capped output and, when a limit cut a run "
-                "short, one sentence saying which and whether retrying can help.")
+OFF = ("code execution is off on this server (CODE_EXEC_ENABLED is not true): it offers no tools; its operator "
+       "turns them on with CODE_EXEC_ENABLED=true")
+
+
+def instructions(tools: list[str]) -> str:
+    """What the server tells a client about itself: only the tools it offers."""
+    if not tools:
+        return f"execbox runs code in isolated sandboxes, but {OFF}."
+    said = ["execbox runs code in isolated sandboxes. run_code and run_command start a fresh sandbox for each call"]
+    if "shell" in tools:
+        said.append("; shell, python, write_file, read_file and list_files share one persistent sandbox for this "
+                    "session")
+    return "".join(said) + (". Results carry the exit code, capped output and, when a limit cut a run short, one "
+                            "sentence saying which and whether retrying can help.")
 
 
 #: Who sets the ceiling of a grantee's timeout.
@@ -104,6 +121,22 @@ class SessionScope:
     closed: bool = False
 
 
+class _Server(MCPServer[Any]):
+    """The SDK's server, with arguments that fail the tool's schema answered as a readable error result (each
+    field and its problem), not pydantic's report with its input values and documentation links."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[Any, Any] | None = None) -> CallToolResult | InputRequiredResult:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc, UnexpectedToolError) or not isinstance(exc.__cause__, ValidationError):
+                raise
+            problems = [f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}"
+                        for e in exc.__cause__.errors(include_url=False, include_input=False)]
+            return error_result(ConfigError(f"invalid arguments for {name}: " + "; ".join(problems)))
+
+
 class McpApp:
     """The server's state: settings, the runner, the signer, the root grant, the sessions' sandboxes."""
 
@@ -127,8 +160,10 @@ class McpApp:
         self.runner = runner or AsyncRunner(settings)
         self.scopes: dict[str, SessionScope] = {}
         self._tasks: anyio.abc.TaskGroup | None = None
-        self.server = MCPServer("execbox", instructions=INSTRUCTIONS, log_level="WARNING",
-                                middleware=[self._filter_tools])
+        self._backends: list[str] | None = None
+        self.server = _Server("execbox", version=importlib.metadata.version("execbox"),
+                              instructions=instructions(self.tools), log_level="WARNING",
+                              middleware=[self._filter_tools])
         register_tools(self.server, self)
 
     @contextlib.asynccontextmanager
@@ -206,7 +241,8 @@ class McpApp:
         return [f"mcp:{client[:64]}", *(f"grant:{g}" for g in grant.chain)]
 
     async def _filter_tools(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        """tools/list shows a caller only the tools its grant allows."""
+        """tools/list shows a caller only the tools its grant allows, each described and its enums listed as that
+        grant allows (network modes, backends, the tools and postures it may delegate)."""
         result = await call_next(ctx)
         if ctx.method != "tools/list" or result is None:
             return result
@@ -214,11 +250,37 @@ class McpApp:
             grant = self.grant_for(ctx.request)
         except GrantError:
             grant = None
-        allowed = set() if grant is None else {t for t in grant.tools if _visible(self, grant, t)}
-        if isinstance(result, Mapping):
-            return {**result, "tools": [t for t in result.get("tools", []) if t.get("name") in allowed]}
-        tools = [t for t in getattr(result, "tools", []) if t.name in allowed]
-        return result.model_copy(update={"tools": tools})
+        if grant is None:
+            return {**result, "tools": []} if isinstance(result, Mapping) else result.model_copy(update={"tools": []})
+        allowed = [t for t in self.tools if t in grant.tools and _visible(self, grant, t)]
+        said = descriptions(self.settings, set(allowed))
+        enums: dict[str, Any] = {"tools": allowed, "networks": self.networks(grant), "backends": self.backends(grant),
+                                 "posture": grant.posture}
+        if isinstance(result, Mapping):  # the wire form (camelCase keys)
+            return {**result, "tools": [
+                {**t, "description": said[t["name"]], "inputSchema": tailor(t["name"], t["inputSchema"], **enums)}
+                for t in result.get("tools", []) if t.get("name") in allowed]}
+        return result.model_copy(update={"tools": [
+            t.model_copy(update={"description": said[t.name], "input_schema": tailor(t.name, t.input_schema, **enums)})
+            for t in getattr(result, "tools", []) if t.name in allowed]})
+
+    def networks(self, grant: Grant) -> list[str]:
+        """The network modes a caller may ask for, in the order of NETWORK_MODES."""
+        return [m for m in NETWORK_MODES if m in grant.network
+                and not (grant.egress is not None and m in ("egress", "proxy"))]
+
+    def backends(self, grant: Grant) -> list[str]:
+        """The backends a caller may name: the sandboxes this server may use (the configured backend and auto's
+        candidates that are sandboxes here, judged on the configuration alone), within the grant's."""
+        if self._backends is None:
+            names = [self.settings.backend] if self.settings.backend != "auto" else []
+            names += [n for n in self.runner.auto_candidates() if n not in names]
+            self._backends = []
+            for name in names:
+                with contextlib.suppress(ExecboxError):
+                    if self.runner.verdict(self.runner.backend(name)).sandbox:
+                        self._backends.append(name)
+        return [b for b in self._backends if grant.backends is None or b in grant.backends]
 
     # --- persistent sandboxes ---------------------------------------------------------------------------------
 
@@ -529,21 +591,31 @@ class BearerAuth:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)  # lifespan
             return
+        if scope["type"] == "http" and str(scope.get("path", "")).startswith("/.well-known/"):
+            # Not an OAuth resource (nor an authorization server): a client that looks for their metadata
+            # (RFC 9728, RFC 8414, OpenID discovery) is told there is none, and asks its user for the token.
+            await _answer(send, 404, b'{"error": "not found: this server takes a bearer token (Authorization: '
+                                     b'Bearer <token>), not OAuth"}')
+            return
         header = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"authorization"), None)
         grant = self.state.authenticate(header, self.token)
         if grant is None:
-            body = (b'{"error": "unauthorized: send Authorization: Bearer <token> (the server token, '
-                    b'EXECBOX_MCP_TOKEN, or a grant token)"}')
-            await send({"type": "http.response.start", "status": 401, "headers": [
-                (b"content-type", b"application/json"), (b"www-authenticate", b'Bearer realm="execbox"'),
-                (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
+            # A challenge with no resource_metadata: nothing for a client to discover, only a token to send.
+            await _answer(send, 401, b'{"error": "unauthorized: send Authorization: Bearer <token> (the server token, '
+                                     b'EXECBOX_MCP_TOKEN, or a grant token)"}',
+                          (b"www-authenticate", b'Bearer realm="execbox"'))
             return
         scope = {**scope, GRANT_SCOPE_KEY: grant,
                  # The SDK binds a session to the principal that opened it: a request with another credential is
                  # answered as if the session did not exist.
                  "user": AuthenticatedUser(AccessToken(token=grant.id, client_id=grant.id, scopes=[]))}
         await self.app(scope, receive, send)
+
+
+async def _answer(send: Any, status: int, body: bytes, *headers: tuple[bytes, bytes]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), *headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -557,8 +629,12 @@ async def _signals(stop: Any) -> None:
             return
 
 
-async def serve_stdio(settings: Settings, mcp_settings: McpSettings) -> None:
+async def serve_stdio(settings: Settings, mcp_settings: McpSettings, *,
+                      ready: Callable[[McpApp], None] | None = None) -> None:
+    """Serve over stdio; ``ready`` is told once the server has accepted its settings (before that, a refusal)."""
     app = McpApp(settings, mcp_settings, "stdio")
+    if ready is not None:
+        ready(app)
     async with app.running(), anyio.create_task_group() as tasks:
         tasks.start_soon(_signals, tasks.cancel_scope.cancel)
         await app.server.run_stdio_async()
@@ -601,23 +677,39 @@ def _uvicorn_server() -> type[Any]:
     return QuietServer
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, or a ConfigError saying why there is none (the port is taken, ...)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); pick another --http HOST:PORT") \
+            from None
+
+
 async def serve_http(settings: Settings, mcp_settings: McpSettings, host: str, port: int, token: str,
-                     *, ready: Any = None) -> None:
+                     *, ready: Callable[[McpApp], None] | None = None) -> None:
+    """Serve streamable HTTP at /mcp; ``ready`` is told once the settings are accepted and the port is bound, so
+    that nothing says "serving" before it is true."""
     import uvicorn
 
     _QuietServer = _uvicorn_server()
     app = McpApp(settings, mcp_settings, "http")
+    sock = listen(host, port)
     starlette = app.server.streamable_http_app(host=host, session_idle_timeout=mcp_settings.session_idle_sec)
     config = uvicorn.Config(BearerAuth(starlette, app, token), host=host, port=port, log_level="warning",
                             lifespan="on", timeout_graceful_shutdown=5)
     server = _QuietServer(config)
+    if ready is not None:
+        ready(app)
 
     def stop() -> None:
         server.should_exit = True  # a graceful shutdown: the sessions end, their sandboxes are removed
 
     async with app.running(), anyio.create_task_group() as tasks:
         tasks.start_soon(_signals, stop)
-        await server.serve()
+        with sock:
+            await server.serve(sockets=[sock])
         tasks.cancel_scope.cancel()
 
 

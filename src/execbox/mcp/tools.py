@@ -11,21 +11,119 @@ retrying can help. Structured content carries the same fields for clients that r
 """
 
 import base64
+import copy
 import json
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, Protocol
 
 from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
 from mcp.server.mcpserver.resolve import AcceptedElicitation
 from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from execbox.config.settings import Settings
 from execbox.contract.models import CellResult, ExecResult
 from execbox.errors import ExecboxError
-from execbox.mcp.grants import GrantRequest
+from execbox.mcp.grants import ALL_TOOLS, GrantRequest
 from execbox.mcp.review import Approval, Gate
 
 MAX_LISTED = 1000
+
+
+# The structured content of each tool's result, published as its outputSchema (a client validates a result against
+# it; an error result has none: its error is text, and data under _meta, ERROR_META).
+
+
+class Egress(BaseModel):
+    host: str
+    port: int
+    allowed: bool
+    reason: str
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+class Denied(BaseModel):
+    host: str
+    port: int
+    reason: str
+
+
+class RunOutput(BaseModel):
+    """A finished run (run_code, run_command, shell)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    oom_killed: bool
+    truncated: bool
+    limit: Literal["timeout", "memory", "network"] | None
+    explanation: str
+    retryable: bool
+    duration_s: float
+    backend: str
+    notes: list[str]
+    egress: list[Egress] | None = Field(default=None, description="network mode proxy: the connections it made")
+    egress_denied: list[Denied] | None = None
+
+
+class CellOutputItem(BaseModel):
+    kind: Literal["display", "result"]
+    mime_types: list[str]
+    text: str | None
+
+
+class CellErrorOut(BaseModel):
+    name: str
+    value: str
+    traceback: str
+
+
+class CellOutput(BaseModel):
+    """A Python cell (python)."""
+
+    ok: bool
+    execution_count: int
+    stdout: str
+    stderr: str
+    outputs: list[CellOutputItem]
+    error: CellErrorOut | None
+    timed_out: bool
+    oom_killed: bool
+    state_lost: bool
+    truncated: bool
+    notes: list[str]
+
+
+class WriteOutput(BaseModel):
+    path: str
+    size: int
+
+
+class ReadOutput(BaseModel):
+    path: str
+    size: int
+    encoding: Literal["text", "base64"]
+    content: str
+
+
+class Entry(BaseModel):
+    path: str
+    type: str
+    size: int
+
+
+class ListOutput(BaseModel):
+    path: str
+    entries: list[Entry]
+    truncated: bool
+
+
+class DelegateOutput(BaseModel):
+    token: str
+    grant: dict[str, Any] = Field(description="the grant as issued: tools, backends, network, limits, expiry")
+    how: str
 
 
 def exec_result(result: ExecResult) -> CallToolResult:
@@ -78,8 +176,13 @@ def cell_result(result: CellResult, max_images: int = 8) -> CallToolResult:
             lines.append(("value: " if output.kind == "result" else "display: ") + output.text)
     if result.stdout:
         lines.append("stdout:\n" + result.stdout)
-    if result.stderr:
-        lines.append("stderr:\n" + result.stderr)
+    stderr = result.stderr
+    if result.error is not None and result.error.traceback and result.error.traceback in stderr:
+        # The interpreter printed the traceback to stderr too: the error block below shows it once.
+        head, _, tail = stderr.rpartition(result.error.traceback)
+        stderr = head + tail
+    if stderr.strip():
+        lines.append("stderr:\n" + stderr)
     if result.error is not None:
         lines.append(f"error: {result.error.name}: {result.error.value}\n{result.error.traceback}".rstrip())
     data: dict[str, Any] = {
@@ -92,15 +195,20 @@ def cell_result(result: CellResult, max_images: int = 8) -> CallToolResult:
                           structured_content=data)
 
 
+#: Where an error result carries the error as data (type, message, retryable, ...): in _meta, not structured
+#: content, which a client validates against the tool's outputSchema (the MCP Inspector does, errors included).
+ERROR_META = "io.execbox/error"
+
+
 def error_result(error: ExecboxError | str) -> CallToolResult:
     """A call that could not do what was asked: what went wrong, and what to change."""
     if isinstance(error, ExecboxError):
-        data: dict[str, Any] = {"error": error.to_dict()}
+        data: dict[str, Any] = error.to_dict()
         text = f"{type(error).__name__}: {error.message}"
     else:
-        data = {"error": {"type": "Refused", "message": error, "retryable": False}}
+        data = {"type": "Refused", "message": error, "retryable": False}
         text = error
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data, is_error=True)
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True, _meta={ERROR_META: data})
 
 
 def data_result(data: dict[str, Any], text: str | None = None) -> CallToolResult:
@@ -137,15 +245,6 @@ class ToolHost(Protocol):
 def register_tools(server: MCPServer, app: ToolHost) -> None:
     """Add the tools ``app`` offers to ``server``."""
     s = app.settings
-    limits = (f"Limits: {s.max_timeout_sec:g} s (default and maximum), {s.memory_mb} MiB of memory, "
-              f"{s.max_output_bytes} bytes of output per stream (the middle of longer output is replaced by a "
-              "marker that says how many bytes were left out).")
-    result_doc = ("Returns the exit code, stdout and stderr, and, when a limit cut the run short, one sentence "
-                  "naming it and whether retrying can help. A non-zero exit code is a result, not an error.")
-    approval_doc = ("Commands that are hard to take back (deleting outside the workspace, git push, publishing a "
-                    "package, piping a download into a shell, writing to a device...) first need the user's "
-                    "approval; if it is refused, do not retry.")
-    offered = set(app.tools)
 
     async def gate_run_code(code: str, language: str, ctx: Context) -> Elicit[Approval] | Gate:
         return await app.gate(ctx, "run_code", "bash" if language == "bash" else "python", code)
@@ -168,7 +267,7 @@ def register_tools(server: MCPServer, app: ToolHost) -> None:
         timeout_s: Timeout = None,
         network: Network = None,
         backend: Backend = None,
-    ) -> CallToolResult:
+    ) -> Annotated[CallToolResult, RunOutput]:
         return await app.call(ctx, "run_code", approval, code=code, language=language, timeout_s=timeout_s,
                               network=network, backend=backend)
 
@@ -181,7 +280,7 @@ def register_tools(server: MCPServer, app: ToolHost) -> None:
         timeout_s: Timeout = None,
         network: Network = None,
         backend: Backend = None,
-    ) -> CallToolResult:
+    ) -> Annotated[CallToolResult, RunOutput]:
         return await app.call(ctx, "run_command", approval, command=command, timeout_s=timeout_s, network=network,
                               backend=backend)
 
@@ -191,7 +290,7 @@ def register_tools(server: MCPServer, app: ToolHost) -> None:
         approval: Annotated[ElicitationResult[Approval], Resolve(gate_shell)],
         ctx: Context,
         timeout_s: Timeout = None,
-    ) -> CallToolResult:
+    ) -> Annotated[CallToolResult, RunOutput]:
         return await app.call(ctx, "shell", approval, command=command, timeout_s=timeout_s)
 
     async def python(
@@ -200,7 +299,7 @@ def register_tools(server: MCPServer, app: ToolHost) -> None:
         approval: Annotated[ElicitationResult[Approval], Resolve(gate_python)],
         ctx: Context,
         timeout_s: Timeout = None,
-    ) -> CallToolResult:
+    ) -> Annotated[CallToolResult, CellOutput]:
         return await app.call(ctx, "python", approval, code=code, timeout_s=timeout_s)
 
     async def write_file(
@@ -210,14 +309,14 @@ def register_tools(server: MCPServer, app: ToolHost) -> None:
         ctx: Context,
         encoding: Annotated[Literal["text", "base64"], Field(
             description="text (UTF-8) or base64 (for binary content).")] = "text",
-    ) -> CallToolResult:
+    ) -> Annotated[CallToolResult, WriteOutput]:
         return await app.files(ctx, "write_file", path=path, content=content, encoding=encoding)
 
     async def read_file(
         path: Annotated[str, Field(min_length=1, max_length=4096, description=(
             "The file to read, relative to the workspace."))],
         ctx: Context,
-    ) -> CallToolResult:
+    ) -> Annotated[CallToolResult, ReadOutput]:
         return await app.files(ctx, "read_file", path=path)
 
     async def list_files(
@@ -225,13 +324,12 @@ def register_tools(server: MCPServer, app: ToolHost) -> None:
         path: Annotated[str, Field(max_length=4096, description=(
             "The directory to list, relative to the workspace; \".\" is the workspace itself."))] = ".",
         recursive: Annotated[bool, Field(description="Also list everything below it.")] = False,
-    ) -> CallToolResult:
+    ) -> Annotated[CallToolResult, ListOutput]:
         return await app.files(ctx, "list_files", path=path, recursive=recursive)
 
     async def delegate(
         tools: Annotated[list[str], Field(min_length=1, max_length=8, description=(
-            "The tools the sub-agent may use: a subset of yours (run_code, run_command, shell, write_file, "
-            "read_file, list_files, delegate)."))],
+            "The tools the sub-agent may use: a subset of yours."))],
         ctx: Context,
         label: Annotated[str, Field(max_length=200, description="Who it is for, e.g. \"test-writer\".")] = "",
         backends: Annotated[list[str] | None, Field(max_length=32, description=(
@@ -250,7 +348,7 @@ def register_tools(server: MCPServer, app: ToolHost) -> None:
             "0 = one-shot runs only, 1 = also a persistent sandbox; at most yours."))] = None,
         expires_in_s: Annotated[float | None, Field(gt=0, allow_inf_nan=False, description=(
             "How long the grant lasts, seconds; never longer than yours or the server's grant lifetime."))] = None,
-    ) -> CallToolResult:
+    ) -> Annotated[CallToolResult, DelegateOutput]:
         try:
             ask = GrantRequest(tools=tools, label=label, backends=backends, network=network, egress=egress,
                                timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
@@ -259,53 +357,104 @@ def register_tools(server: MCPServer, app: ToolHost) -> None:
             return error_result(f"invalid grant request: {exc}")
         return await app.delegate(ctx, ask)
 
-    specs: dict[str, tuple[Any, str, ToolAnnotations]] = {
-        "run_code": (run_code, (
+    functions: dict[str, Callable[..., Any]] = {
+        "run_code": run_code, "run_command": run_command, "shell": shell, "python": python, "write_file": write_file,
+        "read_file": read_file, "list_files": list_files, "delegate": delegate}
+    described = descriptions(s, set(app.tools))
+    for name in app.tools:
+        server.add_tool(functions[name], name=name, description=described[name], annotations=ANNOTATIONS[name](s))
+
+
+ANNOTATIONS: dict[str, Any] = {
+    "run_code": lambda s: ToolAnnotations(title="Run code in a sandbox", destructive_hint=False, open_world_hint=False),
+    "run_command": lambda s: ToolAnnotations(title="Run a command in a sandbox", destructive_hint=False,
+                                             open_world_hint=False),
+    "shell": lambda s: ToolAnnotations(title="Shell in your sandbox", destructive_hint=s.posture == 3,
+                                       open_world_hint=False),
+    "python": lambda s: ToolAnnotations(title="Python in your sandbox", destructive_hint=False, open_world_hint=False),
+    "write_file": lambda s: ToolAnnotations(title="Write a file", destructive_hint=False, idempotent_hint=True),
+    "read_file": lambda s: ToolAnnotations(title="Read a file", read_only_hint=True),
+    "list_files": lambda s: ToolAnnotations(title="List files", read_only_hint=True),
+    "delegate": lambda s: ToolAnnotations(title="Delegate a narrower grant", read_only_hint=True),
+}
+
+
+def descriptions(s: Settings, offered: set[str]) -> dict[str, str]:
+    """Each tool's description for a caller that has the tools ``offered``: it names only tools the caller has."""
+    limits = (f"Limits: {s.max_timeout_sec:g} s (default and maximum), {s.memory_mb} MiB of memory, "
+              f"{s.max_output_bytes} bytes of output per stream (the middle of longer output is replaced by a "
+              "marker that says how many bytes were left out).")
+    result_doc = ("Returns the exit code, stdout and stderr, and, when a limit cut the run short, one sentence "
+                  "naming it and whether retrying can help. A non-zero exit code is a result, not an error.")
+    approval_doc = ("Commands that are hard to take back (deleting outside the workspace, git push, publishing a "
+                    "package, piping a download into a shell, writing to a device...) first need the user's "
+                    "approval; if it is refused, do not retry.")
+    reading = " with `shell` (head -c, tail -c, sed -n)" if "shell" in offered else ""
+    return {
+        "run_code": (
             "Run a Python or bash program in a fresh, isolated sandbox that is thrown away afterwards: nothing "
             "persists between calls" + (" (use `shell` for that)" if "shell" in offered else "") + ". "
             f"{limits} {result_doc} {approval_doc}"),
-            ToolAnnotations(title="Run code in a sandbox", destructive_hint=False, open_world_hint=False)),
-        "run_command": (run_command, (
+        "run_command": (
             "Run a shell command line in a fresh, isolated sandbox that is thrown away afterwards. "
             f"{limits} {result_doc} {approval_doc}"),
-            ToolAnnotations(title="Run a command in a sandbox", destructive_hint=False, open_world_hint=False)),
-        "shell": (shell, (
+        "shell": (
             "Run a shell command in your persistent sandbox (one per MCP session, opened on first use"
             + (", on this host itself: it is not a sandbox" if s.posture == 3 else "") + "). Files you write and "
             "packages you install stay until the session ends; each call starts a new /bin/sh in the workspace, "
             "so `cd` and variables do not carry over: chain them with && in one call. "
             f"{limits} {result_doc} {approval_doc}"),
-            ToolAnnotations(title="Shell in your sandbox", destructive_hint=s.posture == 3, open_world_hint=False)),
-        "python": (python, (
+        "python": (
             "Run Python in your persistent interpreter (in your sandbox, like a notebook): variables, imports "
             "and open files stay from call to call. The value of the last expression and display()ed objects "
             "come back (images as images); matplotlib figures come back as PNG without saving them. A cell "
             "past its timeout is interrupted; if the interpreter has to be killed, the result says its state "
             f"was lost. {limits} {approval_doc}"),
-            ToolAnnotations(title="Python in your sandbox", destructive_hint=False, open_world_hint=False)),
-        "write_file": (write_file, (
+        "write_file": (
             "Write a file into your persistent sandbox's workspace (replacing it if it exists). Use "
             "encoding=base64 for binary content. Returns the path and the number of bytes written."),
-            ToolAnnotations(title="Write a file", destructive_hint=False, idempotent_hint=True)),
-        "read_file": (read_file, (
+        "read_file": (
             "Read a file from your persistent sandbox's workspace. Text comes back as text; other content as "
-            f"base64, with its size. Files over {s.max_output_bytes} bytes are refused: read parts of them with "
-            "`shell` (head -c, tail -c, sed -n)."),
-            ToolAnnotations(title="Read a file", read_only_hint=True)),
-        "list_files": (list_files, (
+            f"base64, with its size. Files over {s.max_output_bytes} bytes are refused" + (
+                f": read parts of them{reading}." if reading else ".")),
+        "list_files": (
             "List a directory of your persistent sandbox's workspace: each entry's path, type (file, directory, "
             f"symlink, other) and size in bytes; links are shown, never followed; at most {MAX_LISTED} entries."),
-            ToolAnnotations(title="List files", read_only_hint=True)),
-        "delegate": (delegate, (
-            "Issue a narrower grant for a sub-agent: which tools, backends, network modes and limits it may use, "
-            "never more than yours. Returns a token; the sub-agent's MCP client presents it as "
+        "delegate": (
+            "Issue a narrower grant for a sub-agent: which of your tools ("
+            + ", ".join(t for t in ALL_TOOLS if t in offered) + "), backends, network modes and limits it may "
+            "use, never more than yours. Returns a token; the sub-agent's MCP client presents it as "
             "`Authorization: Bearer <token>` (HTTP) or EXECBOX_MCP_GRANT=<token> (its own stdio server). At the "
             "last level of delegation a grant is a leaf: it cannot run code or delegate."),
-            ToolAnnotations(title="Delegate a narrower grant", read_only_hint=True)),
     }
-    for name in app.tools:
-        fn, description, annotations = specs[name]
-        server.add_tool(fn, name=name, description=description, annotations=annotations, structured_output=False)
+
+
+def tailor(name: str, schema: dict[str, Any], *, tools: list[str], networks: list[str], backends: list[str],
+           posture: int) -> dict[str, Any]:
+    """A tool's input schema as one caller may use it: the enums of network modes, backends, tools and postures
+    list only what its grant allows (the server still checks every call)."""
+    schema = copy.deepcopy(schema)
+    props: dict[str, Any] = schema.get("properties", {})
+    if name == "delegate":
+        _enum(props.get("tools"), tools)
+        _enum(props.get("network"), networks)
+        _enum(props.get("backends"), backends)
+        _enum(props.get("posture"), [p for p in (0, 1, 3) if p <= posture])
+    elif "network" in props:
+        _enum(props.get("network"), networks)
+        _enum(props.get("backend"), backends)
+    return schema
+
+
+def _enum(prop: dict[str, Any] | None, allowed: list[Any]) -> None:
+    """Set the enum of a property (a value, or the items of a list; either may be nullable) to ``allowed``."""
+    if prop is None:
+        return
+    for branch in prop.get("anyOf", [prop]):
+        target = branch.get("items", branch)
+        if target.get("type") != "null":
+            target["enum"] = list(allowed)
+            target.pop("const", None)
 
 
 def read_result(path: str, data: bytes | None, cap: int) -> CallToolResult:

@@ -1,0 +1,128 @@
+"""What the server says about itself and its tools, as an MCP client reads it: its version, an outputSchema on
+every tool that every result validates against, enums that offer only what the caller may use, one traceback
+for a failed cell, bad arguments named field by field, and a server with code execution off that says so."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import anyio.abc
+import jsonschema
+import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from mcp import Client
+
+from execbox.mcp.tools import ERROR_META
+from tests.mcp.support import SERVER, env, stdio, text, usable
+
+CALLS: list[tuple[str, dict[str, Any]]] = [
+    ("run_code", {"code": "print(6 * 7)"}), ("run_command", {"command": "echo hi"}),
+    ("shell", {"command": "echo kept > s.txt"}), ("python", {"code": "x = 2\nx + 1"}),
+    ("write_file", {"path": "w.txt", "content": "written"}), ("read_file", {"path": "w.txt"}),
+    ("list_files", {"path": "."}), ("delegate", {"tools": ["read_file"], "posture": 1}),
+]
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[tuple[BlockingPortal, Client]]:
+    usable("bubblewrap")
+    server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap")
+
+    async def hold(stop: anyio.Event, *, task_status: anyio.abc.TaskStatus[Client]) -> None:
+        async with Client(stdio(server)) as client:  # entered and left in one task, as the SDK needs
+            task_status.started(client)
+            await stop.wait()
+
+    with start_blocking_portal() as portal:
+        stop = portal.call(anyio.Event)
+        done, client = portal.start_task(hold, stop)
+        try:
+            yield portal, client
+        finally:
+            portal.call(stop.set)
+            done.result()
+
+
+def test_the_server_names_its_version(live: tuple[BlockingPortal, Client]) -> None:
+    _, client = live
+    assert client.server_info.name == "execbox"
+    assert client.server_info.version == importlib.metadata.version("execbox")
+
+
+def test_every_tool_declares_an_output_schema_and_its_results_match_it(live: tuple[BlockingPortal, Client]) -> None:
+    portal, client = live
+    listed = {t.name: t for t in portal.call(client.list_tools).tools}
+    assert set(listed) == {name for name, _ in CALLS}
+    for name, args in CALLS:
+        schema = listed[name].output_schema
+        assert schema is not None and schema.get("type") == "object", name
+        # The SDK's client validates structured content against the schema (it raises when it does not match);
+        # checked here once more, so that this test does not rest on the client alone.
+        result = portal.call(client.call_tool, name, args)
+        assert not result.is_error, (name, text(result))
+        jsonschema.validate(result.structured_content, schema)
+        assert set(result.structured_content or {}) >= set(schema.get("required", [])), name
+
+
+def test_the_root_callers_enums_offer_only_what_it_may_use(live: tuple[BlockingPortal, Client]) -> None:
+    portal, client = live
+    listed = {t.name: t for t in portal.call(client.list_tools).tools}
+
+    def enum(tool: str, prop: str) -> list[Any]:
+        branches = listed[tool].input_schema["properties"][prop]["anyOf"]
+        return next(b.get("items", b)["enum"] for b in branches if b.get("type") != "null")
+
+    # The operator set no network: an agent may pick none or proxy (egress and host are the operator's to choose).
+    assert enum("run_code", "network") == enum("run_command", "network") == ["none", "proxy"]
+    assert enum("delegate", "network") == ["none", "proxy"]
+    backends = enum("run_code", "backend")
+    assert backends[0] == "bubblewrap" and "local_subprocess" not in backends
+    assert enum("delegate", "posture") == [0, 1]
+    tools = listed["delegate"].input_schema["properties"]["tools"]["items"]["enum"]
+    assert tools == [name for name, _ in CALLS]
+    assert "python" in listed["delegate"].description
+    result = portal.call(client.call_tool, "run_code", {"code": "print(1)", "network": "host"})
+    assert result.is_error and "does not include network mode 'host'" in text(result)
+
+
+def test_a_failed_cell_shows_its_traceback_once(live: tuple[BlockingPortal, Client]) -> None:
+    portal, client = live
+    result = portal.call(client.call_tool, "python", {"code": "print('before')\ndef f():\n    1 / 0\nf()"})
+    said = text(result)
+    assert said.count("Traceback (most recent call last)") == 1, said
+    assert "ZeroDivisionError: division by zero" in said and "before" in said
+    assert result.structured_content is not None and result.structured_content["error"]["name"] == "ZeroDivisionError"
+
+
+def test_bad_arguments_are_named_field_by_field(live: tuple[BlockingPortal, Client]) -> None:
+    portal, client = live
+    result = portal.call(client.call_tool, "run_code", {"timeout_s": -1, "network": "moon"})
+    said = text(result)
+    assert result.is_error and said.startswith("ConfigError: invalid arguments for run_code: "), said
+    assert "code: Field required" in said and "timeout_s: Input should be greater than 0" in said
+    assert "network: Input should be" in said
+    assert "pydantic" not in said and "input_value" not in said and "http" not in said
+    assert result.structured_content is None  # an error result is validated against no outputSchema
+    assert result.meta is not None and result.meta[ERROR_META]["type"] == "ConfigError"
+
+
+def test_with_code_execution_off_the_server_says_so_and_offers_nothing() -> None:
+    messages = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}},
+    ]
+    served = subprocess.run(SERVER, input="".join(json.dumps(m) + "\n" for m in messages), capture_output=True,
+                            text=True, timeout=60, env=env(CODE_EXEC_ENABLED="false"))
+    assert "code execution is off" in served.stderr and "CODE_EXEC_ENABLED=true" in served.stderr
+    answers = {a["id"]: a["result"] for a in map(json.loads, served.stdout.splitlines()) if "id" in a}
+    said = answers[1]["instructions"]
+    assert "code execution is off" in said
+    assert not any(tool in said for tool in ("run_code", "run_command", "shell", "python", "write_file"))
+    assert answers[2]["tools"] == []
