@@ -29,8 +29,8 @@ def test_tool_calls_on_a_backend_that_never_returns_come_back_as_errors(tmp_path
                 for tool, args in (("run_command", {"command": "true"}), ("shell", {"command": "true"}),
                                    ("run_command", {"command": "echo again"}), ("shell", {"command": "true"})):
                     result = await client.call_tool(tool, args)
-                    assert result.is_error and result.structured_content is not None, text(result)
-                    error = result.structured_content["error"]
+                    assert result.is_error and result.meta is not None, text(result)
+                    error = result.meta["io.execbox/error"]  # an error result's data: outputSchema is the success's
                     assert (error["type"], error["backend"]) == ("BackendTimeoutError", "stuck_exec"), error
                     assert "did not return from exec" in error["message"]
 

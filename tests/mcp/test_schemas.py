@@ -99,6 +99,18 @@ def test_a_failed_cell_shows_its_traceback_once(live: tuple[BlockingPortal, Clie
     assert result.structured_content is not None and result.structured_content["error"]["name"] == "ZeroDivisionError"
 
 
+def test_a_pip_line_in_a_cell_does_not_make_the_host_fetch_packages(live: tuple[BlockingPortal, Client]) -> None:
+    """run_cell installs %pip lines from the package cache, fetched on the host; an agent's grant may give its
+    sandbox network none, so the server offers no %pip: the cell is refused before anything of it runs."""
+    portal, client = live
+    result = portal.call(client.call_tool, "python", {"code": "marker = 1\n%pip install six\nprint('after')"})
+    said = text(result)
+    assert "installing packages is not offered here" in said and "after" not in said, said
+    assert result.structured_content is not None and result.structured_content["error"]["name"] == "MagicError"
+    kept = portal.call(client.call_tool, "python", {"code": "'marker' in dir()"})
+    assert "False" in text(kept)  # nothing of the refused cell ran
+
+
 def test_bad_arguments_are_named_field_by_field(live: tuple[BlockingPortal, Client]) -> None:
     portal, client = live
     result = portal.call(client.call_tool, "run_code", {"timeout_s": -1, "network": "moon"})

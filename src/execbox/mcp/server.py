@@ -436,7 +436,8 @@ class McpApp:
             with audit_fields.caller(*chain):
                 if tool == "python":
                     assert plan.sandbox is not None  # a session tool: plan() opened the session's sandbox
-                    cell = await plan.sandbox.run_cell(text, timeout=plan.timeout)
+                    # No %pip: the host would fetch packages for a sandbox whose grant may say network none.
+                    cell = await plan.sandbox.run_cell(text, timeout=plan.timeout, pip=False)
                     return cell_result(self._within_grant(cell, grant, args.get("timeout_s"), plan.timeout))
                 if plan.sandbox is not None:
                     result = await plan.sandbox.exec(text, timeout=plan.timeout, max_output_bytes=plan.max_output_bytes)

@@ -270,7 +270,7 @@ class AsyncSandbox:
         return stream_events(lambda out: self.execute(request, output=out))
 
     async def run_cell(self, code: str, *, timeout: float | None = None, on_stdout: OnText | None = None,
-                       on_stderr: OnText | None = None) -> CellResult:
+                       on_stderr: OnText | None = None, pip: bool = True) -> CellResult:
         """Run Python in this sandbox's persistent interpreter (kernel/client.py): variables, imports and open files
         persist from cell to cell; the last expression's value and display()ed objects come back as MIME bundles,
         matplotlib figures as PNG. A cell past its timeout is interrupted (KeyboardInterrupt, state kept) or, if
@@ -279,13 +279,19 @@ class AsyncSandbox:
         ``%pip install ...`` and ``!pip install ...`` lines (kernel/magics.py) install with ``pip_install``, from the
         package cache, between the Python around them; any other magic is refused before anything runs. The parts
         run in order and the first that fails ends the cell; its result is theirs joined. ``timeout`` bounds each
-        Python part; an install is bounded as ``pip_install``'s are."""
+        Python part; an install is bounded as ``pip_install``'s are. ``pip=False`` refuses pip lines too: for a
+        caller that may not have the host fetch packages (the MCP server: its agents' sandboxes keep the network
+        their grant gave them)."""
         backend = self._live()[0]
         code = _text(code, "code")
         try:
             parts = magics.split_cell(code)
             for part in parts:
                 if isinstance(part, magics.PipInstall):
+                    if not pip:
+                        raise magics.MagicError(f"{part.line[:200]!r}: installing packages is not offered here (the "
+                                                "host would fetch them for the sandbox); use a sandbox whose network "
+                                                "lets pip run inside it, or an image that has them")
                     if not part.requirements:
                         raise magics.MagicError(f"{part.line[:200]!r} names nothing to install")
                     packages.check_requirements(part.requirements)

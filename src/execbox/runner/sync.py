@@ -241,10 +241,10 @@ class Sandbox:
             max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
             secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr)
 
-    def run_cell(self, code: str, *, timeout: float | None = None, on_stdout: OnText | None = None,
+    def run_cell(self, code: str, *, timeout: float | None = None, pip: bool = True, on_stdout: OnText | None = None,
                  on_stderr: OnText | None = None) -> CellResult:
         """Python in this sandbox's persistent interpreter; see AsyncSandbox.run_cell."""
-        return self._call(self.aio.run_cell, code, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
+        return self._call(self.aio.run_cell, code, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr, pip=pip)
 
     def execute(self, request: ExecRequest) -> ExecResult:
         return self._call(self.aio.execute, request)
