@@ -79,8 +79,24 @@ def _absolute(path: str) -> str:
     return "/" + "/".join(parts)
 
 
-def _open_dir(root: str, parts: list[str], *, create: bool, owner: tuple[int, int] | None) -> int:
+def _open_dir(root: str, parts: list[str], *, create: bool, owner: tuple[int, int] | None,
+              as_user: tuple[int, int] | None = None) -> int:
+    """``root/parts...``, each part opened without following a link (made, with ``create``, and given to ``owner``).
+    ``as_user``: the parts are reached as that user (``as_owner``); ``root`` itself is execbox's to reach."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    handed = False
+    try:
+        with as_owner(as_user):
+            handed = True
+            return _open_parts(fd, parts, create=create, owner=owner)
+    except BaseException:
+        if not handed:
+            os.close(fd)
+        raise
+
+
+def _open_parts(fd: int, parts: list[str], *, create: bool, owner: tuple[int, int] | None) -> int:
+    """Walk ``parts`` down from ``fd`` (consumed: closed, or returned when ``parts`` is empty)."""
     try:
         for part in parts:
             if create:
@@ -167,12 +183,12 @@ def safe_read(root: str, rel: str, *, max_bytes: int, owner: tuple[int, int] | N
     whose access this is (``as_owner``)."""
     parts = rel.split("/")
     try:
-        with as_owner(owner):
-            dfd = _open_dir(root, parts[:-1], create=False, owner=None)
-            try:
+        dfd = _open_dir(root, parts[:-1], create=False, owner=None, as_user=owner)
+        try:
+            with as_owner(owner):
                 fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-            finally:
-                os.close(dfd)
+        finally:
+            os.close(dfd)
     except OSError as exc:
         raise _refuse(rel, exc) from None
     st = os.fstat(fd)
@@ -198,14 +214,14 @@ def safe_write(root: str, rel: str, data: bytes, *, owner: tuple[int, int] | Non
     read-only is not written)."""
     parts = rel.split("/")
     try:
-        with as_owner(owner):
-            dfd = _open_dir(root, parts[:-1], create=True, owner=owner)
-            try:
-                # O_NONBLOCK: a FIFO the sandbox planted must not hang the host (ENXIO without a reader).
-                flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        dfd = _open_dir(root, parts[:-1], create=True, owner=owner, as_user=owner)
+        try:
+            # O_NONBLOCK: a FIFO the sandbox planted must not hang the host (ENXIO without a reader).
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            with as_owner(owner):
                 fd = os.open(parts[-1], flags, mode, dir_fd=dfd)
-            finally:
-                os.close(dfd)
+        finally:
+            os.close(dfd)
     except OSError as exc:
         if exc.errno == errno.ENXIO:
             raise WorkspacePathError(f"refused {rel!r}: not a regular file") from None
