@@ -79,20 +79,9 @@ def _absolute(path: str) -> str:
     return "/" + "/".join(parts)
 
 
-def _open_dir(root: str, parts: list[str], *, create: bool, owner: tuple[int, int] | None,
-              as_user: tuple[int, int] | None = None) -> int:
-    """``root/parts...``, each part opened without following a link (made, with ``create``, and given to ``owner``).
-    ``as_user``: the parts are reached as that user (``as_owner``); ``root`` itself is execbox's to reach."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    handed = False
-    try:
-        with as_owner(as_user):
-            handed = True
-            return _open_parts(fd, parts, create=create, owner=owner)
-    except BaseException:
-        if not handed:
-            os.close(fd)
-        raise
+def _open_dir(root: str, parts: list[str], *, create: bool, owner: tuple[int, int] | None) -> int:
+    """``root/parts...``, each part opened without following a link (made, with ``create``, and given to ``owner``)."""
+    return _open_parts(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), parts, create=create, owner=owner)
 
 
 def _open_parts(fd: int, parts: list[str], *, create: bool, owner: tuple[int, int] | None) -> int:
@@ -147,7 +136,7 @@ class _Fs:
         self.libc.setfsuid(uid)
         if self.libc.setfsuid(-1) != uid:  # -1 is never valid: it only reads the current one back
             raise OSError(errno.EPERM, "cannot take the sandbox user's filesystem identity")
-        if self.setgroups_nr is not None and groups is not None:
+        if self.setgroups_nr is not None and groups is not None and (groups or os.getgroups()):
             array = (self.ctypes.c_uint * max(1, len(groups)))(*groups)
             if self.libc.syscall(self.setgroups_nr, len(groups), array) != 0:
                 raise OSError(self.ctypes.get_errno(), "cannot set the supplementary groups")
@@ -183,12 +172,13 @@ def safe_read(root: str, rel: str, *, max_bytes: int, owner: tuple[int, int] | N
     whose access this is (``as_owner``)."""
     parts = rel.split("/")
     try:
-        dfd = _open_dir(root, parts[:-1], create=False, owner=None, as_user=owner)
-        try:
-            with as_owner(owner):
+        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # execbox's to reach; the rest the user's
+        with as_owner(owner):
+            dfd = _open_parts(top, parts[:-1], create=False, owner=None)
+            try:
                 fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-        finally:
-            os.close(dfd)
+            finally:
+                os.close(dfd)
     except OSError as exc:
         raise _refuse(rel, exc) from None
     st = os.fstat(fd)
@@ -214,14 +204,15 @@ def safe_write(root: str, rel: str, data: bytes, *, owner: tuple[int, int] | Non
     read-only is not written)."""
     parts = rel.split("/")
     try:
-        dfd = _open_dir(root, parts[:-1], create=True, owner=owner, as_user=owner)
-        try:
-            # O_NONBLOCK: a FIFO the sandbox planted must not hang the host (ENXIO without a reader).
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            with as_owner(owner):
+        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # execbox's to reach; the rest the user's
+        with as_owner(owner):
+            dfd = _open_parts(top, parts[:-1], create=True, owner=owner)
+            try:
+                # O_NONBLOCK: a FIFO the sandbox planted must not hang the host (ENXIO without a reader).
+                flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
                 fd = os.open(parts[-1], flags, mode, dir_fd=dfd)
-        finally:
-            os.close(dfd)
+            finally:
+                os.close(dfd)
     except OSError as exc:
         if exc.errno == errno.ENXIO:
             raise WorkspacePathError(f"refused {rel!r}: not a regular file") from None
