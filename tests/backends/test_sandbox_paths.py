@@ -134,3 +134,16 @@ def test_a_command_line_of_1_9_mib_runs(sb: execbox.Sandbox) -> None:
 def test_a_command_line_over_the_kernels_limit_is_refused(sb: execbox.Sandbox) -> None:
     with pytest.raises(execbox.ConfigError, match="ARG_MAX"):
         sb.exec(["true", *(["x" * 100_000] * 21)])  # 2.1 MB
+
+
+def test_the_cli_takes_tmpfs_and_says_so_in_its_help() -> None:
+    from click.testing import CliRunner
+
+    from execbox.cli import main as cli
+
+    assert "--tmpfs PATH" in CliRunner().invoke(cli, ["run", "--help"]).stdout
+    ran = CliRunner().invoke(cli, ["run", "--backend", "bubblewrap", "--tmpfs", "/var/tmp", "--workdir", "/var/tmp",
+                                   "--", "sh", "-c", "echo ok > x && cat /var/tmp/x"])
+    assert (ran.exit_code, ran.stdout) == (0, "ok\n"), ran.output
+    refused = CliRunner().invoke(cli, ["run", "--backend", "bubblewrap", "--tmpfs", "/", "--", "true"])
+    assert refused.exit_code == 125 and "root filesystem" in refused.output
