@@ -72,7 +72,8 @@ def test_absolute_paths_work_for_workdir_and_every_file_call(sb: execbox.Sandbox
 
 
 @pytest.mark.parametrize("where", ["workspace", "/var/tmp"])
-def test_file_calls_honour_the_modes_the_code_set(sb: execbox.Sandbox, here: str, where: str) -> None:
+def test_file_calls_honour_the_modes_the_code_set(sb: execbox.Sandbox, here: str, where: str,
+                                                  tmp_path: Path) -> None:
     d = here if where == "workspace" else f"/var/tmp/{here}"
     made = sb.exec(f"mkdir -p {d}/sealed && echo secret > {d}/s && chmod 000 {d}/s && echo keep > {d}/ro && "
                    f"chmod 444 {d}/ro && chmod 555 {d}/sealed")
@@ -84,6 +85,10 @@ def test_file_calls_honour_the_modes_the_code_set(sb: execbox.Sandbox, here: str
         sb.write_file(f"{d}/ro", "overwritten")
     with pytest.raises(PermissionError):
         sb.write_file(f"{d}/sealed/new", "x")
+    local = tmp_path / "up.txt"
+    local.write_text("uploaded")
+    with pytest.raises(PermissionError):
+        sb.upload(local, f"{d}/sealed/up.txt")
     assert sb.exec(f"cat {d}/ro; ls -A {d}/sealed").stdout == "keep\n"
     with pytest.raises(SandboxIsADirectoryError) as is_dir:
         sb.read_file(f"{d}/sealed")
