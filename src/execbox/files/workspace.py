@@ -119,7 +119,8 @@ def _refuse(rel: str, exc: OSError) -> WorkspacePathError:
 
 class _Fs:
     """The calls that make this thread's file access the sandbox user's: Linux keeps the filesystem uid, gid and the
-    supplementary groups per thread (the raw system calls; glibc's setgroups would change every thread)."""
+    supplementary groups per thread (the raw system calls; glibc's setgroups would change every thread). On an
+    architecture not listed, root's supplementary groups stay (its primary group 0 is replaced all the same)."""
 
     _SETGROUPS = {"x86_64": 116, "aarch64": 159}
 
@@ -159,7 +160,7 @@ def as_owner(owner: tuple[int, int] | None) -> Iterator[None]:
     if _fs is None:
         _fs = _Fs()
     groups = os.getgroups()
-    try:
+    try:  # set inside the try: a failure half way is undone too
         _fs.set(owner[0], owner[1], [])
         yield
     finally:
