@@ -4,6 +4,7 @@ with tmpfs=["/var/tmp"]); each test works in a directory of its own."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,6 +70,14 @@ def test_absolute_paths_work_for_workdir_and_every_file_call(sb: execbox.Sandbox
     # Relative paths are the workspace's, as before; an absolute one into it is the same file.
     sb.write_file(f"{here}/rel.txt", "r")
     assert sb.read_file(f"/workspace/{here}/rel.txt") == b"r"
+
+
+def test_tmp_is_kept_across_a_sandboxs_execs(sb: execbox.Sandbox, here: str) -> None:
+    if _name(sb) == "bubblewrap" and os.geteuid() != 0:
+        pytest.skip("bubblewrap keeps /tmp across execs as root (a tmpfs of the session's); else it is each exec's")
+    assert sb.exec(f"mkdir /tmp/{here}").exit_code == 0  # what inspect_ai's self-check does, then works in it
+    sb.write_file(f"/tmp/{here}/f", "kept")
+    assert sb.exec("cat f", workdir=f"/tmp/{here}").stdout == "kept"
 
 
 @pytest.mark.parametrize("where", ["workspace", "/var/tmp"])
