@@ -46,6 +46,9 @@ if TYPE_CHECKING:
         PluginError,
         RefusedError,
         SandboxError,
+        SandboxFileNotFoundError,
+        SandboxIsADirectoryError,
+        SandboxPermissionError,
         SecretFileError,
         TransferTooLargeError,
         UnsupportedPolicyError,
@@ -64,8 +67,8 @@ _LAZY = {
     **dict.fromkeys(["ExecutionBackend", "Session", "SessionSpec", "Verdict"], "execbox.contract.backend"),
     **dict.fromkeys(["BackendTimeoutError", "BackendUnavailableError", "BusyError", "ConfigError", "ExecboxError",
                      "FileTooLargeError", "MissingExtraError", "NotASandboxError", "PluginError", "RefusedError",
-                     "SandboxError", "SecretFileError", "TransferTooLargeError", "UnsupportedPolicyError",
-                     "WorkspacePathError"],
+                     "SandboxError", "SandboxFileNotFoundError", "SandboxIsADirectoryError", "SandboxPermissionError",
+                     "SecretFileError", "TransferTooLargeError", "UnsupportedPolicyError", "WorkspacePathError"],
                     "execbox.errors"),
     **dict.fromkeys(["PluginWarning", "hookimpl"], "execbox.contract.hookspecs"),
     **dict.fromkeys(["Capabilities", "CellError", "CellResult", "DisplayData", "EgressAttempt", "ExecRequest",
@@ -131,6 +134,9 @@ __all__ = [
     "Runner",
     "Sandbox",
     "SandboxError",
+    "SandboxFileNotFoundError",
+    "SandboxIsADirectoryError",
+    "SandboxPermissionError",
     "Secret",
     "SecretFileError",
     "Session",
@@ -155,7 +161,8 @@ __all__ = [
 def run(command: str | Sequence[str], *, backend: str | None = None, network: NetworkMode | None = None,
         timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
         files: Mapping[str, bytes | str] | None = None, workdir: str | None = None, max_output_bytes: int | None = None,
-        limits: Limits | None = None, mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+        limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+        tmpfs: Sequence[str] | None = None, collect: Sequence[str] | None = None,
         secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
         on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
         download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
@@ -166,7 +173,8 @@ def run(command: str | Sequence[str], *, backend: str | None = None, network: Ne
         return runner.run(
             command,
                 backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
-                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts,
+                tmpfs=tmpfs, collect=collect, secrets=secrets,
                 secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
                 download=download, options=options)
 
@@ -175,7 +183,8 @@ def run_code(code: str, language: Language = "python", *, backend: str | None = 
              network: NetworkMode | None = None, timeout: float | None = None, env: Mapping[str, str] | None = None,
              stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
              workdir: str | None = None, max_output_bytes: int | None = None, limits: Limits | None = None,
-             mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+             mounts: Sequence[Mount] | None = None,
+             tmpfs: Sequence[str] | None = None, collect: Sequence[str] | None = None,
              secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
              on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
              download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
@@ -186,13 +195,15 @@ def run_code(code: str, language: Language = "python", *, backend: str | None = 
         return runner.run_code(
             code, language,
                 backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
-                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts,
+                tmpfs=tmpfs, collect=collect, secrets=secrets,
                 secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
                 download=download, options=options)
 
 
 def sandbox(backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
             name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
+            tmpfs: Sequence[str] | None = None,
             package_cache: bool = False, pip: Sequence[str] | None = None,
             secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
             **options: Any) -> Sandbox:
@@ -202,7 +213,8 @@ def sandbox(backend: str | None = None, *, network: NetworkMode | None = None, l
 
     inner = AsyncRunner().sandbox(
         backend,
-        network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts, package_cache=package_cache,
+        network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts,
+        tmpfs=tmpfs, package_cache=package_cache,
         pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress, **options)
     inner.owns_runner = True
     return Sandbox(inner)
@@ -212,6 +224,7 @@ async def arun(command: str | Sequence[str], *, backend: str | None = None, netw
                timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
                files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
                max_output_bytes: int | None = None, limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+               tmpfs: Sequence[str] | None = None,
                collect: Sequence[str] | None = None, secrets: Mapping[str, Secret | str] | None = None,
                secrets_at_egress: Given | None = None, on_stdout: OnText | None = None, on_stderr: OnText | None = None,
                upload: Uploads | None = None, download: Uploads | None = None,
@@ -223,7 +236,8 @@ async def arun(command: str | Sequence[str], *, backend: str | None = None, netw
         return await runner.run(
             command,
                 backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
-                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts,
+                tmpfs=tmpfs, collect=collect, secrets=secrets,
                 secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
                 download=download, options=options)
 
@@ -233,7 +247,8 @@ async def arun_code(code: str, language: Language = "python", *, backend: str | 
                     env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
                     files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
                     max_output_bytes: int | None = None, limits: Limits | None = None,
-                    mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                    mounts: Sequence[Mount] | None = None,
+                    tmpfs: Sequence[str] | None = None, collect: Sequence[str] | None = None,
                     secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
                     on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
                     download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
@@ -244,13 +259,15 @@ async def arun_code(code: str, language: Language = "python", *, backend: str | 
         return await runner.run_code(
             code, language,
                 backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
-                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts,
+                tmpfs=tmpfs, collect=collect, secrets=secrets,
                 secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
                 download=download, options=options)
 
 
 def asandbox(backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
              name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
+             tmpfs: Sequence[str] | None = None,
              package_cache: bool = False, pip: Sequence[str] | None = None,
              secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
              **options: Any) -> AsyncSandbox:
@@ -259,7 +276,8 @@ def asandbox(backend: str | None = None, *, network: NetworkMode | None = None, 
 
     inner = AsyncRunner().sandbox(
         backend,
-        network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts, package_cache=package_cache,
+        network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts,
+        tmpfs=tmpfs, package_cache=package_cache,
         pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress, **options)
     inner.owns_runner = True
     return inner

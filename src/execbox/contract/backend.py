@@ -36,6 +36,7 @@ from execbox.errors import (
 )
 from execbox.files import transfer
 from execbox.files.transfer import HELPER_TIMEOUT_S, FileInfo, Transfer, TransferLimits
+from execbox.files.workspace import as_owner
 from execbox.policy.egress import EgressPolicy, ProviderAllowlist, provider_allowlist
 
 #: How long a successful ``check()`` answer is trusted, per backend instance.
@@ -115,6 +116,9 @@ class SessionSpec:
     name: str | None = None
     # Host paths to bind in (sources resolved and admitted by the guard); only for backends claiming ``mounts``.
     mounts: tuple[Mount, ...] = ()
+    # Absolute sandbox paths that get an empty writable tmpfs each (admitted by the guard); only for backends
+    # claiming ``tmpfs``. Sized like the sandbox's /tmp, within the disk limit.
+    tmpfs: tuple[str, ...] = ()
 
 
 class Session(ABC):
@@ -160,12 +164,14 @@ class Session(ABC):
         member it opens (whose only exec comes later). Default: nothing. An error leaves the member unused."""
         return None
 
-    async def run_script(self, script: str, *args: str, max_output: int = 1 << 16) -> tuple[int, str, bool]:
-        """Run a small sh script inside the sandbox through this session's own exec: (exit code, stdout, cut). The
-        in-sandbox file walkers use it; a script that overruns HELPER_TIMEOUT_S is a SandboxError."""
+    async def run_script(self, script: str, *args: str, max_output: int = 1 << 16,
+                         stdin: bytes | None = None) -> tuple[int, str, bool]:
+        """Run a small sh script inside the sandbox, as its user, through this session's own exec: (exit code,
+        stdout, cut). The in-sandbox file walkers and the file calls outside the workspace use it; a script that
+        overruns HELPER_TIMEOUT_S is a SandboxError."""
         spec = self.session_spec
         result = await self.exec(ExecSpec(
-            argv=["/bin/sh", "-c", script, "execbox", *args], env={}, workdir=self.workspace,
+            argv=["/bin/sh", "-c", script, "execbox", *args], env={}, stdin=stdin, workdir=self.workspace,
             timeout=HELPER_TIMEOUT_S, max_output_bytes=max_output,
             network=spec.network if spec else "none", limits=spec.limits if spec else Limits()))
         if result.timed_out:
@@ -198,8 +204,13 @@ class Session(ABC):
         prefix = posixpath.basename(path) if path else "."
         if self.host_workspace is not None:
             root, owner = self.host_workspace, self.host_owner
-            return await anyio.to_thread.run_sync(lambda: transfer.host_unpack(
-                root, path, archive, limits=limits, prefix=prefix, owner=owner, keep_symlinks=True))
+
+            def unpack() -> Transfer:
+                with as_owner(owner):  # as the sandbox user: a directory the code made read-only stays unwritten
+                    return transfer.host_unpack(root, path, archive, limits=limits, prefix=prefix, owner=owner,
+                                                keep_symlinks=True)
+
+            return await anyio.to_thread.run_sync(unpack)
         await transfer.sandbox_unpack(self, path, archive, limits=limits)
         return Transfer()
 

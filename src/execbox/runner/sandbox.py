@@ -29,7 +29,7 @@ from execbox.errors import BackendTimeoutError, ConfigError, RefusedError, Sandb
 from execbox.files.transfer import FileInfo, Transfer
 from execbox.files.workspace import is_directory_error, normalize
 from execbox.kernel import magics
-from execbox.kit import packages
+from execbox.kit import packages, transfers
 from execbox.runner.pipeline import (
     Admission,
     SandboxHost,
@@ -63,10 +63,12 @@ class AsyncSandbox:
 
     def __init__(self, runner: SandboxHost, backend: str | None, *, network: NetworkMode | None, limits: Limits | None,
                  name: str | None, lifetime_s: float, options: Mapping[str, Any] | None = None,
-                 mounts: Sequence[Mount] | None = None, package_cache: bool = False,
+                 mounts: Sequence[Mount] | None = None, tmpfs: Sequence[str] | None = None,
+                 package_cache: bool = False,
                  pip: Sequence[str] | None = None) -> None:
         self.runner = runner
         self._mounts = list(mounts or [])
+        self._tmpfs = [tmpfs] if isinstance(tmpfs, str) else list(tmpfs or [])
         self._package_cache = package_cache
         self._pip = packages.check_requirements(pip) if pip else []
         # Variables every exec of this sandbox gets from execbox itself (the package cache's pip settings).
@@ -110,7 +112,7 @@ class AsyncSandbox:
         if self._closed:
             raise SandboxError("this sandbox was closed and does not reopen: open another one")
         opening = configuration(self._network, self._limits, mounts=self._mounts, secrets=self.secrets,
-                                secrets_at_egress=self.secrets_at_egress)
+                                secrets_at_egress=self.secrets_at_egress, tmpfs=self._tmpfs)
         self.admission = await admit(self.runner, opening, backend=self._backend_name, options=self._options,
                                      opening=self.id, package_cache=self._package_cache)
         self.backend, self.capabilities = self.admission.backend, self.admission.capabilities
@@ -127,7 +129,7 @@ class AsyncSandbox:
                     raise problem from None
                 self._no_cache = problem  # said by pip_install, to the one who wants the cache
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name,
-                           mounts=mounts)
+                           mounts=mounts, tmpfs=tuple(resolved.tmpfs))
         _enough_threads(self.runner.slots.total)
         self.queued_s = await self.runner.slots.acquire(self.runner.settings.queue_timeout_sec, "this sandbox")
         try:
@@ -372,32 +374,42 @@ class AsyncSandbox:
         return self._live()[1].workspace
 
     async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write the file ``path`` (relative to the workspace, or absolute anywhere in the sandbox), making its
+        directories, as the sandbox user: a file or directory the code made read-only, or a place the sandbox user
+        may not write (the read-only root), is refused (SandboxPermissionError); a directory there is
+        SandboxIsADirectoryError."""
         backend, session = self._live()
-        rel, content = normalize(_text(path, "path"), session.workspace), _bytes(data, "data")
+        where = _text(path, "path")
+        if normalize(where, session.workspace, allow_root=True, anywhere=True) == "":
+            raise is_directory_error("")
+        rel, content = normalize(where, session.workspace, anywhere=True), _bytes(data, "data")
         with backend_errors(backend.name):
-            await bounded(session.write_file(rel, content), _files_s(backend), backend=backend, doing="write_file",
-                          session=session)
+            await bounded(transfers.write_path(session, rel, content), _files_s(backend), backend=backend,
+                          doing="write_file", session=session)
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        """The file's bytes; one over ``max_bytes`` (at most CODE_EXEC_MAX_READ_BYTES) is refused unread
-        (FileTooLargeError)."""
+        """The bytes of the file ``path`` (relative to the workspace, or absolute anywhere in the sandbox), read as
+        the sandbox user: one the code made unreadable is SandboxPermissionError, a missing one
+        SandboxFileNotFoundError, a directory SandboxIsADirectoryError. One over ``max_bytes`` (at most
+        CODE_EXEC_MAX_READ_BYTES) is refused unread (FileTooLargeError)."""
         backend, session = self._live()
-        if normalize(_text(path, "path"), session.workspace, allow_root=True) == "":
+        if normalize(_text(path, "path"), session.workspace, allow_root=True, anywhere=True) == "":
             raise is_directory_error("")
-        rel = normalize(path, session.workspace)
+        rel = normalize(path, session.workspace, anywhere=True)
         cap = min(max_bytes or self.runner.settings.max_read_bytes, self.runner.settings.max_read_bytes)
         with backend_errors(backend.name):
-            return await bounded(session.read_file(rel, cap), _files_s(backend), backend=backend, doing="read_file",
-                                 session=session)
+            return await bounded(transfers.read_path(session, rel, cap), _files_s(backend), backend=backend,
+                                 doing="read_file", session=session)
 
     async def list_files(self, path: str = ".", *, recursive: bool = False) -> list[FileInfo]:
-        """What is in the directory ``path`` of the workspace (everything below it with ``recursive``): names,
-        sizes and types, links shown as links (never followed); bounded by CODE_EXEC_MAX_TRANSFER_FILES."""
+        """What is in the directory ``path`` of the workspace (or, absolute, anywhere in the sandbox: then the paths
+        listed are absolute too; everything below it with ``recursive``): names, sizes and types, links shown as
+        links (never followed); bounded by CODE_EXEC_MAX_TRANSFER_FILES."""
         backend, session = self._live()
-        rel = normalize(_text(path, "path"), session.workspace, allow_root=True)
+        rel = normalize(_text(path, "path"), session.workspace, allow_root=True, anywhere=True)
         with secrets_inject.redacting(self._redactor()), backend_errors(backend.name):
-            found = await bounded(session.list_files(rel, recursive=bool(recursive),
-                                                     limits=self.runner.transfer_limits),
+            found = await bounded(transfers.list_path(session, rel, recursive=bool(recursive),
+                                                      limits=self.runner.transfer_limits),
                                   _files_s(backend), backend=backend, doing="list_files", session=session)
         return secrets_inject.redact_listing(found, self._redactor())
 

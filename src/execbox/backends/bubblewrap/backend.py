@@ -15,7 +15,7 @@ import anyio
 from execbox.backends.bubblewrap.cgroups import CGROUP_PREFIX, cgroup_sweep_dirs, remove_cgroup
 from execbox.backends.bubblewrap.probe import host_report, unavailable
 from execbox.backends.bubblewrap.report import HostReport
-from execbox.backends.bubblewrap.session import SESSION_PREFIX, BubblewrapSession
+from execbox.backends.bubblewrap.session import SESSION_PREFIX, BubblewrapSession, release_mounts
 from execbox.backends.bubblewrap.settings import BubblewrapSettings
 from execbox.plugin import (
     Capabilities,
@@ -25,7 +25,6 @@ from execbox.plugin import (
     Settings,
     create_cleanly,
     orphaned_dirs,
-    release_sized,
     remove_tree,
     sweep_orphaned_proxies,
 )
@@ -73,6 +72,7 @@ class BubblewrapBackend(ExecutionBackend[BubblewrapSettings]):
         limits=frozenset({"memory", "pids", "cpu", "wall_time"}),
         streaming=True,
         mounts=True,  # execbox.Mount as --ro-bind / --bind (a source the dropped uid can reach)
+        tmpfs=True,  # extra tmpfs paths (SessionSpec.tmpfs) as --tmpfs, the sandbox user's
     )
 
     settings_model = BubblewrapSettings
@@ -130,7 +130,7 @@ def _gc(cgroup_dirs: list[str]) -> list[str]:
     removed = []
     with contextlib.suppress(OSError):
         for path in orphaned_dirs(SESSION_PREFIX):
-            release_sized(os.path.join(path, "workspace"))  # the mount first: a mount point cannot go
+            release_mounts(path)  # the mounts first: a mount point cannot go
             remove_tree(path)
             removed.append(path)
     for parent in cgroup_dirs:

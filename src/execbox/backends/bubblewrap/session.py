@@ -42,6 +42,7 @@ from execbox.plugin import (
     armed_script,
     finish_process,
     mount_sized_soon,
+    mount_tmpfs,
     owner_id,
     owner_tag,
     release_sized,
@@ -81,6 +82,10 @@ class _Launched:
             await anyio.to_thread.run_sync(self.cgroup.remove)
 
 
+#: A persistent session's kept tmpfs paths: directories <root>/tmpfs-N (see _make_tmpfs_dirs).
+TMPFS_PREFIX = "tmpfs-"
+
+
 class BubblewrapSession(Session):
     workspace = WORKSPACE
     #: Network mode proxy: the session's egress proxy (its directory is bound in, one socket per exec).
@@ -99,6 +104,7 @@ class BubblewrapSession(Session):
         self._closed = False
         self._armed: _Launched | None = None
         self._sized: concurrent.futures.Future[None] | None = None  # the size-limited workspace being made
+        self._tmpfs_dirs: dict[str, str] = {}  # sandbox path -> the session's directory bound there
         try:
             if spec.network == "proxy":
                 shared = shared or SharedSettings.of(Settings.from_env())
@@ -117,6 +123,7 @@ class BubblewrapSession(Session):
                     # ready when it opens. A one-shot's is made while its launcher starts: the runner reaches it
                     # only through the methods, which wait, and bwrap waits at its gate (see _ready).
                     self._sized_done(self._sized.exception())
+            self._tmpfs_dirs = self._make_tmpfs_dirs()
             self._write_private("passwd", f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:"
                                           f"sandbox:{WORKSPACE}:/bin/sh\nnobody:x:65534:65534::/:/usr/sbin/nologin\n",
                                 0o644)
@@ -133,8 +140,31 @@ class BubblewrapSession(Session):
             self.egress.close()
         if self._sized is not None:
             concurrent.futures.wait([self._sized])  # done either way: no part of the mount appears later
-        release_sized(self.host_workspace)
+        release_mounts(self.root)
         remove_tree(self.root)
+
+    def _tmpfs_size_mb(self) -> int:
+        return min(self.settings.tmpfs_mb, self.spec.limits.disk_mb or self.settings.tmpfs_mb)
+
+    def _make_tmpfs_dirs(self) -> dict[str, str]:
+        """A persistent session's tmpfs paths outlive each exec (every exec is a new bwrap), as a container's do:
+        sandbox path -> a directory of the session's, the sandbox user's, bound there. As root each is a tmpfs of
+        its size mounted on that directory, and /tmp is one too (the code may mkdir in one exec and use it in the
+        next); not root, a tmpfs= path is a plain directory on the host's disk and /tmp stays each exec's own
+        (bwrap's sized --tmpfs). A one-shot's are all bwrap's own --tmpfs."""
+        if self.spec.oneshot:
+            return {}
+        kept = [("/tmp", self.settings.tmpfs_mb)] if self.owner else []
+        kept += [(path, self._tmpfs_size_mb()) for path in self.spec.tmpfs]
+        made: dict[str, str] = {}
+        for n, (path, size_mb) in enumerate(kept):
+            directory = os.path.join(self.root, f"{TMPFS_PREFIX}{n}")
+            os.mkdir(directory, 0o700)
+            made[path] = directory
+            if self.owner:
+                os.chown(directory, *self.owner)
+                mount_tmpfs(directory, size_mb, self.owner)
+        return made
 
     def _write_private(self, name: str, data: str | bytes, mode: int) -> str:
         path = os.path.join(self.root, name)
@@ -166,8 +196,19 @@ class BubblewrapSession(Session):
         args += ["--proc", "/proc", "--dev", "/dev"]
         sized = "--size" in features
         args += (["--size", str(SHM_MB << 20)] if sized else []) + ["--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
-        args += (["--size", str(self.settings.tmpfs_mb << 20)] if sized else []) + ["--tmpfs", "/tmp"]
+        if "/tmp" in self._tmpfs_dirs:
+            args += ["--bind", self._tmpfs_dirs["/tmp"], "/tmp"]
+        else:
+            args += (["--size", str(self.settings.tmpfs_mb << 20)] if sized else []) + ["--tmpfs", "/tmp"]
         args += ["--bind", self.host_workspace, WORKSPACE]
+        # The request's tmpfs paths: sized as /tmp is (within the disk limit), the sandbox user's (bwrap makes a
+        # tmpfs as the user it maps), mode 0700; a persistent session's kept across its execs (_make_tmpfs_dirs).
+        for path in self.spec.tmpfs:
+            if path in self._tmpfs_dirs:
+                args += ["--bind", self._tmpfs_dirs[path], path]
+                continue
+            args += (["--size", str(self._tmpfs_size_mb() << 20)] if sized else [])
+            args += (["--perms", "0700"] if "--perms" in features else []) + ["--tmpfs", path]
         if self.egress is not None:  # the proxy's sockets: the only way out of the network namespace
             args += ["--ro-bind", self.egress.directory, PROXY_MOUNT_POINT]
         for mount in self.spec.mounts:  # the caller's host paths (admitted by the guard), outer targets first
@@ -325,7 +366,9 @@ class BubblewrapSession(Session):
 
     async def read_file(self, path: str, max_bytes: int) -> bytes:
         await self._ready()
-        return await anyio.to_thread.run_sync(lambda: safe_read(self.host_workspace, path, max_bytes=max_bytes))
+        # as the sandbox user: a file the code made unreadable stays unread
+        return await anyio.to_thread.run_sync(lambda: safe_read(self.host_workspace, path, max_bytes=max_bytes,
+                                                                owner=self.owner))
 
     async def close(self) -> None:
         self._closed = True
@@ -333,6 +376,17 @@ class BubblewrapSession(Session):
         if armed is not None:
             await armed.discard()
         await anyio.to_thread.run_sync(self.destroy)
+
+
+def release_mounts(root: str) -> None:
+    """Unmount what a session directory holds (its size-limited workspace, its kept tmpfs paths) so it can go; a
+    plain directory there is left as it is. The session directory is execbox's alone (0711): nothing in it is the
+    code's to plant."""
+    release_sized(os.path.join(root, "workspace"))  # the mount first: a mount point cannot go
+    with contextlib.suppress(OSError), os.scandir(root) as entries:
+        for entry in entries:
+            if entry.name.startswith(TMPFS_PREFIX) and entry.is_dir(follow_symlinks=False):
+                release_sized(entry.path)
 
 
 def _sandbox_started(status_file: str) -> bool:

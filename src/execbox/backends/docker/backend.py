@@ -72,8 +72,9 @@ class DockerSettings(BackendSettings):
     runtime: str | None = setting(_RUNTIME_VAR, None,
                                "OCI runtime registered in the engine: runc, crun, runsc (gVisor) or a kata runtime; "
                                "default: the engine's, which must be one of those")
-    tmpfs_mb: int = setting("CODE_EXEC_DOCKER_TMPFS_MB", 512, "Size of the /tmp tmpfs (counts against memory), MiB",
-                         gt=0)
+    tmpfs_mb: int = setting("CODE_EXEC_DOCKER_TMPFS_MB", 512, "Size of the /tmp tmpfs and of each tmpfs= path (counts "
+                            "against memory; a tmpfs= path at most the disk limit), MiB",
+                            gt=0)
     egress_network: str = setting(_EGRESS_VAR, "execbox-egress",
                                "Bridge network for network mode egress; only one execbox created (labelled, no "
                                "traffic between containers); created when missing")
@@ -179,6 +180,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         limits=frozenset({"memory", "cpu", "pids", "disk", "wall_time"}),
         streaming=True,  # attach / exec sockets are demultiplexed as they arrive (docker/stream.py)
         mounts=True,  # execbox.Mount: plain private binds, read-only unless asked, checked in the inspect output
+        tmpfs=True,  # extra tmpfs paths (SessionSpec.tmpfs), the sandbox user's, checked in the inspect output
     )
 
     def __init__(self, execbox_settings: Settings, options: Mapping[str, Any] | None = None) -> None:
@@ -365,7 +367,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
                     # (a reload, facts from the probe cache) is then a refused contract, never another runtime.
                     runtime=self.settings.runtime or self._runtime, tmpfs_mb=self.settings.tmpfs_mb,
                     egress_network=self.settings.egress_network,
-                    disk=caps is not None and "disk" in caps.limits, mounts=spec.mounts)
+                    disk=caps is not None and "disk" in caps.limits, mounts=spec.mounts, tmpfs=spec.tmpfs)
 
     async def open_session(self, spec: SessionSpec) -> DockerSession:
         if spec.network not in self.capabilities.network_modes:
