@@ -13,7 +13,10 @@
     └── SandboxError              a sandbox broke while in use (connection dropped, container vanished)
         ├── BackendTimeoutError   a backend call did not return within its bound (the request's timeout plus
         │                         CODE_EXEC_BACKEND_GRACE_SEC): abandoned, its sandbox closed and marked broken
-        ├── WorkspacePathError    a path escapes the workspace (``..``, absolute, or a planted symlink)
+        ├── WorkspacePathError    a sandbox path is invalid (empty, NUL, ``..`` above ``/``, a planted symlink)
+        │   ├── SandboxFileNotFoundError   no such file (also a FileNotFoundError)
+        │   ├── SandboxPermissionError     the sandbox user may not read or write it (also a PermissionError)
+        │   └── SandboxIsADirectoryError   a directory where a file was meant (also an IsADirectoryError)
         ├── FileTooLargeError     a file to read back is larger than the read cap (CODE_EXEC_MAX_READ_BYTES)
         └── TransferTooLargeError an upload, download or listing is over its bounds (bytes, entries, depth)
 
@@ -21,6 +24,8 @@ A command that runs and fails is not an error: it is an ExecResult with a non-ze
 """
 
 from __future__ import annotations
+
+import errno as _errno
 
 
 class ExecboxError(Exception):
@@ -113,7 +118,37 @@ class BackendTimeoutError(SandboxError):
 
 
 class WorkspacePathError(SandboxError):
-    """A path escapes the workspace."""
+    """A sandbox path that cannot be used: invalid, climbing above ``/``, or through a link the code planted."""
+
+
+class _SandboxOSError(WorkspacePathError):
+    """A file call that failed as the same call by the sandbox user would: also the matching built-in OSError
+    (``errno`` set), so code written for files (inspect_ai's providers, say) catches it as it would locally."""
+
+    errno_code: int = 0
+    errno: int | None  # OSError's, set from errno_code
+
+    def __init__(self, message: str, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.errno = self.errno_code  # str() stays the message: strerror is unset
+
+
+class SandboxFileNotFoundError(_SandboxOSError, FileNotFoundError):
+    """No such file or directory in the sandbox."""
+
+    errno_code = _errno.ENOENT
+
+
+class SandboxPermissionError(_SandboxOSError, PermissionError):
+    """The sandbox user may not do this (a mode the code set, a read-only place)."""
+
+    errno_code = _errno.EACCES
+
+
+class SandboxIsADirectoryError(_SandboxOSError, IsADirectoryError):
+    """A directory where a file was meant (reading it, or writing over it)."""
+
+    errno_code = _errno.EISDIR
 
 
 class FileTooLargeError(SandboxError):

@@ -115,6 +115,9 @@ class SessionSpec:
     name: str | None = None
     # Host paths to bind in (sources resolved and admitted by the guard); only for backends claiming ``mounts``.
     mounts: tuple[Mount, ...] = ()
+    # Absolute sandbox paths that get an empty writable tmpfs each (admitted by the guard); only for backends
+    # claiming ``tmpfs``. Sized like the sandbox's /tmp, within the disk limit.
+    tmpfs: tuple[str, ...] = ()
 
 
 class Session(ABC):
@@ -160,12 +163,14 @@ class Session(ABC):
         member it opens (whose only exec comes later). Default: nothing. An error leaves the member unused."""
         return None
 
-    async def run_script(self, script: str, *args: str, max_output: int = 1 << 16) -> tuple[int, str, bool]:
-        """Run a small sh script inside the sandbox through this session's own exec: (exit code, stdout, cut). The
-        in-sandbox file walkers use it; a script that overruns HELPER_TIMEOUT_S is a SandboxError."""
+    async def run_script(self, script: str, *args: str, max_output: int = 1 << 16,
+                         stdin: bytes | None = None) -> tuple[int, str, bool]:
+        """Run a small sh script inside the sandbox, as its user, through this session's own exec: (exit code,
+        stdout, cut). The in-sandbox file walkers and the file calls outside the workspace use it; a script that
+        overruns HELPER_TIMEOUT_S is a SandboxError."""
         spec = self.session_spec
         result = await self.exec(ExecSpec(
-            argv=["/bin/sh", "-c", script, "execbox", *args], env={}, workdir=self.workspace,
+            argv=["/bin/sh", "-c", script, "execbox", *args], env={}, stdin=stdin, workdir=self.workspace,
             timeout=HELPER_TIMEOUT_S, max_output_bytes=max_output,
             network=spec.network if spec else "none", limits=spec.limits if spec else Limits()))
         if result.timed_out:

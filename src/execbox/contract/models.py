@@ -26,9 +26,19 @@ ISOLATION_STRENGTH: dict[str, int] = {
     "none": 0, "process": 1, "namespace": 2, "container": 3, "gvisor": 4, "microvm": 5, "remote_vm": 5,
 }
 INTERPRETERS: dict[str, tuple[str, str]] = {"python": ("python3", "py"), "bash": ("bash", "sh")}
-# argv and env together must fit the kernel's limit for one execve (ARG_MAX is 2 MiB on Linux, and a single
-# word at most 128 KiB): refuse early, with a clear error, rather than fail inside a backend.
-MAX_COMMAND_LINE_BYTES = 1 << 20
+# argv and env together must fit the kernel's limit for one execve: ARG_MAX (2 MiB on Linux with the usual 8 MiB
+# stack), counted as the kernel does (each string with its NUL, and a pointer per string plus the two NULL ones), and
+# a single word at most MAX_ARG_STRLEN (128 KiB with its NUL). Refuse early, with a clear error, rather than fail
+# inside a backend. COMMAND_LINE_RESERVE is what execbox's own wrappers and the sandbox's environment may add.
+MAX_COMMAND_LINE_BYTES = 2 << 20
+MAX_ARG_STRLEN = 128 << 10
+COMMAND_LINE_RESERVE = 16 << 10
+
+
+def command_line_bytes(words: list[str] | tuple[str, ...], env: dict[str, str] | None = None) -> int:
+    """The bytes an execve of ``words`` with ``env`` takes of ARG_MAX, counted as the kernel counts them."""
+    strings = [*words, *(f"{k}={v}" for k, v in (env or {}).items())]
+    return sum(len(s.encode()) + 1 for s in strings) + 8 * (len(strings) + 2)
 
 
 class Capabilities(BaseModel):
@@ -48,6 +58,8 @@ class Capabilities(BaseModel):
     # Output reaches a streaming caller while the command runs (ExecSpec.on_output is fed as bytes arrive).
     # Opt-in: a backend that does not stream still works, its output is delivered when the run ends.
     streaming: bool = False
+    # An empty writable tmpfs can be put at an absolute path the request names (``ExecRequest.tmpfs``).
+    tmpfs: bool = False
 
     @field_serializer("network_modes", "limits")
     def _sorted(self, value: frozenset[str]) -> list[str]:
@@ -159,7 +171,7 @@ class ExecRequest(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     # Paths relative to the workspace -> contents, placed before the command runs.
     files: dict[str, bytes] = Field(default_factory=dict)
-    # Relative to the workspace. The runner turns it into the absolute path inside the sandbox.
+    # Relative to the workspace, or an absolute path anywhere in the sandbox; created if missing, as the sandbox user.
     workdir: str | None = None
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_output_bytes: int | None = Field(default=None, gt=0)
@@ -167,6 +179,9 @@ class ExecRequest(BaseModel):
     limits: Limits | None = None
     # Host paths bound into the sandbox (one-shot runs; a session's mounts are fixed when it opens).
     mounts: list[Mount] = Field(default_factory=list)
+    # Absolute sandbox paths that get an empty writable tmpfs each, owned by the sandbox user (e.g. "/var/tmp"); a
+    # session's are fixed when it opens. The guard refuses the places the sandbox provides itself.
+    tmpfs: list[str] = Field(default_factory=list)
     # Globs of workspace files to return on the result (``ExecResult.files``), e.g. "out/*.png" or "**/*.csv".
     collect: list[str] = Field(default_factory=list)
     # Declared secrets, name -> value (secrets.values): the command gets them as environment variables (past
@@ -211,8 +226,6 @@ class ExecRequest(BaseModel):
                 raise ValueError(f"invalid environment variable name or value: {name!r}")
             _encodable(name, "an environment variable name")
             _encodable(value, f"the value of {name!r}")
-        if sum(len(k) + len(v) + 2 for k, v in env.items()) > MAX_COMMAND_LINE_BYTES:
-            raise ValueError(f"the environment is over {MAX_COMMAND_LINE_BYTES} bytes: pass large data as a file")
         return env
 
     @field_validator("argv")
@@ -222,9 +235,36 @@ class ExecRequest(BaseModel):
             if "\0" in word:
                 raise ValueError(f"argv word {word[:40]!r} holds a NUL byte, which no command line can carry")
             _encodable(word, "an argv word")
-        if argv and sum(len(w.encode()) + 1 for w in argv) > MAX_COMMAND_LINE_BYTES:
-            raise ValueError(f"argv is over {MAX_COMMAND_LINE_BYTES} bytes: pass large data on stdin or as a file")
+            if len(word.encode()) + 1 > MAX_ARG_STRLEN:
+                raise ValueError(f"argv word {word[:40]!r}... is {len(word.encode())} bytes, over the kernel's limit "
+                                 f"for one word ({MAX_ARG_STRLEN - 1} bytes): pass large data on stdin or as a file")
         return argv
+
+    @model_validator(mode="after")
+    def _command_line(self) -> ExecRequest:
+        used = command_line_bytes(self.argv or [], self.env)
+        if used > MAX_COMMAND_LINE_BYTES - COMMAND_LINE_RESERVE:
+            raise ValueError(
+                f"argv and env take {used} bytes of the kernel's limit for one command line (ARG_MAX, "
+                f"{MAX_COMMAND_LINE_BYTES} bytes, of which execbox keeps {COMMAND_LINE_RESERVE} for its wrappers and "
+                "the sandbox's environment): pass large data on stdin or as a file")
+        return self
+
+    @field_validator("tmpfs")
+    @classmethod
+    def _tmpfs_paths(cls, paths: list[str]) -> list[str]:
+        clean: list[str] = []
+        for path in paths:
+            if not isinstance(path, str) or not path.startswith("/") or "\0" in path or path.startswith("//"):
+                raise ValueError(f"tmpfs path {str(path)[:200]!r} must be an absolute path inside the sandbox, such "
+                                 "as /var/tmp")
+            _encodable(path, "a tmpfs path")
+            if ".." in path.split("/"):
+                raise ValueError(f"tmpfs path {path[:200]!r} must not hold '..': give the place itself")
+            norm = posixpath.normpath(path)
+            if norm not in clean:
+                clean.append(norm)
+        return clean
 
     @field_validator("collect")
     @classmethod

@@ -21,6 +21,7 @@ skipped too.
 
 from __future__ import annotations
 
+import base64
 import errno
 import os
 import posixpath
@@ -34,7 +35,15 @@ from typing import IO, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from execbox.errors import SandboxError, TransferTooLargeError, WorkspacePathError
+from execbox.errors import (
+    FileTooLargeError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxIsADirectoryError,
+    SandboxPermissionError,
+    TransferTooLargeError,
+    WorkspacePathError,
+)
 from execbox.files.workspace import _open_dir, _refuse, write_error
 
 #: Deepest tree a transfer or listing walks (levels below the path given); deeper is refused.
@@ -77,7 +86,8 @@ class SandboxShell(Protocol):
 
     async def write_file(self, path: str, data: bytes) -> None: ...
 
-    async def run_script(self, script: str, *args: str, max_output: int = 1 << 16) -> tuple[int, str, bool]:
+    async def run_script(self, script: str, *args: str, max_output: int = 1 << 16,
+                         stdin: bytes | None = None) -> tuple[int, str, bool]:
         """(exit code, stdout, whether stdout was cut); a script that overruns HELPER_TIMEOUT_S is a SandboxError."""
         ...
 
@@ -490,17 +500,19 @@ else
 fi
 """
 
-# sh -c PACK execbox WORKSPACE REL OUT: a tar of REL (members under its basename; "." for the workspace) at OUT.
+# sh -c PACK execbox WORKSPACE REL OUT NAME: a tar of REL (members under its basename; "." for the workspace) at the
+# absolute path OUT (NAME: OUT relative to WORKSPACE, left out of a tar of the workspace itself).
 _PACK = r"""
 w=$(realpath -- "$1") || exit 3
 cd "$w" || exit 3
 if [ -z "$2" ]; then exec tar -cf "$3" --exclude="./$4" .; fi
 t=$(realpath -m -- "$(dirname -- "$2")") || exit 3
 case "$t/" in "${w%/}"/*) ;; *) exit 4 ;; esac
-cd -- "$(dirname -- "$2")" && exec tar -cf "$w/$3" -- "$(basename -- "$2")"
+cd -- "$(dirname -- "$2")" && exec tar -cf "$3" -- "$(basename -- "$2")"
 """
 
-# sh -c UNPACK execbox WORKSPACE DEST ARCHIVE: extract ARCHIVE (written by execbox) into DEST's parent.
+# sh -c UNPACK execbox WORKSPACE DEST ARCHIVE: extract ARCHIVE (an absolute path, written by execbox) into DEST's
+# parent.
 _UNPACK = r"""
 w=$(realpath -- "$1") || exit 3
 cd "$w" || exit 3
@@ -515,13 +527,86 @@ rm -f -- "$3"
 exit $rc
 """
 
+# The file calls on an absolute path outside the workspace, run inside the sandbox as its user (its kernel judges
+# every access: the modes the code set, read-only places); the exit code says what went wrong, stdout why.
+_NOT_FOUND, _IS_DIR, _NOT_REGULAR, _DENIED, _TOO_LARGE, _FULL = 12, 14, 15, 16, 17, 18
+# sh -c READ execbox PATH MAX: PATH's bytes (at most MAX + 1 of them) as base64.
+_READ = r"""
+p=$1
+if [ ! -e "$p" ]; then
+  e=$(LC_ALL=C stat -L -- "$p" 2>&1); echo "$e"
+  case $e in *"ermission denied"*) exit 16 ;; esac; exit 12
+fi
+[ -d "$p" ] && exit 14
+[ -f "$p" ] || exit 15
+[ -r "$p" ] || { echo "Permission denied"; exit 16; }
+n=$(wc -c < "$p") || exit 16
+[ "$n" -gt "$2" ] && { echo "$n"; exit 17; }
+head -c "$(($2 + 1))" < "$p" | base64
+"""
+# sh -c WRITE execbox PATH < DATA: PATH made (its directories too) or replaced with DATA.
+_WRITE = r"""
+p=$1
+[ -d "$p" ] && exit 14
+d=$(dirname -- "$p")
+if [ ! -d "$d" ]; then e=$(LC_ALL=C mkdir -p -- "$d" 2>&1) || { echo "$e"; exit 16; }; fi
+e=$( (LC_ALL=C; cat > "$p") 2>&1 ) && exit 0
+echo "$e"
+case $e in *"o space"*|*"uota"*) exit 18 ;; *"ermission denied"*|*"ead-only"*) exit 16 ;; esac
+exit 1
+"""
+
+
+def _path_error(path: str, code: int, why: str, doing: str) -> SandboxError:
+    why = why.strip().splitlines()[-1][-300:] if why.strip() else ""
+    if code == _NOT_FOUND:
+        return SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}")
+    if code == _IS_DIR:
+        return SandboxIsADirectoryError(f"{path!r} is a directory, not a file: use list_files({path!r}) to see what "
+                                        "is in it")
+    if code == _NOT_REGULAR:
+        return WorkspacePathError(f"refused {path!r}: not a regular file (a device, a FIFO or a socket)")
+    if code == _DENIED:
+        return SandboxPermissionError(f"permission denied: the sandbox user may not {doing} {path!r}"
+                                      + (f" ({why})" if why else ""))
+    if code == _FULL:
+        return SandboxError(f"cannot write {path!r}: no space left there ({why})")
+    return SandboxError(f"the file helper failed in the sandbox for {path!r} (exit {code}); it needs /bin/sh and "
+                        "the coreutils (head, base64, wc) in the image" + (f": {why}" if why else ""))
+
+
+async def sandbox_read(session: SandboxShell, path: str, max_bytes: int) -> bytes:
+    """Read the file at the absolute sandbox ``path`` as the sandbox user (links followed inside the sandbox, which
+    is its own view); over ``max_bytes`` is refused (FileTooLargeError), from its size before a byte is sent."""
+    cap = (max_bytes + 1 + 2) // 3 * 4 + (max_bytes // 57) + 4096  # base64 with its newlines
+    code, out, _ = await session.run_script(_READ, path, str(max_bytes), max_output=cap)
+    if code == _TOO_LARGE:
+        size = out.strip()
+        raise FileTooLargeError(path, int(size) if size.isdigit() else None, max_bytes)
+    if code != 0:
+        raise _path_error(path, code, out, "read")
+    try:
+        data = base64.b64decode(out)
+    except ValueError:
+        raise SandboxError(f"the file helper sent back something that is not base64 for {path!r}") from None
+    if len(data) > max_bytes:  # it grew after its size was read
+        raise FileTooLargeError(path, None, max_bytes)
+    return data
+
+
+async def sandbox_write(session: SandboxShell, path: str, data: bytes) -> None:
+    """Write ``data`` to the absolute sandbox ``path`` as the sandbox user, making its directories."""
+    code, out, _ = await session.run_script(_WRITE, path, stdin=data)
+    if code != 0:
+        raise _path_error(path, code, out, "write")
+
 
 def _helper_failed(rel: str, code: int, stderr_hint: str = "") -> SandboxError:
     if code == 4:
         return WorkspacePathError(f"refused {rel!r}: it is (or passes through) a symlink that leads out of the "
                                   "workspace")
     if code == 5:
-        return WorkspacePathError(f"no such file or directory in the workspace: {rel!r}")
+        return SandboxFileNotFoundError(f"no such file or directory in the sandbox: {rel!r}")
     return SandboxError(f"the file-transfer helper failed in the sandbox for {rel or '.'!r} (exit {code}); it needs "
                         "/bin/sh, realpath and GNU find and tar in the image" + stderr_hint)
 
@@ -530,10 +615,28 @@ _RECORD = re.compile(r"([a-zA-Z]) ([0-9]+) (.*)", re.DOTALL)
 _TYPES = {"f": "file", "d": "directory", "l": "symlink"}
 
 
+def _rooted(session: SandboxShell, rel: str) -> tuple[str, str, str]:
+    """(the directory the walkers stay in, ``rel`` relative to it, what listed paths are prefixed with): the
+    workspace for a relative path, ``/`` for an absolute one (elsewhere in the sandbox, which is its own view)."""
+    if rel.startswith("/"):
+        return "/", rel.lstrip("/"), "/"
+    return session.workspace, rel, ""
+
+
 async def sandbox_list(session: SandboxShell, rel: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
+    """``rel`` relative to the workspace, or absolute (elsewhere in the sandbox: listed paths are absolute too)."""
+    root, inner, shown = _rooted(session, rel)
+    found = await _sandbox_list(session, root, inner, recursive=recursive, limits=limits)
+    if not shown:
+        return found
+    return [entry.model_copy(update={"path": shown + entry.path}) for entry in found]
+
+
+async def _sandbox_list(session: SandboxShell, root: str, rel: str, *, recursive: bool,
+                        limits: TransferLimits) -> list[FileInfo]:
     # ~ a record per 4 KiB at most: the output cap bounds what comes back.
     cap = min(64 << 20, max(1 << 16, limits.max_entries * 512))
-    code, out, cut = await session.run_script(_LIST, session.workspace, rel, "1" if recursive else "0", max_output=cap)
+    code, out, cut = await session.run_script(_LIST, root, rel, "1" if recursive else "0", max_output=cap)
     if code != 0:
         raise _helper_failed(rel, code)
     if cut:
@@ -571,7 +674,8 @@ async def sandbox_pack(session: SandboxShell, rel: str, out: IO[bytes], *, limit
             budget.data(entry.path, entry.size)  # refused from the sizes, before a byte is packed
     name = f".execbox/xfer-{uuid.uuid4().hex[:12]}.tar"
     await session.write_file(name, b"")  # makes .execbox (as the caller sees the workspace)
-    code, _, _ = await session.run_script(_PACK, session.workspace, rel, name, name)
+    root, inner, _ = _rooted(session, rel)
+    code, _, _ = await session.run_script(_PACK, root, inner, posixpath.join(session.workspace, name), name)
     try:
         if code != 0:
             raise _helper_failed(rel, code)
@@ -590,7 +694,8 @@ async def sandbox_unpack(session: SandboxShell, dest: str, archive: IO[bytes], *
         raise TransferTooLargeError(f"refused: the archive for {dest!r} is over {bound} bytes. Raise {BYTES_VAR}, or "
                                     "upload less", env_var=BYTES_VAR)
     await session.write_file(name, data)
-    code, _, _ = await session.run_script(_UNPACK, session.workspace, dest, name)
+    root, inner, _ = _rooted(session, dest)
+    code, _, _ = await session.run_script(_UNPACK, root, inner, posixpath.join(session.workspace, name))
     if code != 0:
         raise _helper_failed(dest, code)
 

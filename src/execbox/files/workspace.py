@@ -6,44 +6,77 @@ back must refuse that, so every component is opened with O_NOFOLLOW relative to 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import posixpath
 import stat
+from collections.abc import Iterator
 
-from execbox.errors import FileTooLargeError, SandboxError, WorkspacePathError
+from execbox.errors import (
+    FileTooLargeError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxIsADirectoryError,
+    SandboxPermissionError,
+    WorkspacePathError,
+)
 
 
-def is_directory_error(rel: str) -> WorkspacePathError:
+def is_directory_error(rel: str) -> SandboxIsADirectoryError:
     """What reading a directory (or the workspace itself) as a file says: where to go instead."""
     shown = "the workspace itself" if rel in ("", ".") else repr(rel)
-    return WorkspacePathError(f"{shown} is a directory, not a file: use list_files({rel or '.'!r}) to see what is "
-                              f"in it, or download({rel or '.'!r}, local_path) to copy it out")
+    return SandboxIsADirectoryError(f"{shown} is a directory, not a file: use list_files({rel or '.'!r}) to see what "
+                                    f"is in it, or download({rel or '.'!r}, local_path) to copy it out")
 
 
-def normalize(path: str, workspace: str | None = None, *, allow_root: bool = False) -> str:
+def normalize(path: str, workspace: str | None = None, *, allow_root: bool = False, anywhere: bool = False) -> str:
     """A clean relative POSIX path inside the workspace, or WorkspacePathError.
 
-    An absolute path is accepted only when it lies under ``workspace`` (the sandbox's own view of it).
-    ``allow_root``: the workspace itself ("", "." or ``workspace``) is accepted and returned as "".
+    An absolute path under ``workspace`` (the sandbox's own view of it) is made relative to it. With ``anywhere``,
+    an absolute path elsewhere in the sandbox is returned clean and absolute (a ``..`` above ``/`` is refused);
+    without it, it is refused. ``allow_root``: the workspace itself ("", "." or ``workspace``) is returned as "".
     """
     if allow_root and path is not None and (path in ("", ".", "./") or (
             workspace and path.rstrip("/") == workspace.rstrip("/"))):
         return ""
     if not path or "\0" in path:
-        raise WorkspacePathError(f"invalid workspace path {path!r}")
+        raise WorkspacePathError(f"invalid sandbox path {path!r}: give a path relative to the workspace or an "
+                                 "absolute one")
     if path.startswith("/"):
+        if anywhere:
+            path = _absolute(path)
         root = (workspace or "").rstrip("/")
         if not root or not (path == root or path.startswith(root + "/")):
+            if anywhere:
+                return path
             raise WorkspacePathError(
                 f"path {path!r} is outside the workspace; give a path relative to the workspace"
                 + (f" or under {workspace}" if workspace else "")
             )
+        if path == root and allow_root:
+            return ""
         path = path[len(root):].lstrip("/")
     clean = posixpath.normpath(path)
     if clean in ("", ".") or clean == ".." or clean.startswith("../"):
-        raise WorkspacePathError(f"path {path!r} escapes the workspace; give a path inside it")
+        hint = " (or an absolute path to reach the rest of the sandbox)" if anywhere else ""
+        raise WorkspacePathError(f"path {path!r} escapes the workspace; give a path inside it{hint}")
     return clean
+
+
+def _absolute(path: str) -> str:
+    """``path`` (absolute) without ``.``, ``..`` or repeated slashes; a ``..`` above ``/`` is refused, not dropped."""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                raise WorkspacePathError(f"path {path!r} climbs above / with '..'; give the place itself")
+            parts.pop()
+        else:
+            parts.append(part)
+    return "/" + "/".join(parts)
 
 
 def _open_dir(root: str, parts: list[str], *, create: bool, owner: tuple[int, int] | None) -> int:
@@ -70,20 +103,76 @@ def _refuse(rel: str, exc: OSError) -> WorkspacePathError:
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
         return WorkspacePathError(f"refused {rel!r}: it is (or passes through) a symlink or not a regular file")
     if exc.errno == errno.ENOENT:
-        return WorkspacePathError(f"no such file in the workspace: {rel!r}")
+        return SandboxFileNotFoundError(f"no such file in the workspace: {rel!r}")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return SandboxPermissionError(f"permission denied: the sandbox user may not access {rel!r} in the workspace "
+                                      f"({exc.strerror}; the modes are the ones the code set)")
+    if exc.errno == errno.EISDIR:
+        return is_directory_error(rel)
     return WorkspacePathError(f"cannot access {rel!r} in the workspace: {exc.strerror}")
 
 
-def safe_read(root: str, rel: str, *, max_bytes: int) -> bytes:
+class _Fs:
+    """The calls that make this thread's file access the sandbox user's: Linux keeps the filesystem uid, gid and the
+    supplementary groups per thread (the raw system calls; glibc's setgroups would change every thread)."""
+
+    _SETGROUPS = {"x86_64": 116, "aarch64": 159}
+
+    def __init__(self) -> None:
+        import ctypes
+        import platform
+
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.setgroups_nr = self._SETGROUPS.get(platform.machine())
+        self.ctypes = ctypes
+
+    def set(self, uid: int, gid: int, groups: list[int] | None) -> None:
+        self.libc.setfsgid(gid)
+        self.libc.setfsuid(uid)
+        if self.libc.setfsuid(-1) != uid:  # -1 is never valid: it only reads the current one back
+            raise OSError(errno.EPERM, "cannot take the sandbox user's filesystem identity")
+        if self.setgroups_nr is not None and groups is not None:
+            array = (self.ctypes.c_uint * max(1, len(groups)))(*groups)
+            if self.libc.syscall(self.setgroups_nr, len(groups), array) != 0:
+                raise OSError(self.ctypes.get_errno(), "cannot set the supplementary groups")
+
+
+_fs: _Fs | None = None
+
+
+@contextlib.contextmanager
+def as_owner(owner: tuple[int, int] | None) -> Iterator[None]:
+    """Run the block with this thread's file access as ``owner`` (uid, gid, no supplementary groups) when execbox is
+    root: root passes every mode check, so without this the host would read a file the code made unreadable or
+    overwrite one it made read-only. The kernel then judges each access as it would the sandbox user's (modes, ACLs,
+    read-only mounts); created files and directories are the owner's. Not root (or no owner): as is, the host user
+    is then the sandbox's owner itself. Costs a few system calls."""
+    global _fs
+    if owner is None or os.geteuid() != 0:
+        yield
+        return
+    if _fs is None:
+        _fs = _Fs()
+    groups = os.getgroups()
+    try:
+        _fs.set(owner[0], owner[1], [])
+        yield
+    finally:
+        _fs.set(0, os.getegid(), groups)
+
+
+def safe_read(root: str, rel: str, *, max_bytes: int, owner: tuple[int, int] | None = None) -> bytes:
     """Read ``root/rel`` without following any symlink; only a regular file is read, and only up to
-    ``max_bytes`` (a larger one, sparse or not, is refused before a byte is loaded)."""
+    ``max_bytes`` (a larger one, sparse or not, is refused before a byte is loaded). ``owner``: the sandbox user
+    whose access this is (``as_owner``)."""
     parts = rel.split("/")
     try:
-        dfd = _open_dir(root, parts[:-1], create=False, owner=None)
-        try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-        finally:
-            os.close(dfd)
+        with as_owner(owner):
+            dfd = _open_dir(root, parts[:-1], create=False, owner=None)
+            try:
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            finally:
+                os.close(dfd)
     except OSError as exc:
         raise _refuse(rel, exc) from None
     st = os.fstat(fd)
@@ -104,16 +193,19 @@ def safe_read(root: str, rel: str, *, max_bytes: int) -> bytes:
 
 
 def safe_write(root: str, rel: str, data: bytes, *, owner: tuple[int, int] | None = None, mode: int = 0o644) -> None:
-    """Write ``root/rel``, creating directories, never following a symlink the sandbox planted."""
+    """Write ``root/rel``, creating directories, never following a symlink the sandbox planted. ``owner``: the
+    sandbox user, who gets what is created and whose access this is (``as_owner``: a file or directory the code made
+    read-only is not written)."""
     parts = rel.split("/")
     try:
-        dfd = _open_dir(root, parts[:-1], create=True, owner=owner)
-        try:
-            # O_NONBLOCK: a FIFO the sandbox planted must not hang the host (ENXIO without a reader).
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            fd = os.open(parts[-1], flags, mode, dir_fd=dfd)
-        finally:
-            os.close(dfd)
+        with as_owner(owner):
+            dfd = _open_dir(root, parts[:-1], create=True, owner=owner)
+            try:
+                # O_NONBLOCK: a FIFO the sandbox planted must not hang the host (ENXIO without a reader).
+                flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                fd = os.open(parts[-1], flags, mode, dir_fd=dfd)
+            finally:
+                os.close(dfd)
     except OSError as exc:
         if exc.errno == errno.ENXIO:
             raise WorkspacePathError(f"refused {rel!r}: not a regular file") from None

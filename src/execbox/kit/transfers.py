@@ -14,11 +14,49 @@ import anyio
 
 from execbox.contract.backend import Session
 from execbox.errors import FileTooLargeError, TransferTooLargeError, WorkspacePathError
+from execbox.files import transfer
 from execbox.files.transfer import FileInfo, Transfer, TransferLimits, glob_base, glob_regex, host_pack, host_unpack
+
+# A path the runner hands on is relative to the workspace (the session's own file calls, with their fast host side),
+# or absolute elsewhere in the sandbox: then the calls run inside it, as its user (files.transfer's helpers), on every
+# backend whose exec can run sh.
+
+async def read_path(session: Session, path: str, max_bytes: int) -> bytes:
+    if path.startswith("/"):
+        return await transfer.sandbox_read(session, path, max_bytes)
+    return await session.read_file(path, max_bytes)
+
+
+async def write_path(session: Session, path: str, data: bytes) -> None:
+    if path.startswith("/"):
+        await transfer.sandbox_write(session, path, data)
+    else:
+        await session.write_file(path, data)
+
+
+async def list_path(session: Session, path: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
+    if path.startswith("/"):
+        return await transfer.sandbox_list(session, path, recursive=recursive, limits=limits)
+    return await session.list_files(path, recursive=recursive, limits=limits)
+
+
+async def _unpack(session: Session, path: str, archive: IO[bytes], *, limits: TransferLimits) -> Transfer:
+    if path.startswith("/"):
+        await transfer.sandbox_unpack(session, path, archive, limits=limits)
+        return Transfer()
+    return await session.upload(path, archive, limits=limits)
+
+
+async def _pack(session: Session, path: str, out: IO[bytes], *, limits: TransferLimits) -> Transfer:
+    if path.startswith("/"):
+        await transfer.sandbox_pack(session, path, out, limits=limits)
+        return Transfer()
+    return await session.download(path, out, limits=limits)
 
 
 async def upload_path(session: Session, local: str, remote: str, *, limits: TransferLimits) -> Transfer:
-    """Copy the local file or directory ``local`` to ``remote`` in the workspace ("" = the workspace itself),
+    """Copy the local file or directory ``local`` to ``remote`` in the workspace ("" = the workspace itself; an
+    absolute path: anywhere in the sandbox),
     through a temporary tar on this host. Links in the local tree are copied as links, never followed."""
     source = os.path.realpath(local)  # the caller named it: a link given as the path itself is followed
     if not os.path.lexists(source):
@@ -29,7 +67,7 @@ async def upload_path(session: Session, local: str, remote: str, *, limits: Tran
         packed = await anyio.to_thread.run_sync(lambda: host_pack(
             parent or "/", base, tmp, limits=limits, prefix=prefix, what=f"the upload of {local!r}"))
         tmp.seek(0)
-        placed = await session.upload(remote, tmp, limits=limits)
+        placed = await _unpack(session, remote, tmp, limits=limits)
     packed.skipped.extend(s for s in placed.skipped if s not in packed.skipped)
     return packed
 
@@ -45,7 +83,7 @@ async def download_path(session: Session, remote: str, local: str, *, limits: Tr
     os.makedirs(parent, exist_ok=True)
     prefix = posixpath.basename(remote) if remote else "."
     with tempfile.TemporaryFile(prefix="execbox-download-") as tmp:
-        packed = await session.download(remote, tmp, limits=limits)
+        packed = await _pack(session, remote, tmp, limits=limits)
         tmp.seek(0)
         if os.path.isdir(target) and not os.path.islink(target) and _first_is_file(tmp):
             parent, base = target, posixpath.basename(remote)  # a file into an existing directory: inside it

@@ -290,7 +290,7 @@ class AsyncRunner:
         return packages.default_cache_dir(self.settings.package_cache)
 
     async def upload_to(self, backend: ExecutionBackend, session: Session, local: str, remote: str) -> Transfer:
-        rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
+        rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True, anywhere=True)
         _not_mounted(session, rel, "upload to")
         with backend_errors(backend.name):
             return await bounded(transfers.upload_path(session, _text(os.fspath(local), "local path"), rel,
@@ -301,7 +301,7 @@ class AsyncRunner:
                             redactor: secrets_inject.Redactor | None = None) -> Transfer:
         """The download; what it says of the sandbox's files (skipped entries, errors) never shows a secret the
         sandbox was given (the code may have named a file or a link after one)."""
-        rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True)
+        rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True, anywhere=True)
         _not_mounted(session, rel, "download")
         with secrets_inject.redacting(redactor), backend_errors(backend.name):
             moved = await bounded(transfers.download_path(session, rel, _text(os.fspath(local), "local path"),

@@ -421,9 +421,9 @@ def plan(admission: Admission, session: Session, *, output: LiveOutput | None = 
     request = admission.request
     argv, files = request.materialize(session.workspace)
     if request.workdir:
-        workdir = posixpath.join(session.workspace, normalize(request.workdir, session.workspace))
-        # The backend starts in the workspace; a workdir below it is created (if missing) and entered inside
-        # the sandbox, the same way on every backend.
+        workdir = posixpath.join(session.workspace, normalize(request.workdir, session.workspace, anywhere=True))
+        # The backend starts in the workspace; the workdir (below it, or absolute anywhere) is created (if missing)
+        # and entered inside the sandbox as its user, the same way on every backend.
         argv = ["/bin/sh", "-c", 'mkdir -p -- "$1" && cd -- "$1" && shift && exec "$@"', "execbox-workdir", workdir,
                 *argv]
     assert request.timeout and request.max_output_bytes and request.network and request.limits  # resolve() set them

@@ -30,7 +30,7 @@ from execbox.errors import (
 )
 from execbox.files.transfer import FileInfo, Transfer
 from execbox.files.workspace import is_directory_error, normalize
-from execbox.kit import packages
+from execbox.kit import packages, transfers
 from execbox.runner.pipeline import (
     Admission,
     SandboxHost,
@@ -285,32 +285,42 @@ class AsyncSandbox:
         return self._live()[1].workspace
 
     async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write the file ``path`` (relative to the workspace, or absolute anywhere in the sandbox), making its
+        directories, as the sandbox user: a file or directory the code made read-only, or a place the sandbox user
+        may not write (the read-only root), is refused (SandboxPermissionError); a directory there is
+        SandboxIsADirectoryError."""
         backend, session = self._live()
-        rel, content = normalize(_text(path, "path"), session.workspace), _bytes(data, "data")
+        where = _text(path, "path")
+        if normalize(where, session.workspace, allow_root=True, anywhere=True) == "":
+            raise is_directory_error("")
+        rel, content = normalize(where, session.workspace, anywhere=True), _bytes(data, "data")
         with backend_errors(backend.name):
-            await bounded(session.write_file(rel, content), _files_s(backend), backend=backend, doing="write_file",
-                          session=session)
+            await bounded(transfers.write_path(session, rel, content), _files_s(backend), backend=backend,
+                          doing="write_file", session=session)
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        """The file's bytes; one over ``max_bytes`` (at most CODE_EXEC_MAX_READ_BYTES) is refused unread
-        (FileTooLargeError)."""
+        """The bytes of the file ``path`` (relative to the workspace, or absolute anywhere in the sandbox), read as
+        the sandbox user: one the code made unreadable is SandboxPermissionError, a missing one
+        SandboxFileNotFoundError, a directory SandboxIsADirectoryError. One over ``max_bytes`` (at most
+        CODE_EXEC_MAX_READ_BYTES) is refused unread (FileTooLargeError)."""
         backend, session = self._live()
-        if normalize(_text(path, "path"), session.workspace, allow_root=True) == "":
+        if normalize(_text(path, "path"), session.workspace, allow_root=True, anywhere=True) == "":
             raise is_directory_error("")
-        rel = normalize(path, session.workspace)
+        rel = normalize(path, session.workspace, anywhere=True)
         cap = min(max_bytes or self.runner.settings.max_read_bytes, self.runner.settings.max_read_bytes)
         with backend_errors(backend.name):
-            return await bounded(session.read_file(rel, cap), _files_s(backend), backend=backend, doing="read_file",
-                                 session=session)
+            return await bounded(transfers.read_path(session, rel, cap), _files_s(backend), backend=backend,
+                                 doing="read_file", session=session)
 
     async def list_files(self, path: str = ".", *, recursive: bool = False) -> list[FileInfo]:
-        """What is in the directory ``path`` of the workspace (everything below it with ``recursive``): names,
-        sizes and types, links shown as links (never followed); bounded by CODE_EXEC_MAX_TRANSFER_FILES."""
+        """What is in the directory ``path`` of the workspace (or, absolute, anywhere in the sandbox: then the paths
+        listed are absolute too; everything below it with ``recursive``): names, sizes and types, links shown as
+        links (never followed); bounded by CODE_EXEC_MAX_TRANSFER_FILES."""
         backend, session = self._live()
-        rel = normalize(_text(path, "path"), session.workspace, allow_root=True)
+        rel = normalize(_text(path, "path"), session.workspace, allow_root=True, anywhere=True)
         with secrets_inject.redacting(self._redactor()), backend_errors(backend.name):
-            found = await bounded(session.list_files(rel, recursive=bool(recursive),
-                                                     limits=self.runner.transfer_limits),
+            found = await bounded(transfers.list_path(session, rel, recursive=bool(recursive),
+                                                      limits=self.runner.transfer_limits),
                                   _files_s(backend), backend=backend, doing="list_files", session=session)
         return secrets_inject.redact_listing(found, self._redactor())
 

@@ -325,7 +325,9 @@ class BubblewrapSession(Session):
 
     async def read_file(self, path: str, max_bytes: int) -> bytes:
         await self._ready()
-        return await anyio.to_thread.run_sync(lambda: safe_read(self.host_workspace, path, max_bytes=max_bytes))
+        # as the sandbox user: a file the code made unreadable stays unread
+        return await anyio.to_thread.run_sync(lambda: safe_read(self.host_workspace, path, max_bytes=max_bytes,
+                                                                owner=self.owner))
 
     async def close(self) -> None:
         self._closed = True

@@ -633,11 +633,13 @@ class DockerSession(Session):
     # -- files: the workspace is a host directory; never follow a link the sandbox planted --
 
     async def write_file(self, path: str, data: bytes) -> None:
-        owner = self._owner if os.geteuid() == 0 else None
+        owner = self.host_owner
         await anyio.to_thread.run_sync(lambda: safe_write(self.host_workspace, path, data, owner=owner))
 
     async def read_file(self, path: str, max_bytes: int) -> bytes:
-        return await anyio.to_thread.run_sync(lambda: safe_read(self.host_workspace, path, max_bytes=max_bytes))
+        owner = self.host_owner  # as the sandbox user: a file the code made unreadable stays unread
+        return await anyio.to_thread.run_sync(lambda: safe_read(self.host_workspace, path, max_bytes=max_bytes,
+                                                                owner=owner))
 
     async def close(self) -> None:
         await anyio.to_thread.run_sync(self._close_blocking)
