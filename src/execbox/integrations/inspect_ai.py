@@ -159,11 +159,13 @@ def _state(config: SandboxEnvironmentConfigType | None) -> _Configured:
 
 
 @contextmanager
-def _file_errors(file: str, sandbox: execbox.AsyncSandbox) -> Iterator[None]:
-    """execbox's file errors as inspect documents them: the built-in, naming the file."""
+def _errors(sandbox: execbox.AsyncSandbox, file: str | None = None) -> Iterator[None]:
+    """execbox's errors as inspect documents them: a file call's as the built-in naming the file; a sandbox that
+    broke (a backend call overran its bound, and execbox closed it) as SandboxUnavailableError, so a tool reports
+    the sandbox's failure, never as the command's output."""
     try:
         yield
-    except IsADirectoryError as exc:  # execbox's typed errors are also the built-ins
+    except IsADirectoryError as exc:  # execbox's typed file errors are also the built-ins
         raise IsADirectoryError(errno.EISDIR, "Is a directory", file) from exc
     except PermissionError as exc:
         raise PermissionError(errno.EACCES, "Permission denied", file) from exc
@@ -172,15 +174,9 @@ def _file_errors(file: str, sandbox: execbox.AsyncSandbox) -> Iterator[None]:
     except FileTooLargeError as exc:  # content left out: possibly large, possibly binary
         raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None) from exc
     except SandboxError as exc:
-        _raise_if_unavailable(exc, sandbox)
+        if isinstance(exc, BackendTimeoutError) or sandbox.broken is not None:
+            raise SandboxUnavailableError(exc.message) from exc
         raise
-
-
-def _raise_if_unavailable(exc: SandboxError, sandbox: execbox.AsyncSandbox) -> None:
-    """A sandbox that broke (a backend call overran its bound) or is closed: inspect's SandboxUnavailableError, so
-    a tool reports it as the sandbox's failure, never as the command's output."""
-    if isinstance(exc, BackendTimeoutError) or sandbox.broken is not None or "not open" in exc.message:
-        raise SandboxUnavailableError(exc.message) from exc
 
 
 # How the launchers report an argv[0] the kernel would not execute (docker's in-container `timeout`, bwrap's
@@ -206,6 +202,12 @@ class ExecboxSandboxEnvironment(SandboxEnvironment):
         self.sandbox = sandbox
         self._configured = configured
         self._identity: set[str] | None = None
+        self._closed = False
+
+    def _live(self) -> execbox.AsyncSandbox:
+        if self._closed:
+            raise SandboxUnavailableError("this sample's execbox sandbox was closed (sample_cleanup)")
+        return self.sandbox
 
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
@@ -231,7 +233,7 @@ class ExecboxSandboxEnvironment(SandboxEnvironment):
         with anyio.CancelScope(shield=True):
             for environment in environments.values():
                 env = environment.as_type(ExecboxSandboxEnvironment)
-                configured = env._configured
+                configured, env._closed = env._configured, True
                 await env.sandbox.close()
         if configured is not None and not interrupted and not configured.closing:
             await configured.fill()  # the next sample's sandbox, opened now rather than when it starts
@@ -244,8 +246,10 @@ class ExecboxSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     async def cli_cleanup(cls, id: str | None) -> None:
-        # `execbox gc`: what execbox made and no live owner holds (expired, orphaned); a running eval's are kept.
-        result = await anyio.run_process([sys.executable, "-m", "execbox.cli", "gc", "--json"], check=False)
+        """`execbox gc` (of the backend ``id`` names, else of all): what execbox made and no live owner holds
+        (expired, orphaned); a running eval's sandboxes are kept."""
+        only = ["--backend", id] if id else []
+        result = await anyio.run_process([sys.executable, "-m", "execbox.cli", "gc", "--json", *only], check=False)
         if result.returncode != 0:
             raise SandboxError(f"execbox gc failed: {result.stderr.decode(errors='replace')[-800:]}")
         removed = json.loads(result.stdout).get("removed", {})
@@ -254,23 +258,22 @@ class ExecboxSandboxEnvironment(SandboxEnvironment):
 
     async def _user_ok(self, user: str) -> bool:
         if self._identity is None:
-            who = await self.sandbox.exec(["sh", "-c", "id -u; id -un"], timeout=30)
+            with _errors(self.sandbox):
+                who = await self.sandbox.exec(["sh", "-c", "id -u; id -un"], timeout=30)
             self._identity = set(who.stdout.split()) if who.ok else set()
         return user in self._identity
 
     async def exec(self, cmd: list[str], input: str | bytes | None = None, cwd: str | None = None,
                    env: dict[str, str] | None = None, user: str | None = None, timeout: int | None = None,
                    timeout_retry: bool = True, concurrency: bool = True) -> ExecResult[str]:
+        sandbox = self._live()
         if user is not None and not await self._user_ok(user):
             raise SandboxUserUnsupportedError(
                 f"execbox runs every command as the sandbox's one unprivileged user; it cannot run as {user!r}: no "
                 "exec gets root or another user, by design")
-        try:
-            result = await self.sandbox.exec(cmd, stdin=input, workdir=cwd, env=env, timeout=timeout,
-                                             max_output_bytes=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE)
-        except SandboxError as exc:
-            _raise_if_unavailable(exc, self.sandbox)
-            raise
+        with _errors(sandbox):
+            result = await sandbox.exec(cmd, stdin=input, workdir=cwd, env=env, timeout=timeout,
+                                        max_output_bytes=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE)
         if result.timed_out:
             error = TimeoutError(f"Command timed out after {timeout or self._configured.config.timeout} seconds")
             error.truncated_output = result.stdout + result.stderr  # type: ignore[attr-defined] # as docker's
@@ -279,12 +282,11 @@ class ExecboxSandboxEnvironment(SandboxEnvironment):
             raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
                                            result.stdout + result.stderr)
         if _not_executable(cmd, result):
-            raise PermissionError(errno.EACCES, f"Permission denied executing command: {result.stderr.strip()}",
-                                  cmd[0])
+            raise PermissionError(errno.EACCES, "Permission denied: the sandbox cannot execute it", cmd[0])
         return ExecResult(success=result.ok, returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
-        with _file_errors(file, self.sandbox):
+        with _errors(self._live(), file):
             await self.sandbox.write_file(file, contents)
 
     @overload
@@ -294,7 +296,7 @@ class ExecboxSandboxEnvironment(SandboxEnvironment):
     async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
 
     async def read_file(self, file: str, text: bool = True) -> str | bytes:
-        with _file_errors(file, self.sandbox):
+        with _errors(self._live(), file):
             data = await self.sandbox.read_file(file, max_bytes=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE)
         return data.decode("utf-8") if text else data  # bytes as they are: newlines (CRLF) kept
 
