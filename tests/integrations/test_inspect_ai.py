@@ -34,6 +34,7 @@ import execbox
 from execbox.errors import BackendUnavailableError, ConfigError
 from execbox.integrations.inspect_ai import ExecboxSandboxConfig, ExecboxSandboxEnvironment
 from execbox.testing import engine_missing
+from tests.fixtures.inspect_ai.tools_task import CALLS, scripted_model, tools_task
 
 pytestmark = pytest.mark.anyio
 
@@ -186,9 +187,10 @@ def test_config_from_a_file_and_bad_configs(tmp_path: Path) -> None:
     path = tmp_path / "execbox.yaml"
     path.write_text("backend: bubblewrap\npool: 1\ntmpfs: [/var/tmp]\n")
     assert _config(str(path)) == ExecboxSandboxConfig(backend="bubblewrap", pool=1)
-    path.write_text("backend: bubblewrap\npools: 1\n")
+    typo = tmp_path / "typo.json"
+    typo.write_text('{"backend": "bubblewrap", "pools": 1}')
     with pytest.raises(ConfigError, match="pools"):
-        _config(str(path))
+        _config(str(typo))
     with pytest.raises(ConfigError, match="nowhere.yaml"):
         _config(str(tmp_path / "nowhere.yaml"))
 
@@ -225,11 +227,6 @@ def _run(tasks: Any, log_dir: Path, **kwargs: Any) -> Any:
 
 @pytest.mark.engine
 def test_an_eval_runs_bash_python_and_text_editor(tmp_path: Path, offline: list[str], audit_dir: None) -> None:
-    sys.path.insert(0, str(ROOT))
-    try:
-        from tests.fixtures.inspect_ai.tools_task import CALLS, tools_task
-    finally:
-        sys.path.remove(str(ROOT))
     log = _run(tools_task(backend="docker"), tmp_path)
     [sample] = log.samples
     outputs = [m.text for m in sample.messages if m.role == "tool"]
@@ -249,5 +246,6 @@ def test_the_readme_example_runs(tmp_path: Path, offline: list[str], audit_dir: 
     assert example is not None
     task_file = tmp_path / "hello_execbox.py"
     task_file.write_text(example[1])
-    log = _run(str(task_file), tmp_path / "logs", model="mockllm/model")
+    log = _run(str(task_file), tmp_path / "logs", model=scripted_model([("bash", {"command": "python3 -V"})], "3.11"))
+    assert "Python 3." in [m.text for m in log.samples[0].messages if m.role == "tool"][0]
     assert log.eval.sandbox is not None and log.eval.sandbox.type == "execbox"

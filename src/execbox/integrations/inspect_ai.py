@@ -80,19 +80,27 @@ class ExecboxSandboxConfig(BaseModel):
 
 
 def _config(config: SandboxEnvironmentConfigType | None) -> ExecboxSandboxConfig:
-    """The typed config from what a task gave: nothing, the model, or the path of a JSON or YAML file of it."""
+    """The typed config from what a task gave: nothing, the model, or the path of a JSON or YAML file of it (read
+    once: inspect runs task_init in the task's directory, the samples wherever they are)."""
     if config is None:
         return ExecboxSandboxConfig()
     if isinstance(config, ExecboxSandboxConfig):
         return config
+    if isinstance(config, str) and config in _files:
+        return _files[config]
     import yaml  # inspect_ai's own dependency; YAML is a superset of JSON
 
     try:
         if isinstance(config, str):
-            return ExecboxSandboxConfig.model_validate(yaml.safe_load(Path(config).read_text(encoding="utf-8")))
+            typed = _files[config] = ExecboxSandboxConfig.model_validate(
+                yaml.safe_load(Path(config).read_text(encoding="utf-8")))
+            return typed
         return ExecboxSandboxConfig.model_validate(config.model_dump())
     except (OSError, ValidationError, yaml.YAMLError) as exc:
         raise ConfigError(f"the execbox sandbox config {config!r} is not an ExecboxSandboxConfig: {exc}") from exc
+
+
+_files: dict[str, ExecboxSandboxConfig] = {}
 
 
 @dataclass(eq=False)
