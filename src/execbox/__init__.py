@@ -153,7 +153,8 @@ __all__ = [
 def run(command: str | Sequence[str], *, backend: str | None = None, network: NetworkMode | None = None,
         timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
         files: Mapping[str, bytes | str] | None = None, workdir: str | None = None, max_output_bytes: int | None = None,
-        limits: Limits | None = None, mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+        limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+        tmpfs: Sequence[str] | None = None, collect: Sequence[str] | None = None,
         secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
         on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
         download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
@@ -164,7 +165,8 @@ def run(command: str | Sequence[str], *, backend: str | None = None, network: Ne
         return runner.run(
             command,
                 backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
-                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts,
+                tmpfs=tmpfs, collect=collect, secrets=secrets,
                 secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
                 download=download, options=options)
 
@@ -173,7 +175,8 @@ def run_code(code: str, language: Language = "python", *, backend: str | None = 
              network: NetworkMode | None = None, timeout: float | None = None, env: Mapping[str, str] | None = None,
              stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
              workdir: str | None = None, max_output_bytes: int | None = None, limits: Limits | None = None,
-             mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+             mounts: Sequence[Mount] | None = None,
+             tmpfs: Sequence[str] | None = None, collect: Sequence[str] | None = None,
              secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
              on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
              download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
@@ -184,13 +187,15 @@ def run_code(code: str, language: Language = "python", *, backend: str | None = 
         return runner.run_code(
             code, language,
                 backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
-                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts,
+                tmpfs=tmpfs, collect=collect, secrets=secrets,
                 secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
                 download=download, options=options)
 
 
 def sandbox(backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
             name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
+            tmpfs: Sequence[str] | None = None,
             package_cache: bool = False, pip: Sequence[str] | None = None,
             secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
             **options: Any) -> Sandbox:
@@ -200,7 +205,8 @@ def sandbox(backend: str | None = None, *, network: NetworkMode | None = None, l
 
     inner = AsyncRunner().sandbox(
         backend,
-        network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts, package_cache=package_cache,
+        network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts,
+        tmpfs=tmpfs, package_cache=package_cache,
         pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress, **options)
     inner.owns_runner = True
     return Sandbox(inner)
@@ -210,6 +216,7 @@ async def arun(command: str | Sequence[str], *, backend: str | None = None, netw
                timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
                files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
                max_output_bytes: int | None = None, limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+               tmpfs: Sequence[str] | None = None,
                collect: Sequence[str] | None = None, secrets: Mapping[str, Secret | str] | None = None,
                secrets_at_egress: Given | None = None, on_stdout: OnText | None = None, on_stderr: OnText | None = None,
                upload: Uploads | None = None, download: Uploads | None = None,
@@ -221,7 +228,8 @@ async def arun(command: str | Sequence[str], *, backend: str | None = None, netw
         return await runner.run(
             command,
                 backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
-                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts,
+                tmpfs=tmpfs, collect=collect, secrets=secrets,
                 secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
                 download=download, options=options)
 
@@ -231,7 +239,8 @@ async def arun_code(code: str, language: Language = "python", *, backend: str | 
                     env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
                     files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
                     max_output_bytes: int | None = None, limits: Limits | None = None,
-                    mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                    mounts: Sequence[Mount] | None = None,
+                    tmpfs: Sequence[str] | None = None, collect: Sequence[str] | None = None,
                     secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
                     on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
                     download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
@@ -242,13 +251,15 @@ async def arun_code(code: str, language: Language = "python", *, backend: str | 
         return await runner.run_code(
             code, language,
                 backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
-                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+                max_output_bytes=max_output_bytes, limits=limits, mounts=mounts,
+                tmpfs=tmpfs, collect=collect, secrets=secrets,
                 secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
                 download=download, options=options)
 
 
 def asandbox(backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
              name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
+             tmpfs: Sequence[str] | None = None,
              package_cache: bool = False, pip: Sequence[str] | None = None,
              secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
              **options: Any) -> AsyncSandbox:
@@ -257,7 +268,8 @@ def asandbox(backend: str | None = None, *, network: NetworkMode | None = None, 
 
     inner = AsyncRunner().sandbox(
         backend,
-        network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts, package_cache=package_cache,
+        network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts,
+        tmpfs=tmpfs, package_cache=package_cache,
         pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress, **options)
     inner.owns_runner = True
     return inner

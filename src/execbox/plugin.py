@@ -28,7 +28,8 @@ each piece's contract.
                      minimal environment of every host-side helper)
     workspace        normalize, safe_read, safe_write, remove_tree (never follow a link, bounded reads,
                      removal that survives any tree the code built); a size-limited workspace: mount_sized,
-                     mount_sized_soon, release_sized, sized_workspace_unavailable, SIZED_IMAGE_SUFFIX
+                     mount_sized_soon, release_sized, sized_workspace_unavailable, SIZED_IMAGE_SUFFIX; mount_tmpfs
+                     (a sized tmpfs kept across a session's execs)
     files            Session.list_files / upload / download have defaults (set ``Session.host_workspace`` when the
                      workspace is a host directory, else they run find and tar through ``exec``), TransferLimits,
                      FileInfo, Transfer; Mount (a host path to bind: declare ``Capabilities(mounts=True)`` and
@@ -92,7 +93,7 @@ from execbox.errors import (
     WorkspacePathError,
 )
 from execbox.files.disk import IMAGE_SUFFIX as SIZED_IMAGE_SUFFIX
-from execbox.files.disk import mount_sized, mount_sized_soon, release_sized
+from execbox.files.disk import mount_sized, mount_sized_soon, mount_tmpfs, release_sized
 from execbox.files.disk import unavailable_reason as sized_workspace_unavailable
 from execbox.files.transfer import FileInfo, Transfer, TransferLimits
 from execbox.files.workspace import normalize, remove_tree, safe_read, safe_write
@@ -162,8 +163,10 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # 2.0: names, never modules (disk, egress, packages, probecache, proxy, remote, seccomp_policy and transfer are gone:
 # their names are exported, some renamed to say what they are without their module); ExecutionBackend[S] with
 # self.settings (the backend's own, was self.options) and self.shared (SharedSettings: what it reads of execbox's
-# settings, was the whole Settings as self.settings); the hook's register typed as Register.
-KIT_VERSION = "2.0"
+# settings, was the whole Settings as self.settings); the hook's register typed as Register. 2.1: Capabilities.tmpfs
+# and SessionSpec.tmpfs (extra tmpfs paths), mount_tmpfs; safe_read(owner=) (file calls as the sandbox user);
+# Session.run_script(stdin=); the runner hands file calls on absolute paths outside the workspace to run_script.
+KIT_VERSION = "2.1"
 
 __all__ = [
     "ARMED",
@@ -209,6 +212,7 @@ __all__ = [
     "Mount",
     "mount_sized",
     "mount_sized_soon",
+    "mount_tmpfs",
     "name_owner",
     "NetworkMode",
     "new_run_marker",

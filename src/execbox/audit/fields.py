@@ -140,6 +140,8 @@ def exec_fields(backend: Any, request: Any, dropped: Sequence[str], *, session: 
     """What an exec record says before the run: where, how configured, and what was asked (hashes, names)."""
     config = config_fields(backend, request.network, request.limits, timeout=request.timeout,
                            max_output_bytes=request.max_output_bytes)
+    if request.tmpfs:
+        config["tmpfs"] = list(request.tmpfs)
     return {"session": session, "oneshot": oneshot, "backend": backend.name, "started": now_iso(), "config": config,
             **request_fields(request, dropped)}
 
@@ -152,6 +154,8 @@ def refusal_fields(exc: BaseException, request: Any, *, backend: str | None, ses
     limits = request.limits.model_dump(exclude_none=True) if request.limits is not None else {}
     out: dict[str, Any] = {"session": session, "oneshot": oneshot, "backend": backend,
                            "config": {"network": request.network, "limits": limits}}
+    if request.tmpfs:
+        out["config"]["tmpfs"] = list(request.tmpfs)
     if not opening:
         out.update(request_fields(request, dropped))
     return {**out, **error_fields(exc)}
@@ -162,4 +166,6 @@ def sandbox_fields(session: str, backend: Any, spec: Any) -> dict[str, Any]:
     config = config_fields(backend, spec.network, spec.limits, lifetime_s=spec.lifetime_s)
     if spec.name:
         config["name"] = spec.name
+    if spec.tmpfs:
+        config["tmpfs"] = list(spec.tmpfs)
     return {"session": session, "backend": backend.name, "config": config}

@@ -68,7 +68,7 @@ def _secrets(specs: tuple[str, ...], as_json: bool) -> dict[str, Secret]:
 @click.option("--secret", "secret_specs", multiple=True, metavar="NAME|NAME=@FILE",
               help="A secret for the command, redacted from its output: NAME takes the value of NAME in this "
                    "environment, NAME=@FILE the text of FILE (repeatable). Never a value on the command line.")
-@click.option("--workdir", help="Working directory, relative to the workspace.")
+@click.option("--workdir", help="Working directory: relative to the workspace, or an absolute sandbox path.")
 @click.option("--code", help="Code to run instead of a command.")
 @click.option("--language", type=click.Choice(["python", "bash"]), default="python", show_default=True)
 @click.option("--stdin", "pass_stdin", is_flag=True, help="Pass this program's standard input to the command.")
@@ -83,6 +83,9 @@ def _secrets(specs: tuple[str, ...], as_json: bool) -> dict[str, Secret]:
               help="Copy a local directory into the workspace first (repeatable; REMOTE default: its name).")
 @click.option("--mount", "mount_specs", multiple=True, metavar="HOST:SANDBOX[:rw]",
               help="Bind a host path into the sandbox, read-only unless :rw (repeatable; docker, bubblewrap).")
+@click.option("--tmpfs", "tmpfs", multiple=True, metavar="PATH",
+              help="An empty writable tmpfs at this absolute sandbox path, e.g. /var/tmp, owned by the sandbox user "
+                   "(repeatable; docker, bubblewrap).")
 @click.option("--collect", "collect", multiple=True, metavar="GLOB",
               help="Return the workspace files matching GLOB, e.g. 'out/*.png' (repeatable; with --out or --json).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
@@ -92,7 +95,7 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
         env_pairs: tuple[str, ...], secret_specs: tuple[str, ...], workdir: str | None, code: str | None,
         language: str, pass_stdin: bool, as_json: bool, file_specs: tuple[str, ...], dir_specs: tuple[str, ...],
         mount_specs: tuple[str, ...], collect: tuple[str, ...], out_dir: str | None,
-        command: tuple[str, ...], as_jsonl: bool = False) -> None:
+        command: tuple[str, ...], as_jsonl: bool = False, tmpfs: tuple[str, ...] = ()) -> None:
     """Run a command (after --) or --code in a fresh sandbox.
 
     \b
@@ -126,7 +129,7 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
     stdin = _read_stdin(settings.max_stdin_bytes, as_json) if pass_stdin and sys.stdin is not None else None
     fields: dict[str, Any] = {"network": network, "timeout": timeout, "max_output_bytes": max_output_bytes,
                               "workdir": workdir, "env": env, "stdin": stdin or None, "secrets": secrets or None,
-                              "mounts": mounts or None, "collect": list(collect) or None}
+                              "mounts": mounts or None, "collect": list(collect) or None, "tmpfs": list(tmpfs) or None}
     fields = {k: v for k, v in fields.items() if v is not None}
     try:
         request = (ExecRequest(argv=list(command), **fields) if command

@@ -86,7 +86,7 @@ class Limits(BaseModel):
 # the tmpfs, the package cache (/opt/execbox), the proxy's socket (/run/execbox: all of /run, and /var/run and
 # /var/lock, which lead there), and the system it runs (a mount over /etc or /usr would replace the sandbox's own
 # users, loader configuration or shell with host files). The workspace is judged apart.
-_MOUNT_TARGETS_REFUSED = ("/proc", "/sys", "/dev", "/tmp", "/opt/execbox", "/run", "/var/run", "/var/lock", "/etc",
+MOUNT_TARGETS_REFUSED = ("/proc", "/sys", "/dev", "/tmp", "/opt/execbox", "/run", "/var/run", "/var/lock", "/etc",
                           "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/var/lib/dpkg")
 WORKSPACE_DIR = "/workspace"
 
@@ -137,7 +137,7 @@ class Mount(BaseModel):
         if clean == "/" or WORKSPACE_DIR.startswith(clean.rstrip("/") + "/") or clean == WORKSPACE_DIR:
             raise ValueError(f"mount target {clean!r} would cover the sandbox's root or its workspace; mount below "
                              f"{WORKSPACE_DIR} (e.g. {WORKSPACE_DIR}/data) or at another directory such as /data")
-        for bad in _MOUNT_TARGETS_REFUSED:
+        for bad in MOUNT_TARGETS_REFUSED:
             if clean == bad or clean.startswith(bad + "/"):
                 raise ValueError(f"mount target {clean!r} lies in {bad}, which the sandbox provides itself; choose "
                                  f"another place, e.g. {WORKSPACE_DIR}/data or /data")

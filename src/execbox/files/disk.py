@@ -227,6 +227,17 @@ def mount_sized_soon(path: str, size_mb: int, owner: tuple[int, int]) -> concurr
     return done
 
 
+def mount_tmpfs(path: str, size_mb: int, owner: tuple[int, int]) -> bool:
+    """As root, mount an empty tmpfs of ``size_mb`` on the directory ``path``, owned by ``owner``, mode 0700; True
+    when mounted (``release_sized`` unmounts it). Not root: False, and ``path`` stays a plain directory."""
+    if os.geteuid() != 0:
+        return False
+    options = f"size={size_mb}m,mode=0700,uid={owner[0]},gid={owner[1]}".encode()
+    _check(_sys().mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options),
+           f"mount a tmpfs on {path}")
+    return True
+
+
 def is_mounted(path: str) -> bool:
     real = os.fsencode(os.path.realpath(path))
     with contextlib.suppress(OSError), open("/proc/self/mountinfo", "rb") as fh:

@@ -20,7 +20,7 @@ from execbox.config.settings import Settings
 from execbox.contract.backend import ExecutionBackend, Verdict
 from execbox.contract.models import Capabilities, ExecRequest, Mount
 from execbox.errors import ConfigError, NotASandboxError, SecretFileError, UnsupportedPolicyError
-from execbox.guard.mounts import admit_mounts
+from execbox.guard.mounts import admit_mounts, admit_tmpfs
 from execbox.guard.secrets import find_secrets
 from execbox.kit.proxy.server import local_addresses
 from execbox.policy.egress import HOST_NETWORKS, parse_entry
@@ -105,6 +105,17 @@ class Guard:
                 "upload(local, remote) on a sandbox, upload= on run, or --file / --dir on the CLI; or use docker or "
                 "bubblewrap", backend=backend.name)
         return admit_mounts(mounts, backend=backend.name, state=state)
+
+    def check_tmpfs(self, backend: ExecutionBackend, caps: Capabilities, paths: Sequence[str]) -> tuple[str, ...]:
+        """The extra tmpfs paths, for a backend that can make them, none over a place the sandbox provides itself."""
+        if not paths:
+            return ()
+        if not caps.tmpfs:
+            raise UnsupportedPolicyError(
+                f"refused: backend {backend.name!r} cannot make the extra tmpfs paths asked for (tmpfs="
+                f"{', '.join(paths)}); write under /tmp or the workspace instead, or use docker or bubblewrap",
+                backend=backend.name)
+        return admit_tmpfs(paths, backend=backend.name)
 
     def check_policy(self, backend: ExecutionBackend, caps: Capabilities, request: ExecRequest,
                      requested_limits: set[str]) -> None:

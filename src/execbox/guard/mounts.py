@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from execbox.config import paths
-from execbox.contract.models import Mount
+from execbox.contract.models import MOUNT_TARGETS_REFUSED, WORKSPACE_DIR, Mount
 from execbox.errors import ConfigError, RefusedError, SecretFileError
 from execbox.guard.secrets import _is_env_name, scan_files
 
@@ -229,3 +229,36 @@ def admit_upload(local: str, *, backend: str | None = None, state: Sequence[str]
 
 
 __all__ = ["admit_mounts", "admit_upload", "execbox_state_dirs", "mount_problem", "scan_tree"]
+
+
+def tmpfs_problem(path: str) -> str | None:
+    """Why an extra tmpfs may not go at ``path`` (absolute and clean: the request model saw to that), or None: not
+    over the root, the workspace or a parent of it, nor at, in or above a place the sandbox provides itself (the
+    kernel's views, /tmp, execbox's own mounts, the system it runs)."""
+    if path == "/":
+        return "tmpfs path '/' would cover the sandbox's whole root filesystem; name a directory such as /var/tmp"
+    if path == WORKSPACE_DIR or WORKSPACE_DIR.startswith(path + "/"):
+        return (f"tmpfs path {path!r} would cover the workspace ({WORKSPACE_DIR}); name another directory such as "
+                "/var/tmp")
+    if path.startswith(WORKSPACE_DIR + "/"):
+        return (f"tmpfs path {path!r} lies in the workspace, which is writable already (and counted in the disk "
+                "limit); name a directory outside it such as /var/tmp")
+    for place in MOUNT_TARGETS_REFUSED:
+        if path == place or path.startswith(place + "/"):
+            if place == "/tmp":
+                return f"tmpfs path {path!r} lies in /tmp, which is a writable tmpfs already"
+            return f"tmpfs path {path!r} lies in {place}, which the sandbox provides itself; name another directory"
+        if place.startswith(path + "/"):
+            return (f"tmpfs path {path!r} would cover {place}, which the sandbox provides itself; name a directory "
+                    "below it that holds none of those, such as /var/tmp")
+    return None
+
+
+def admit_tmpfs(paths: Sequence[str], *, backend: str) -> tuple[str, ...]:
+    """The tmpfs paths, or RefusedError naming the first one that may not have one."""
+    for path in paths:
+        problem = tmpfs_problem(path)
+        if problem:
+            raise RefusedError(f"refused: {problem}", backend=backend)
+    return tuple(paths)
+

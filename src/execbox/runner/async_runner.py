@@ -230,13 +230,13 @@ class AsyncRunner:
         admission = await admit(self, request, backend=backend, options=options, uploads=uploads)
         impl, resolved, mounts = admission.backend, admission.request, admission.mounts
         spec = SessionSpec(resolved.network or "none", resolved.limits or Limits(), True, (resolved.timeout or 1) + 60,
-                           mounts=mounts)
+                           mounts=mounts, tmpfs=tuple(resolved.tmpfs))
         _enough_threads(self.slots.total)
         records: list[asyncio.Task[str | None]] = []  # the run's audit record, written beside its clean-up
         try:
             async with self.slots.slot(self.settings.queue_timeout_sec, "this run") as waited:
-                # A warm member was opened without this run's mounts (the pool keys on network and limits only).
-                session = None if mounts else self.pool.take(impl, spec)
+                # A warm member was opened without this run's mounts or tmpfs (the pool keys on network and limits).
+                session = None if mounts or spec.tmpfs else self.pool.take(impl, spec)
                 pooled = session is not None
                 if session is None:
                     session = await _open(impl, spec)
@@ -329,7 +329,8 @@ class AsyncRunner:
                   files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
                   max_output_bytes: int | None = None, limits: Limits | None = None,
                   on_stdout: OnText | None = None, on_stderr: OnText | None = None,
-                  mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                  mounts: Sequence[Mount] | None = None,
+                  tmpfs: Sequence[str] | None = None, collect: Sequence[str] | None = None,
                   upload: Uploads | None = None, download: Uploads | None = None,
                   options: Mapping[str, Any] | None = None,
                   secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
@@ -340,7 +341,7 @@ class AsyncRunner:
         globs return matching workspace files on ``result.files``."""
         request = _command_request(command, **_request_kw(network, timeout, env, stdin, files, workdir,
                                                           max_output_bytes, limits, mounts, collect, secrets,
-                                                          secrets_at_egress))
+                                                          secrets_at_egress, tmpfs=tmpfs))
         return await deliver(lambda out: self.execute(request, backend=backend, output=out, options=options,
                                                       upload=upload, download=download), on_stdout, on_stderr)
 
@@ -349,7 +350,8 @@ class AsyncRunner:
                        env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
                        files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
                        max_output_bytes: int | None = None, limits: Limits | None = None,
-                       mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                       mounts: Sequence[Mount] | None = None,
+                       tmpfs: Sequence[str] | None = None, collect: Sequence[str] | None = None,
                        secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
                        on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
                        download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
@@ -357,7 +359,7 @@ class AsyncRunner:
         keywords are ``run``'s."""
         request = _request(code=code, language=language, **_request_kw(
             network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
-            secrets_at_egress))
+            secrets_at_egress, tmpfs=tmpfs))
         return await deliver(lambda out: self.execute(request, backend=backend, output=out, options=options,
                                                       upload=upload, download=download), on_stdout, on_stderr)
 
@@ -365,12 +367,13 @@ class AsyncRunner:
                timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
                files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
                max_output_bytes: int | None = None, limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+               tmpfs: Sequence[str] | None = None,
                collect: Sequence[str] | None = None, secrets: Mapping[str, Secret | str] | None = None,
                secrets_at_egress: Given | None = None) -> AsyncGenerator[OutputEvent | ExecResult, None]:
         """``async for event in runner.stream(cmd):`` OutputEvents as the output arrives, then the ExecResult."""
         request = _command_request(command, **_request_kw(
             network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
-            secrets_at_egress))
+            secrets_at_egress, tmpfs=tmpfs))
         return stream_events(lambda out: self.execute(request, backend=backend, output=out))
 
     def stream_code(self, code: str, language: Language = "python", *, backend: str | None = None,
@@ -378,29 +381,34 @@ class AsyncRunner:
                     env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
                     files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
                     max_output_bytes: int | None = None, limits: Limits | None = None,
-                    mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                    mounts: Sequence[Mount] | None = None,
+                    tmpfs: Sequence[str] | None = None, collect: Sequence[str] | None = None,
                     secrets: Mapping[str, Secret | str] | None = None,
                     secrets_at_egress: Given | None = None) -> AsyncGenerator[OutputEvent | ExecResult, None]:
         """``stream`` for code, as ``run_code`` runs it."""
         request = _request(code=code, language=language, **_request_kw(
             network, timeout, env, stdin, files, workdir, max_output_bytes, limits, mounts, collect, secrets,
-            secrets_at_egress))
+            secrets_at_egress, tmpfs=tmpfs))
         return stream_events(lambda out: self.execute(request, backend=backend, output=out))
 
     def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
                 name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
+                tmpfs: Sequence[str] | None = None,
                 package_cache: bool = False, pip: Sequence[str] | None = None,
                 secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
                 secrets_at_egress: egress_given.Given | None = None,
                 **options: Any) -> AsyncSandbox:
         """A persistent sandbox. Keywords beyond these are the backend's own options (its settings_model's fields,
         e.g. ``image=`` for docker), on top of the runner's and the environment's. ``mounts``: host paths bound
-        in for the sandbox's life. ``package_cache``: the per-user wheel cache, read-only, where pip looks;
+        in for the sandbox's life; ``tmpfs``: absolute paths that get an empty writable tmpfs each (e.g.
+        ``["/var/tmp"]``), owned by the sandbox user. ``package_cache``: the per-user wheel cache, read-only,
+        where pip looks;
         ``pip``: requirements installed from it when the sandbox opens (implies ``package_cache``). ``secrets``:
         given to every exec (on top of an exec's own), redacted from what every exec returns; ``secrets_at_egress``
         likewise (network mode proxy)."""
         sandbox = AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s,
-                               options=options, mounts=mounts, package_cache=package_cache or bool(pip), pip=pip)
+                               options=options, mounts=mounts, tmpfs=tmpfs, package_cache=package_cache or bool(pip),
+                               pip=pip)
         sandbox.secrets = _sandbox_secrets(secrets)
         sandbox.secrets_at_egress = _sandbox_secrets(secrets_at_egress, egress=True)
         return sandbox

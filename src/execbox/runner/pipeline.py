@@ -185,11 +185,12 @@ class Admission:
 def configuration(network: NetworkMode | None, limits: Limits | None = None, *, mounts: Sequence[Mount] = (),
                   secrets: Mapping[str, secrets_inject.Secret] | None = None,
                   secrets_at_egress: Mapping[str, tuple[str, int, secrets_inject.Secret]] | None = None,
-                  timeout: float | None = None) -> ExecRequest:
+                  timeout: float | None = None, tmpfs: Sequence[str] = ()) -> ExecRequest:
     """A sandbox's configuration (or a backend's default one) as the request the guard judges: what a sandbox
     opens with, what the warm pool fills for, what ``doctor`` and ``auto`` ask about. It names no command of the
     caller's: the audit record of its refusal has no command fields (``admit(opening=...)``)."""
-    request = ExecRequest(argv=["true"], network=network, limits=limits, mounts=list(mounts), timeout=timeout)
+    request = _request(argv=["true"], network=network, limits=limits, mounts=list(mounts), timeout=timeout,
+                       tmpfs=list(tmpfs))
     return request.model_copy(update={"secrets": dict(secrets or {}),
                                       "secrets_at_egress": dict(secrets_at_egress or {})})
 
@@ -258,6 +259,7 @@ async def admit(runner: Host, request: ExecRequest, *, backend: str | None = Non
             impl, caps = await _choose(runner, backend, resolved, demanded, session=opening is not None,
                                        options=options)
             mounts = runner.guard.check_mounts(impl, caps, resolved.mounts, state=runner.state_places())
+            runner.guard.check_tmpfs(impl, caps, resolved.tmpfs)
             if package_cache and not caps.mounts:
                 raise UnsupportedPolicyError(
                     f"refused: backend {impl.name!r} cannot bind the package cache (it takes no mounts); install "
@@ -303,6 +305,10 @@ def _session_rules(within: Admission, request: ExecRequest) -> None:
     if request.mounts:
         raise UnsupportedPolicyError(
             "refused: a sandbox's mounts are fixed when it opens; give them to sandbox(mounts=[...])", backend=backend)
+    if request.tmpfs:
+        raise UnsupportedPolicyError(
+            "refused: a sandbox's tmpfs paths are fixed when it opens; give them to sandbox(tmpfs=[...])",
+            backend=backend)
 
 
 async def _choose(runner: Host, backend: str | None, resolved: ExecRequest, demanded: set[str], *,
@@ -381,7 +387,8 @@ def _request_kw(network: NetworkMode | None = None, timeout: float | None = None
                 limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
                 collect: Sequence[str] | str | None = None,
                 secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
-                secrets_at_egress: egress_given.Given | None = None) -> dict[str, Any]:
+                secrets_at_egress: egress_given.Given | None = None, *,
+                tmpfs: Sequence[str] | None = None) -> dict[str, Any]:
     if env is not None and not isinstance(env, Mapping):
         raise ConfigError(f"invalid env: {type(env).__name__}; give a mapping of names to values")
     if secrets is not None and not isinstance(secrets, Mapping):
@@ -397,6 +404,7 @@ def _request_kw(network: NetworkMode | None = None, timeout: float | None = None
         "collect": [collect] if isinstance(collect, str) else list(collect) if collect else None,
         "secrets": dict(secrets) if secrets else None,
         "secrets_at_egress": secrets_at_egress or None,
+        "tmpfs": [tmpfs] if isinstance(tmpfs, str) else list(tmpfs) if tmpfs else None,
     }
     return {k: v for k, v in kw.items() if v is not None}
 

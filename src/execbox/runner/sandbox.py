@@ -64,10 +64,12 @@ class AsyncSandbox:
 
     def __init__(self, runner: SandboxHost, backend: str | None, *, network: NetworkMode | None, limits: Limits | None,
                  name: str | None, lifetime_s: float, options: Mapping[str, Any] | None = None,
-                 mounts: Sequence[Mount] | None = None, package_cache: bool = False,
+                 mounts: Sequence[Mount] | None = None, tmpfs: Sequence[str] | None = None,
+                 package_cache: bool = False,
                  pip: Sequence[str] | None = None) -> None:
         self.runner = runner
         self._mounts = list(mounts or [])
+        self._tmpfs = [tmpfs] if isinstance(tmpfs, str) else list(tmpfs or [])
         self._package_cache = package_cache
         self._pip = packages.check_requirements(pip) if pip else []
         # Variables every exec of this sandbox gets from execbox itself (the package cache's pip settings).
@@ -98,7 +100,7 @@ class AsyncSandbox:
 
     async def __aenter__(self) -> AsyncSandbox:
         opening = configuration(self._network, self._limits, mounts=self._mounts, secrets=self.secrets,
-                                secrets_at_egress=self.secrets_at_egress)
+                                secrets_at_egress=self.secrets_at_egress, tmpfs=self._tmpfs)
         self.admission = await admit(self.runner, opening, backend=self._backend_name, options=self._options,
                                      opening=self.id, package_cache=self._package_cache)
         self.backend, self.capabilities = self.admission.backend, self.admission.capabilities
@@ -108,7 +110,7 @@ class AsyncSandbox:
         if self._package_cache:
             mounts = (*mounts, *self._cache_mount(cache))
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name,
-                           mounts=mounts)
+                           mounts=mounts, tmpfs=tuple(resolved.tmpfs))
         _enough_threads(self.runner.slots.total)
         self.queued_s = await self.runner.slots.acquire(self.runner.settings.queue_timeout_sec, "this sandbox")
         try:

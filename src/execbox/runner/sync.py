@@ -102,6 +102,7 @@ class Runner:
             timeout: float | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None,
             files: Mapping[str, bytes | str] | None = None, workdir: str | None = None,
             max_output_bytes: int | None = None, limits: Limits | None = None, mounts: Sequence[Mount] | None = None,
+            tmpfs: Sequence[str] | None = None,
             collect: Sequence[str] | None = None, secrets: Mapping[str, Secret | str] | None = None,
             secrets_at_egress: Given | None = None, on_stdout: OnText | None = None, on_stderr: OnText | None = None,
             upload: Uploads | None = None, download: Uploads | None = None,
@@ -109,7 +110,8 @@ class Runner:
         return self._call(functools.partial(
             self.aio.run, command,
             backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
-            max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+            max_output_bytes=max_output_bytes, limits=limits, mounts=mounts,
+            tmpfs=tmpfs, collect=collect, secrets=secrets,
             secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
             download=download, options=options))
 
@@ -117,14 +119,16 @@ class Runner:
                  network: NetworkMode | None = None, timeout: float | None = None, env: Mapping[str, str] | None = None,
                  stdin: bytes | str | None = None, files: Mapping[str, bytes | str] | None = None,
                  workdir: str | None = None, max_output_bytes: int | None = None, limits: Limits | None = None,
-                 mounts: Sequence[Mount] | None = None, collect: Sequence[str] | None = None,
+                 mounts: Sequence[Mount] | None = None,
+                 tmpfs: Sequence[str] | None = None, collect: Sequence[str] | None = None,
                  secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
                  on_stdout: OnText | None = None, on_stderr: OnText | None = None, upload: Uploads | None = None,
                  download: Uploads | None = None, options: Mapping[str, Any] | None = None) -> ExecResult:
         return self._call(functools.partial(
             self.aio.run_code, code, language,
             backend=backend, network=network, timeout=timeout, env=env, stdin=stdin, files=files, workdir=workdir,
-            max_output_bytes=max_output_bytes, limits=limits, mounts=mounts, collect=collect, secrets=secrets,
+            max_output_bytes=max_output_bytes, limits=limits, mounts=mounts,
+            tmpfs=tmpfs, collect=collect, secrets=secrets,
             secrets_at_egress=secrets_at_egress, on_stdout=on_stdout, on_stderr=on_stderr, upload=upload,
             download=download, options=options))
 
@@ -136,13 +140,14 @@ class Runner:
 
     def sandbox(self, backend: str | None = None, *, network: NetworkMode | None = None, limits: Limits | None = None,
                 name: str | None = None, lifetime_s: float = 3600.0, mounts: Sequence[Mount] | None = None,
+                tmpfs: Sequence[str] | None = None,
                 package_cache: bool = False, pip: Sequence[str] | None = None,
                 secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
                 **options: Any) -> Sandbox:
         """See AsyncRunner.sandbox; keywords beyond these are the backend's own options."""
         return Sandbox(self.aio.sandbox(
             backend,
-            network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts,
+            network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts, tmpfs=tmpfs,
             package_cache=package_cache, pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress,
             **options), runner=self)
 

@@ -73,6 +73,7 @@ class BubblewrapBackend(ExecutionBackend[BubblewrapSettings]):
         limits=frozenset({"memory", "pids", "cpu", "wall_time"}),
         streaming=True,
         mounts=True,  # execbox.Mount as --ro-bind / --bind (a source the dropped uid can reach)
+        tmpfs=True,  # extra tmpfs paths (SessionSpec.tmpfs) as --tmpfs, the sandbox user's
     )
 
     settings_model = BubblewrapSettings

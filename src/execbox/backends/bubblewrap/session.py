@@ -42,6 +42,7 @@ from execbox.plugin import (
     armed_script,
     finish_process,
     mount_sized_soon,
+    mount_tmpfs,
     owner_id,
     owner_tag,
     release_sized,
@@ -99,6 +100,7 @@ class BubblewrapSession(Session):
         self._closed = False
         self._armed: _Launched | None = None
         self._sized: concurrent.futures.Future[None] | None = None  # the size-limited workspace being made
+        self._tmpfs_dirs: list[str] = []
         try:
             if spec.network == "proxy":
                 shared = shared or SharedSettings.of(Settings.from_env())
@@ -117,6 +119,7 @@ class BubblewrapSession(Session):
                     # ready when it opens. A one-shot's is made while its launcher starts: the runner reaches it
                     # only through the methods, which wait, and bwrap waits at its gate (see _ready).
                     self._sized_done(self._sized.exception())
+            self._tmpfs_dirs = self._make_tmpfs_dirs()
             self._write_private("passwd", f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:"
                                           f"sandbox:{WORKSPACE}:/bin/sh\nnobody:x:65534:65534::/:/usr/sbin/nologin\n",
                                 0o644)
@@ -134,7 +137,28 @@ class BubblewrapSession(Session):
         if self._sized is not None:
             concurrent.futures.wait([self._sized])  # done either way: no part of the mount appears later
         release_sized(self.host_workspace)
+        for directory in self._tmpfs_dirs:
+            release_sized(directory)  # unmounts its tmpfs (a plain directory: nothing to do)
         remove_tree(self.root)
+
+    def _tmpfs_size_mb(self) -> int:
+        return min(self.settings.tmpfs_mb, self.spec.limits.disk_mb or self.settings.tmpfs_mb)
+
+    def _make_tmpfs_dirs(self) -> list[str]:
+        """A persistent session's tmpfs paths outlive each exec (every exec is a new bwrap): each is a directory of
+        the session's, the sandbox user's, with a tmpfs of /tmp's size mounted on it as root (not root: a plain
+        directory on the host's disk), bound at its path. A one-shot's are bwrap's own --tmpfs."""
+        if self.spec.oneshot:
+            return []
+        made = []
+        for n, _ in enumerate(self.spec.tmpfs):
+            directory = os.path.join(self.root, f"tmpfs-{n}")
+            os.mkdir(directory, 0o700)
+            made.append(directory)
+            if self.owner:
+                os.chown(directory, *self.owner)
+                mount_tmpfs(directory, self._tmpfs_size_mb(), self.owner)
+        return made
 
     def _write_private(self, name: str, data: str | bytes, mode: int) -> str:
         path = os.path.join(self.root, name)
@@ -168,6 +192,14 @@ class BubblewrapSession(Session):
         args += (["--size", str(SHM_MB << 20)] if sized else []) + ["--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         args += (["--size", str(self.settings.tmpfs_mb << 20)] if sized else []) + ["--tmpfs", "/tmp"]
         args += ["--bind", self.host_workspace, WORKSPACE]
+        # The request's tmpfs paths: sized as /tmp is (within the disk limit), the sandbox user's (bwrap makes a
+        # tmpfs as the user it maps), mode 0700; a persistent session's kept across its execs (_make_tmpfs_dirs).
+        for n, path in enumerate(self.spec.tmpfs):
+            if self._tmpfs_dirs:
+                args += ["--bind", self._tmpfs_dirs[n], path]
+                continue
+            args += (["--size", str(self._tmpfs_size_mb() << 20)] if sized else [])
+            args += (["--perms", "0700"] if "--perms" in features else []) + ["--tmpfs", path]
         if self.egress is not None:  # the proxy's sockets: the only way out of the network namespace
             args += ["--ro-bind", self.egress.directory, PROXY_MOUNT_POINT]
         for mount in self.spec.mounts:  # the caller's host paths (admitted by the guard), outer targets first

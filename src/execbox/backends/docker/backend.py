@@ -179,6 +179,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         limits=frozenset({"memory", "cpu", "pids", "disk", "wall_time"}),
         streaming=True,  # attach / exec sockets are demultiplexed as they arrive (docker/stream.py)
         mounts=True,  # execbox.Mount: plain private binds, read-only unless asked, checked in the inspect output
+        tmpfs=True,  # extra tmpfs paths (SessionSpec.tmpfs), the sandbox user's, checked in the inspect output
     )
 
     def __init__(self, execbox_settings: Settings, options: Mapping[str, Any] | None = None) -> None:
@@ -362,7 +363,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
                     # (a reload, facts from the probe cache) is then a refused contract, never another runtime.
                     runtime=self.settings.runtime or self._runtime, tmpfs_mb=self.settings.tmpfs_mb,
                     egress_network=self.settings.egress_network,
-                    disk=caps is not None and "disk" in caps.limits, mounts=spec.mounts)
+                    disk=caps is not None and "disk" in caps.limits, mounts=spec.mounts, tmpfs=spec.tmpfs)
 
     async def open_session(self, spec: SessionSpec) -> DockerSession:
         if spec.network not in self.capabilities.network_modes:

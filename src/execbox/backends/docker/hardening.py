@@ -183,6 +183,7 @@ class Contract:
     runtime: str | None  # None: whatever the engine's default is, if it is a runtime execbox knows
     proxy_dir: str | None = None  # network mode proxy: the host directory bound read-only at PROXY_MOUNT_POINT
     mounts: tuple[tuple[str, str, bool], ...] = ()  # the caller's binds (execbox.Mount): source, target, writable
+    tmpfs: tuple[str, ...] = ()  # the request's extra tmpfs paths, beside /tmp
 
 
 def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
@@ -215,7 +216,7 @@ def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
     want("HostConfig.MemorySwap", hc.get("MemorySwap"), c.memory_bytes)
     want("HostConfig.NanoCpus", hc.get("NanoCpus"), c.nano_cpus)
     want("HostConfig.PidsLimit", hc.get("PidsLimit"), c.pids)
-    want("HostConfig.Tmpfs", sorted(hc.get("Tmpfs") or {}), [TMPFS])
+    want("HostConfig.Tmpfs", sorted(hc.get("Tmpfs") or {}), sorted({TMPFS, *c.tmpfs}))
     options = sorted(hc.get("SecurityOpt") or [])
     if options != sorted(security_opt()):
         # A profile is a page of JSON: named, not printed.

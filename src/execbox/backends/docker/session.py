@@ -290,6 +290,7 @@ class Plan:
     egress_network: str
     disk: bool  # mount a size-limited workspace (limits.disk_mb)
     mounts: tuple[Mount, ...] = ()  # the caller's host paths (admitted by the guard; sources resolved)
+    tmpfs: tuple[str, ...] = ()  # extra empty tmpfs paths (admitted by the guard), the sandbox user's
 
 
 class DockerSession(Session):
@@ -352,7 +353,7 @@ class DockerSession(Session):
             "name": f"execbox-{self.id}-{uuid.uuid4().hex[:6]}",
             "cap_drop": ["ALL"], "security_opt": security_opt(), "read_only": True, "init": True,
             "ipc_mode": "private", "cgroupns": "private",
-            "tmpfs": {TMPFS: f"rw,exec,nosuid,nodev,size={p.tmpfs_mb}m,mode=1777"},
+            "tmpfs": {TMPFS: f"rw,exec,nosuid,nodev,size={p.tmpfs_mb}m,mode=1777", **self._extra_tmpfs()},
             "mounts": [Mount(WORKSPACE, self.host_workspace, type="bind", read_only=False)],
             "pids_limit": p.limits.pids, "mem_limit": memory, "memswap_limit": memory,
             "nano_cpus": int(p.limits.cpus * 1e9) if p.limits.cpus else None,
@@ -372,6 +373,13 @@ class DockerSession(Session):
             kw["runtime"] = p.runtime
         return hardened(kw, socket_path=self.backend.socket_path, user_mounts=self._user_mounts())
 
+    def _extra_tmpfs(self) -> dict[str, str]:
+        """The request's tmpfs paths: each sized as /tmp is, within the disk limit, and owned by the sandbox user."""
+        p = self.plan
+        size = min(p.tmpfs_mb, p.limits.disk_mb or p.tmpfs_mb)
+        uid, gid = self._owner
+        return {path: f"rw,exec,nosuid,nodev,size={size}m,mode=0700,uid={uid},gid={gid}" for path in p.tmpfs}
+
     def _user_mounts(self) -> tuple[tuple[str, str, bool], ...]:
         return tuple((m.source, m.target, m.writable) for m in self.plan.mounts)
 
@@ -386,7 +394,7 @@ class DockerSession(Session):
         return Contract(user=user, network=network, proxy_dir=self._egress_dir() if p.network == "proxy" else None,
                         workspace=self.host_workspace, memory_bytes=(p.limits.memory_mb or 0) << 20,
                         nano_cpus=int((p.limits.cpus or 0) * 1e9), pids=p.limits.pids or 0, runtime=p.runtime,
-                        mounts=self._user_mounts())
+                        mounts=self._user_mounts(), tmpfs=self.plan.tmpfs)
 
     def _create(self, kw: dict[str, Any]) -> Any:
         container = self.backend.call(lambda c: c.containers.create(**kw))
