@@ -240,12 +240,14 @@ def test_an_eval_runs_bash_python_and_text_editor(tmp_path: Path, offline: list[
 
 
 @pytest.mark.engine
-def test_the_readme_example_runs(tmp_path: Path, offline: list[str], audit_dir: None) -> None:
+def test_the_readme_example_runs(tmp_path: Path, offline: list[str], audit_dir: None,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
     section = README.read_text(encoding="utf-8").split("## inspect_ai", 1)[1].split("\n## ", 1)[0]
     example = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert example is not None
     task_file = tmp_path / "hello_execbox.py"
     task_file.write_text(example[1])
-    log = _run(str(task_file), tmp_path / "logs", model=scripted_model([("bash", {"command": "python3 -V"})], "3.11"))
+    monkeypatch.chdir(tmp_path)  # as a user runs it: `inspect eval hello_execbox.py`
+    log = _run(task_file.name, tmp_path / "logs", model=scripted_model([("bash", {"command": "python3 -V"})], "3.11"))
     assert "Python 3." in [m.text for m in log.samples[0].messages if m.role == "tool"][0]
     assert log.eval.sandbox is not None and log.eval.sandbox.type == "execbox"

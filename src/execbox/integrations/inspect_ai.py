@@ -124,9 +124,7 @@ class _Configured:
     async def open(self) -> execbox.AsyncSandbox:
         c = self.config
         options = {**c.options, **({"image": c.image} if c.image else {})}
-        if c.tmpfs:
-            options["tmpfs"] = list(c.tmpfs)
-        sandbox = self.runner.sandbox(c.backend, network=c.network, limits=c.limits, mounts=c.mounts,
+        sandbox = self.runner.sandbox(c.backend, network=c.network, limits=c.limits, mounts=c.mounts, tmpfs=c.tmpfs,
                                       lifetime_s=c.lifetime_s, **options)
         return await sandbox.__aenter__()
 
