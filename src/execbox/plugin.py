@@ -89,6 +89,9 @@ from execbox.errors import (
     FileTooLargeError,
     NotASandboxError,
     SandboxError,
+    SandboxFileNotFoundError,
+    SandboxIsADirectoryError,
+    SandboxPermissionError,
     UnsupportedPolicyError,
     WorkspacePathError,
 )
@@ -272,6 +275,9 @@ __all__ = [
     "UnsupportedPolicyError",
     "Verdict",
     "with_egress",
+    "SandboxFileNotFoundError",
+    "SandboxIsADirectoryError",
+    "SandboxPermissionError",
     "WorkspacePathError",
     "wrapped_argv",
 ]

@@ -7,8 +7,10 @@ import json
 import os
 import pwd
 import re
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import tracemalloc
 import uuid
@@ -24,6 +26,8 @@ from execbox import (
     NotASandboxError,
     Runner,
     SandboxError,
+    SandboxFileNotFoundError,
+    SandboxIsADirectoryError,
     Settings,
     WorkspacePathError,
 )
@@ -381,3 +385,20 @@ def test_without_remote_python_the_wrapper_still_kills_session_and_marked_proces
     result = attested(ssh_env).run(["python3", "-c", code, marker], timeout=2)
     assert result.timed_out and result.stdout == "started\n"
     assert wait_until(lambda: not leftovers(sshd_server, marker), 3), leftovers(sshd_server, marker)
+
+
+def test_absolute_paths_outside_the_workspace_go_through_the_remote_shell(ssh_env) -> None:
+    r = attested(ssh_env)
+    # The test server is this host: its paths are the remote's, reached as the remote user.
+    tmp_path = Path(tempfile.mkdtemp(prefix="execbox-ssh-abs-"))
+    tmp_path.chmod(0o777)
+    target = tmp_path / "abs" / "f.bin"
+    with r.sandbox("ssh", network="host") as sb:
+        sb.write_file(str(target), b"\x00remote")
+        assert sb.read_file(str(target)) == b"\x00remote"
+        assert sb.exec(["pwd"], workdir=str(tmp_path / "wd")).stdout.strip() == str(tmp_path / "wd")
+        with pytest.raises(SandboxFileNotFoundError):
+            sb.read_file(str(tmp_path / "missing"))
+        with pytest.raises(SandboxIsADirectoryError):
+            sb.read_file(str(tmp_path))
+    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -10,7 +10,16 @@ from typing import Any
 
 import pytest
 
-from execbox import AsyncRunner, Mount, NotASandboxError, RefusedError, Runner, Settings, UnsupportedPolicyError
+from execbox import (
+    AsyncRunner,
+    ExecRequest,
+    Mount,
+    NotASandboxError,
+    RefusedError,
+    Runner,
+    Settings,
+    UnsupportedPolicyError,
+)
 from execbox.audit import reader as audit_reader
 from tests.support import stuck_backends
 from tests.support.fixtures import FakeDistributions
@@ -120,3 +129,30 @@ def test_the_redactor_travels_in_the_spec_to_a_capture_made_in_the_backends_own_
         result = runner.run(["sh", "-c", 'echo "key=$API_KEY"'], secrets={"API_KEY": SECRET}, on_stdout=seen.append)
     assert result.stdout == "key=[secret API_KEY]\n" and "".join(seen) == result.stdout
     assert not any("redacted after the run" in note for note in result.notes)
+
+
+def test_a_tmpfs_path_over_a_place_the_sandbox_provides_is_one_refused_record_naming_it() -> None:
+    with _runner() as runner, pytest.raises(RefusedError, match="'/run/x' lies in /run"):
+        runner.run("true", tmpfs=["/run/x"])
+    assert _one_refusal(RefusedError)["config"]["tmpfs"] == ["/run/x"]
+    assert stuck_backends.OPENS == []
+
+
+def test_a_backend_that_cannot_make_a_tmpfs_refuses_the_option_by_name() -> None:
+    with _runner("dataclass_ok") as runner:
+        sandbox = runner.sandbox(tmpfs=["/var/tmp"])
+        with pytest.raises(UnsupportedPolicyError, match=r"cannot make the extra tmpfs paths asked for \(tmpfs="):
+            sandbox.__enter__()
+    _one_refusal(UnsupportedPolicyError, oneshot=False)
+
+
+def test_a_sandboxs_tmpfs_is_in_its_spec_and_audit_record_and_fixed_for_its_execs() -> None:
+    with _runner() as runner, runner.sandbox(tmpfs=["/var/tmp", "/home/x/"]) as sb:
+        session = sb.aio._session
+        assert session is not None and session.session_spec is not None
+        assert session.session_spec.tmpfs == ("/var/tmp", "/home/x")
+        with pytest.raises(UnsupportedPolicyError, match="tmpfs paths are fixed when it opens"):
+            sb._call(sb.aio.execute, ExecRequest(argv=["true"], tmpfs=["/var/tmp"]))
+    opened = next(r for r in events() if r["event"] == "sandbox.open")
+    assert opened["config"]["tmpfs"] == ["/var/tmp", "/home/x"]
+

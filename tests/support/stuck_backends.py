@@ -191,7 +191,7 @@ OPENS: list[str] = []
 
 class Counting(StuckBackend):
     name = "counting"
-    capabilities = CLAIMS.model_copy(update={"mounts": True})
+    capabilities = CLAIMS.model_copy(update={"mounts": True, "tmpfs": True})
 
     async def open_session(self, spec: plugin.SessionSpec) -> plugin.Session:
         OPENS.append(self.name)

@@ -261,7 +261,8 @@ class NoNnp(Liar):
 # --- limits claimed, not enforced; nothing run at all -------------------------------------------------------
 
 EVERYTHING = CLAIMS.model_copy(update={"limits": frozenset({"memory", "cpu", "pids", "disk", "wall_time"}),
-                                      "network_modes": frozenset({"none", "proxy"}), "mounts": True, "streaming": True})
+                                      "network_modes": frozenset({"none", "proxy"}), "mounts": True, "streaming": True,
+                                      "tmpfs": True})
 
 
 class UnlimitedSession(plugin.HostWorkspaceSession):
@@ -292,8 +293,17 @@ class Broken(Liar):
     session = BrokenSession
 
 
+class NoTmpfs(Liar):
+    """Claims extra tmpfs paths and makes none: the sandbox of the honest one, with no /var/tmp to write."""
+
+    name = "liar_no_tmpfs"
+    capabilities = CLAIMS.model_copy(update={"tmpfs": True})
+    session = BwrapSession
+    needs = staticmethod(_bwrap)
+
+
 LIARS: list[type[Liar]] = [Honest, HostRoot, MappedRoot, Caps, NoNnp, Userns, HostFiles, HostProcs, EnvLeak, Unlimited,
-                           Broken, ProxyOpen]
+                           Broken, ProxyOpen, NoTmpfs]
 
 
 @plugin.hookimpl

@@ -88,7 +88,7 @@ def test_a_backend_that_runs_nothing_passes_no_check(liars: None) -> None:
     results = {r.name: r for r in self_check("liar_broken")}
     assert set(results) == set(CHECKS)
     # The one check that needs nothing to run: the runner refuses the paths before the backend sees them.
-    refused_before_running = {"paths_outside_the_workspace_refused"}
+    refused_before_running = {"escaping_paths_refused"}
     passed = sorted(name for name, r in results.items() if r.status != "fail")
     assert passed == sorted(refused_before_running), {name: results[name].message for name in passed}
     for r in results.values():
@@ -109,6 +109,15 @@ def test_limits_claimed_but_not_enforced_fail(liars: None) -> None:
     assert results["disk_limit_holds"].status == "fail"
     assert results["disk_limit_holds"].message.startswith(
         "the disk limit (16 MiB): expected writing 64 MiB to fail with ENOSPC (or EDQUOT); saw stopped by never")
+
+
+def test_a_tmpfs_claimed_but_not_made_fails_its_check(liars: None) -> None:
+    (result,) = self_check("liar_no_tmpfs", checks=["tmpfs"])
+    if result.status == "skip":
+        engine_missing(result.message)
+    assert result.status == "fail" and result.message.startswith(
+        "a claimed tmpfs path is writable, empty, kept across a sandbox's execs and gone in the next sandbox: expected "
+        "/var/tmp empty, the sandbox user's and writable in the first sandbox; saw exit"), result.message
 
 
 def test_self_check_reports_each_broken_claim_of_host_root(liars: None) -> None:

@@ -51,9 +51,9 @@ from execbox.plugin import (
     ExecutionBackend,
     RemoteSession,
     SandboxError,
+    SandboxFileNotFoundError,
     SessionSpec,
     UnsupportedPolicyError,
-    WorkspacePathError,
     build_result,
     create_cleanly,
     missing_credentials,
@@ -132,7 +132,7 @@ class DaytonaSession(RemoteSession):
     def sdk_error(self, exc: Exception, doing: str, path: str | None = None) -> ExecboxError | None:
         daytona = _errors()
         if path is not None and isinstance(exc, daytona.DaytonaNotFoundError):
-            return WorkspacePathError(f"no such file in the workspace: {path!r}")
+            return SandboxFileNotFoundError(f"no such file in the workspace: {path!r}")
         if isinstance(exc, daytona.DaytonaAuthenticationError):
             return self.backend.credentials_error(str(exc))
         if isinstance(exc, daytona.DaytonaError):

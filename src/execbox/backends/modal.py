@@ -44,6 +44,7 @@ from execbox.plugin import (
     ExecutionBackend,
     RemoteSession,
     SandboxError,
+    SandboxFileNotFoundError,
     SessionSpec,
     UnsupportedPolicyError,
     WorkspacePathError,
@@ -85,7 +86,7 @@ class ModalSession(RemoteSession):
         if not isinstance(exc, errors.Error):
             return None
         if path is not None and isinstance(exc, errors.SandboxFilesystemNotFoundError):
-            return WorkspacePathError(f"no such file in the workspace: {path!r}")
+            return SandboxFileNotFoundError(f"no such file in the workspace: {path!r}")
         if path is not None and isinstance(exc, errors.SandboxFilesystemError):
             return WorkspacePathError(f"{doing} in the workspace failed: {exc}")
         if isinstance(exc, errors.AuthError):

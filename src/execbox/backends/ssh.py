@@ -51,6 +51,8 @@ from execbox.plugin import (
     ExecutionBackend,
     FileTooLargeError,
     SandboxError,
+    SandboxFileNotFoundError,
+    SandboxIsADirectoryError,
     Session,
     SessionSpec,
     Settings,
@@ -541,7 +543,7 @@ class SshSession(Session):
                 return current, st
             if st is None:
                 if not create:
-                    raise WorkspacePathError(f"no such file in the workspace: {rel!r}")
+                    raise SandboxFileNotFoundError(f"no such file in the workspace: {rel!r}")
                 sftp.mkdir(current, 0o755)
             elif not stat.S_ISDIR(st.st_mode):
                 raise WorkspacePathError(f"refused {rel!r}: {'/'.join(parts[:i + 1])!r} is not a directory")
@@ -550,10 +552,10 @@ class SshSession(Session):
     def _read(self, sftp: Any, rel: str, max_bytes: int) -> bytes:
         path, st = self._walk(sftp, rel, create=False)
         if st is None:
-            raise WorkspacePathError(f"no such file in the workspace: {rel!r}")
+            raise SandboxFileNotFoundError(f"no such file in the workspace: {rel!r}")
         if stat.S_ISDIR(st.st_mode):
-            raise WorkspacePathError(f"{rel!r} is a directory, not a file: use list_files({rel!r}) to see what is in "
-                                     f"it, or download({rel!r}, local_path) to copy it out")
+            raise SandboxIsADirectoryError(f"{rel!r} is a directory, not a file: use list_files({rel!r}) to see what "
+                                           f"is in it, or download({rel!r}, local_path) to copy it out")
         if not stat.S_ISREG(st.st_mode):
             raise WorkspacePathError(f"refused {rel!r}: not a regular file")
         if (st.st_size or 0) > max_bytes:

@@ -44,6 +44,7 @@ from execbox.plugin import (
     ExecutionBackend,
     RemoteSession,
     SandboxError,
+    SandboxFileNotFoundError,
     SessionSpec,
     TextCapture,
     UnsupportedPolicyError,
@@ -84,7 +85,7 @@ class VercelSession(RemoteSession):
     def sdk_error(self, exc: Exception, doing: str, path: str | None = None) -> ExecboxError | None:
         sync = _sync()
         if path is not None and isinstance(exc, sync.SandboxPathNotFoundError):
-            return WorkspacePathError(f"no such file in the workspace: {path!r}")
+            return SandboxFileNotFoundError(f"no such file in the workspace: {path!r}")
         if path is not None and isinstance(exc, sync.SandboxFilesystemError):
             return WorkspacePathError(f"{doing} in the workspace failed: {exc}")
         if isinstance(exc, sync.SandboxError):

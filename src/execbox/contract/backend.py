@@ -36,6 +36,7 @@ from execbox.errors import (
 )
 from execbox.files import transfer
 from execbox.files.transfer import HELPER_TIMEOUT_S, FileInfo, Transfer, TransferLimits
+from execbox.files.workspace import as_owner
 from execbox.policy.egress import EgressPolicy, ProviderAllowlist, provider_allowlist
 
 #: How long a successful ``check()`` answer is trusted, per backend instance.
@@ -203,8 +204,13 @@ class Session(ABC):
         prefix = posixpath.basename(path) if path else "."
         if self.host_workspace is not None:
             root, owner = self.host_workspace, self.host_owner
-            return await anyio.to_thread.run_sync(lambda: transfer.host_unpack(
-                root, path, archive, limits=limits, prefix=prefix, owner=owner, keep_symlinks=True))
+
+            def unpack() -> Transfer:
+                with as_owner(owner):  # as the sandbox user: a directory the code made read-only stays unwritten
+                    return transfer.host_unpack(root, path, archive, limits=limits, prefix=prefix, owner=owner,
+                                                keep_symlinks=True)
+
+            return await anyio.to_thread.run_sync(unpack)
         await transfer.sandbox_unpack(self, path, archive, limits=limits)
         return Transfer()
 

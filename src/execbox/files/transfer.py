@@ -422,6 +422,9 @@ def _write_error(rel: str, exc: OSError, workspace: bool) -> SandboxError:
     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENXIO, errno.EEXIST):
         return WorkspacePathError(f"refused {rel!r}: it is (or passes through) a symlink, or something other than "
                                   f"what the archive holds is in its place ({exc.strerror})")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return SandboxPermissionError(f"permission denied: cannot write {rel!r} ({exc.strerror}; the modes are the "
+                                      "ones the code set)")
     return SandboxError(f"cannot write {rel!r}: {exc.strerror}")
 
 
@@ -522,7 +525,8 @@ if [ -n "$2" ]; then
   t=$(realpath -m -- "$d") || exit 3
   case "$t/" in "${w%/}"/*) ;; *) exit 4 ;; esac
 fi
-mkdir -p -- "$d" && tar -xf "$3" -C "$d" --no-same-owner; rc=$?
+if ! mkdir -p -- "$d" 2>/dev/null || [ ! -w "$d" ]; then rm -f -- "$3"; exit 16; fi
+tar -xf "$3" -C "$d" --no-same-owner; rc=$?
 rm -f -- "$3"
 exit $rc
 """
@@ -607,6 +611,8 @@ def _helper_failed(rel: str, code: int, stderr_hint: str = "") -> SandboxError:
                                   "workspace")
     if code == 5:
         return SandboxFileNotFoundError(f"no such file or directory in the sandbox: {rel!r}")
+    if code == _DENIED:
+        return SandboxPermissionError(f"permission denied: the sandbox user may not write in the directory of {rel!r}")
     return SandboxError(f"the file-transfer helper failed in the sandbox for {rel or '.'!r} (exit {code}); it needs "
                         "/bin/sh, realpath and GNU find and tar in the image" + stderr_hint)
 

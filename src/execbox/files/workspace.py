@@ -80,7 +80,12 @@ def _absolute(path: str) -> str:
 
 
 def _open_dir(root: str, parts: list[str], *, create: bool, owner: tuple[int, int] | None) -> int:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    """``root/parts...``, each part opened without following a link (made, with ``create``, and given to ``owner``)."""
+    return _open_parts(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), parts, create=create, owner=owner)
+
+
+def _open_parts(fd: int, parts: list[str], *, create: bool, owner: tuple[int, int] | None) -> int:
+    """Walk ``parts`` down from ``fd`` (consumed: closed, or returned when ``parts`` is empty)."""
     try:
         for part in parts:
             if create:
@@ -114,7 +119,8 @@ def _refuse(rel: str, exc: OSError) -> WorkspacePathError:
 
 class _Fs:
     """The calls that make this thread's file access the sandbox user's: Linux keeps the filesystem uid, gid and the
-    supplementary groups per thread (the raw system calls; glibc's setgroups would change every thread)."""
+    supplementary groups per thread (the raw system calls; glibc's setgroups would change every thread). On an
+    architecture not listed, root's supplementary groups stay (its primary group 0 is replaced all the same)."""
 
     _SETGROUPS = {"x86_64": 116, "aarch64": 159}
 
@@ -131,7 +137,7 @@ class _Fs:
         self.libc.setfsuid(uid)
         if self.libc.setfsuid(-1) != uid:  # -1 is never valid: it only reads the current one back
             raise OSError(errno.EPERM, "cannot take the sandbox user's filesystem identity")
-        if self.setgroups_nr is not None and groups is not None:
+        if self.setgroups_nr is not None and groups is not None and (groups or os.getgroups()):
             array = (self.ctypes.c_uint * max(1, len(groups)))(*groups)
             if self.libc.syscall(self.setgroups_nr, len(groups), array) != 0:
                 raise OSError(self.ctypes.get_errno(), "cannot set the supplementary groups")
@@ -154,7 +160,7 @@ def as_owner(owner: tuple[int, int] | None) -> Iterator[None]:
     if _fs is None:
         _fs = _Fs()
     groups = os.getgroups()
-    try:
+    try:  # set inside the try: a failure half way is undone too
         _fs.set(owner[0], owner[1], [])
         yield
     finally:
@@ -167,8 +173,9 @@ def safe_read(root: str, rel: str, *, max_bytes: int, owner: tuple[int, int] | N
     whose access this is (``as_owner``)."""
     parts = rel.split("/")
     try:
+        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # execbox's to reach; the rest the user's
         with as_owner(owner):
-            dfd = _open_dir(root, parts[:-1], create=False, owner=None)
+            dfd = _open_parts(top, parts[:-1], create=False, owner=None)
             try:
                 fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
             finally:
@@ -198,8 +205,9 @@ def safe_write(root: str, rel: str, data: bytes, *, owner: tuple[int, int] | Non
     read-only is not written)."""
     parts = rel.split("/")
     try:
+        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # execbox's to reach; the rest the user's
         with as_owner(owner):
-            dfd = _open_dir(root, parts[:-1], create=True, owner=owner)
+            dfd = _open_parts(top, parts[:-1], create=True, owner=owner)
             try:
                 # O_NONBLOCK: a FIFO the sandbox planted must not hang the host (ENXIO without a reader).
                 flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

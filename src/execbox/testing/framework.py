@@ -107,7 +107,8 @@ class Kit:
         return self.runner.sandbox(self.backend, network=self.net)
 
     def require(self, *, sessions: bool = False, files: bool = False, network: str | None = None,
-                limit: str | None = None, sandbox: bool = False, local: bool = False, mounts: bool = False) -> None:
+                limit: str | None = None, sandbox: bool = False, local: bool = False, mounts: bool = False,
+                tmpfs: bool = False) -> None:
         """Raise NotClaimed unless the backend claims all of these. ``local``: the code shares this host's
         kernel (not ``remote``), so its identity there is this host's business."""
         caps = self.caps
@@ -128,6 +129,8 @@ class Kit:
             raise NotClaimed(f"the backend does not claim the {limit} limit")
         if mounts and not caps.mounts:
             raise NotClaimed("the backend does not claim mounts (host paths bound in)")
+        if tmpfs and not caps.tmpfs:
+            raise NotClaimed("the backend does not claim tmpfs (extra writable tmpfs paths)")
 
 
 Body = Callable[[Kit], "str | None"]

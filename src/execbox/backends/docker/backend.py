@@ -72,8 +72,9 @@ class DockerSettings(BackendSettings):
     runtime: str | None = setting(_RUNTIME_VAR, None,
                                "OCI runtime registered in the engine: runc, crun, runsc (gVisor) or a kata runtime; "
                                "default: the engine's, which must be one of those")
-    tmpfs_mb: int = setting("CODE_EXEC_DOCKER_TMPFS_MB", 512, "Size of the /tmp tmpfs (counts against memory), MiB",
-                         gt=0)
+    tmpfs_mb: int = setting("CODE_EXEC_DOCKER_TMPFS_MB", 512, "Size of the /tmp tmpfs and of each tmpfs= path (counts "
+                            "against memory; a tmpfs= path at most the disk limit), MiB",
+                            gt=0)
     egress_network: str = setting(_EGRESS_VAR, "execbox-egress",
                                "Bridge network for network mode egress; only one execbox created (labelled, no "
                                "traffic between containers); created when missing")

@@ -1,4 +1,5 @@
-"""The check of mounts: a host path is bound read-only unless writable, and a refused path is refused."""
+"""The checks of what is mounted in the sandbox: a host path is bound read-only unless writable, and a refused path
+is refused; an extra tmpfs path is writable, empty, kept across a sandbox's execs and gone in the next sandbox."""
 
 from __future__ import annotations
 
@@ -28,3 +29,27 @@ def check_mounts(kit: Kit) -> None:
         expect(sorted(os.listdir(ro)) == ["in.txt"], claim, "nothing new in the read-only source", os.listdir(ro))
         expect(Path(rw, "out.txt").read_text() == "w\n", claim, "the write in the writable source", os.listdir(rw))
     expect_raises(RefusedError, lambda: kit.run("true", mounts=[Mount("/", "/data")]), claim, "a mount of /")
+
+
+# The sandbox user owns the tmpfs (-O), it starts empty, and it takes a write; the marker says how far it got.
+_TMPFS_PROBE = 'cd /var/tmp && [ -O . ] && [ -z "$(ls -A)" ] && echo kept > kit && echo fresh-and-writable'
+
+
+@family.check("a claimed tmpfs path is writable by the sandbox user, empty, kept across a sandbox's execs and gone "
+              "in the next sandbox; one over a place the sandbox provides is refused")
+def check_tmpfs(kit: Kit) -> None:
+    kit.require(tmpfs=True)
+    claim = "a claimed tmpfs path is writable, empty, kept across a sandbox's execs and gone in the next sandbox"
+    for attempt in ("the first sandbox", "the next sandbox"):
+        result = kit.run(_TMPFS_PROBE, tmpfs=["/var/tmp"])
+        expect(result.stdout == "fresh-and-writable\n", claim, f"/var/tmp empty, the sandbox user's and writable in "
+               f"{attempt}", shown(result))
+    if kit.caps.persistent_sessions:
+        with kit.runner.sandbox(kit.backend, network=kit.net, tmpfs=["/var/tmp"]) as sb:
+            first = sb.exec(_TMPFS_PROBE)
+            second = sb.exec("cat /var/tmp/kit")
+        expect(first.stdout == "fresh-and-writable\n" and second.stdout == "kept\n", claim,
+               "what one exec wrote in /var/tmp read by the next exec of the sandbox",
+               f"{shown(first)}; {shown(second)}")
+    expect_raises(RefusedError, lambda: kit.run("true", tmpfs=["/proc/x"]), claim, "a tmpfs in /proc")
+
