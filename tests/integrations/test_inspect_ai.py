@@ -178,9 +178,10 @@ async def test_cli_cleanup_is_execbox_gc(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_inspect_finds_execbox_through_its_entry_point() -> None:
     # A fresh interpreter that never imports execbox itself: inspect loads the module from the package's metadata.
-    found = subprocess.run([sys.executable, "-c", "from inspect_ai.util._sandbox.registry import registry_find_sandboxenv"
-                            " as find; from inspect_ai._util.entrypoints import ensure_entry_points as load; load(); "
-                            "print(find('execbox').__module__)"], capture_output=True, text=True, check=False)
+    code = ("from inspect_ai.util._sandbox.registry import registry_find_sandboxenv as find\n"
+            "from inspect_ai._util.entrypoints import ensure_entry_points as load\n"
+            "load()\nprint(find('execbox').__module__)")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert found.stdout.strip() == "execbox.integrations.inspect_ai", found.stderr
 
 
