@@ -171,6 +171,16 @@ async def test_the_pool_opens_sandboxes_ahead_and_closes_what_is_left(audit_dir:
 
 
 @pytest.mark.engine
+async def test_a_config_the_guard_refuses_fails_task_init(audit_dir: None) -> None:
+    config = ExecboxSandboxConfig(backend="bubblewrap", pool=2, tmpfs=("/proc/x",))
+    try:
+        with pytest.raises(execbox.RefusedError, match="/proc"):  # the error itself, not an ExceptionGroup
+            await _started(config)
+    finally:
+        await ExecboxSandboxEnvironment.task_cleanup("test", config, True)
+
+
+@pytest.mark.engine
 async def test_cli_cleanup_is_execbox_gc(capsys: pytest.CaptureFixture[str]) -> None:
     await ExecboxSandboxEnvironment.cli_cleanup("bubblewrap")
     assert "execbox gc: bubblewrap: removed" in capsys.readouterr().out

@@ -15,12 +15,12 @@ refused with SandboxUserUnsupportedError, by design.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import re
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -29,7 +29,14 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import execbox
-from execbox.errors import BackendTimeoutError, BackendUnavailableError, ConfigError, FileTooLargeError, SandboxError
+from execbox.errors import (
+    BackendTimeoutError,
+    BackendUnavailableError,
+    ConfigError,
+    ExecboxError,
+    FileTooLargeError,
+    SandboxError,
+)
 
 try:
     from inspect_ai.util import (
@@ -132,8 +139,15 @@ class _Configured:
         return self.ready.pop() if self.ready else await self.open()
 
     async def fill(self) -> None:
+        """Open sandboxes until ``pool`` are ready; the first failure is raised once the others are done."""
+        failures: list[ExecboxError] = []
+
         async def one() -> None:
-            sandbox = await self.open()
+            try:
+                sandbox = await self.open()
+            except ExecboxError as exc:
+                failures.append(exc)
+                return
             if self.closing or len(self.ready) >= self.config.pool:
                 await sandbox.close()
             else:
@@ -142,6 +156,8 @@ class _Configured:
         async with anyio.create_task_group() as tasks:
             for _ in range(self.config.pool - len(self.ready)):
                 tasks.start_soon(one)
+        if failures:
+            raise failures[0]
 
     async def aclose(self) -> None:
         self.closing = True
@@ -164,19 +180,25 @@ def _state(config: SandboxEnvironmentConfigType | None) -> _Configured:
     return found
 
 
-@contextmanager
+_BUILTINS: dict[type[OSError], tuple[int, str]] = {
+    IsADirectoryError: (errno.EISDIR, "Is a directory"),
+    PermissionError: (errno.EACCES, "Permission denied"),
+    FileNotFoundError: (errno.ENOENT, "No such file or directory"),
+}
+
+
+@contextlib.contextmanager
 def _errors(sandbox: execbox.AsyncSandbox, file: str | None = None) -> Iterator[None]:
     """execbox's errors as inspect documents them: a file call's as the built-in naming the file; a sandbox that
     broke (a backend call overran its bound, and execbox closed it) as SandboxUnavailableError, so a tool reports
     the sandbox's failure, never as the command's output."""
     try:
         yield
-    except IsADirectoryError as exc:  # execbox's typed file errors are also the built-ins
-        raise IsADirectoryError(errno.EISDIR, "Is a directory", file) from exc
-    except PermissionError as exc:
-        raise PermissionError(errno.EACCES, "Permission denied", file) from exc
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(errno.ENOENT, "No such file or directory", file) from exc
+    except (IsADirectoryError, PermissionError, FileNotFoundError) as exc:  # execbox's typed file errors are these
+        if file is None:
+            raise
+        kind = next(kind for kind in _BUILTINS if isinstance(exc, kind))
+        raise kind(*_BUILTINS[kind], file) from exc
     except FileTooLargeError as exc:  # content left out: possibly large, possibly binary
         raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None) from exc
     except SandboxError as exc:
@@ -242,7 +264,10 @@ class ExecboxSandboxEnvironment(SandboxEnvironment):
                 configured, env._closed = env._configured, True
                 await env.sandbox.close()
         if configured is not None and not interrupted and not configured.closing:
-            await configured.fill()  # the next sample's sandbox, opened now rather than when it starts
+            # The next sample's sandbox, opened now rather than when it starts; if it cannot be, that sample opens
+            # its own and says why.
+            with contextlib.suppress(ExecboxError):
+                await configured.fill()
 
     @classmethod
     async def task_cleanup(cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool) -> None:
