@@ -187,12 +187,14 @@ async def test_cli_cleanup_is_execbox_gc(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_inspect_finds_execbox_through_its_entry_point() -> None:
-    # A fresh interpreter that never imports execbox itself: inspect loads the module from the package's metadata.
-    code = ("from inspect_ai.util._sandbox.registry import registry_find_sandboxenv as find\n"
-            "from inspect_ai._util.entrypoints import ensure_entry_points as load\n"
-            "load()\nprint(find('execbox').__module__)")
-    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert found.stdout.strip() == "execbox.integrations.inspect_ai", found.stderr
+    from importlib.metadata import entry_points
+
+    from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
+
+    # What inspect loads from the installed package's metadata (ensure_entry_points), and what it then finds.
+    [entry] = [e for e in entry_points(group="inspect_ai") if e.name == "execbox"]
+    assert entry.load() is importlib.import_module("execbox.integrations.inspect_ai")
+    assert registry_find_sandboxenv("execbox") is ExecboxSandboxEnvironment
 
 
 def test_config_round_trips_through_inspect() -> None:
