@@ -56,7 +56,8 @@ each piece's contract.
                      ExecutionBackend.sweeps_on_first_use (gc after the first check of each process; the scope
                      of one sweep: sweep_scope)
     errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError,
-                     BackendTimeoutError: what a backend call that never returns becomes, see contract.backend.bounded)
+                     SandboxLostError: the machine a sandbox ran on is gone, BackendTimeoutError: what a backend
+                     call that never returns becomes, see contract.backend.bounded)
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ from execbox.errors import (
     FileTooLargeError,
     NotASandboxError,
     SandboxError,
+    SandboxLostError,
     UnsupportedPolicyError,
     WorkspacePathError,
 )
@@ -164,7 +166,8 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # self.settings (the backend's own, was self.options) and self.shared (SharedSettings: what it reads of execbox's
 # settings, was the whole Settings as self.settings); the hook's register typed as Register. 2.1: present_here (what a
 # backend would use is on this machine though its SDK is not: `execbox doctor` warns).
-KIT_VERSION = "2.1"
+# 2.2: SandboxLostError (the machine a sandbox ran on is gone: the ray backend's lost node).
+KIT_VERSION = "2.2"
 
 __all__ = [
     "ARMED",
@@ -247,6 +250,7 @@ __all__ = [
     "safe_write",
     "sandbox_env",
     "SandboxError",
+    "SandboxLostError",
     "sdk_call",
     "SECCOMP_DENY_ERRNO",
     "Session",
