@@ -90,6 +90,7 @@ from execbox.errors import (
     NotASandboxError,
     SandboxError,
     SandboxLostError,
+    TransferTooLargeError,
     UnsupportedPolicyError,
     WorkspacePathError,
 )
@@ -166,7 +167,8 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # self.settings (the backend's own, was self.options) and self.shared (SharedSettings: what it reads of execbox's
 # settings, was the whole Settings as self.settings); the hook's register typed as Register. 2.1: present_here (what a
 # backend would use is on this machine though its SDK is not: `execbox doctor` warns).
-# 2.2: SandboxLostError (the machine a sandbox ran on is gone: the ray backend's lost node).
+# 2.2: SandboxLostError (the machine a sandbox ran on is gone: the ray backend's lost node); TransferTooLargeError
+# (a listing or transfer over its TransferLimits, for a backend that bounds one itself).
 KIT_VERSION = "2.2"
 
 __all__ = [
@@ -269,6 +271,7 @@ __all__ = [
     "TextCapture",
     "TIMEOUT_EXIT_CODE",
     "Transfer",
+    "TransferTooLargeError",
     "TransferLimits",
     "UnsupportedPolicyError",
     "Verdict",

@@ -23,9 +23,10 @@ import functools
 import itertools
 import logging
 import socket
+import threading
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -46,6 +47,7 @@ from execbox.plugin import (
     Session,
     SessionSpec,
     TransferLimits,
+    TransferTooLargeError,
     Verdict,
     build_result,
     sdk_call,
@@ -92,6 +94,17 @@ class Node:
     @property
     def label(self) -> str:
         return f"{self.ip} ({self.node_id[:12]})"
+
+
+@dataclass
+class _Cluster:
+    nodes: dict[str, Node] = field(default_factory=dict)
+    unusable: dict[str, str] = field(default_factory=dict)
+    job: str = ""  # the driver job the actors belong to (a new ray.init is a new job: new actors)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one survey at a time (they run in threads)
+
+
+_CLUSTERS: dict[tuple[str, int], _Cluster] = {}
 
 
 def _error_classes(base: type[ExecboxError] = ExecboxError) -> dict[str, type[ExecboxError]]:
@@ -209,7 +222,12 @@ class RaySession(Session):
 
     async def list_files(self, path: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
         self._need_open("list_files")
-        found = await self._call("list_files", self.sid, path, recursive)
+        found = await self._call("list_files", self.sid, path, recursive)  # bounded by the node's own limits
+        if len(found) > limits.max_entries:  # and by this driver's, which may be tighter
+            raise TransferTooLargeError(
+                f"refused: listing {path or 'the workspace'!r} holds more than {limits.max_entries} entries. Raise "
+                "CODE_EXEC_MAX_TRANSFER_FILES, or pick a smaller directory", backend="ray",
+                env_var="CODE_EXEC_MAX_TRANSFER_FILES")
         return [FileInfo(**info) for info in found]
 
     def _need_open(self, doing: str) -> None:
@@ -250,9 +268,22 @@ class RayBackend(ExecutionBackend[RaySettings]):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self._nodes: dict[str, Node] = {}
-        self._unusable: dict[str, str] = {}
         self._turn = itertools.count()
+
+    @property
+    def _cluster(self) -> _Cluster:
+        """The nodes as this process knows them, shared by every instance with this configuration: their actors,
+        and how many sandboxes each holds (placement sees every runner's)."""
+        key = (self.settings.node_backend, self.settings.slots_per_node)
+        return _CLUSTERS.setdefault(key, _Cluster())
+
+    @property
+    def _nodes(self) -> dict[str, Node]:
+        return self._cluster.nodes
+
+    @property
+    def _unusable(self) -> dict[str, str]:
+        return self._cluster.unusable
 
     # --- the cluster -----------------------------------------------------------------------------------------
 
@@ -277,17 +308,25 @@ class RayBackend(ExecutionBackend[RaySettings]):
 
     def _survey(self) -> None:
         """A host actor on every alive node without one, and what each runs; nodes gone are forgotten."""
+        with self._cluster.lock:
+            self._survey_locked()
+
+    def _survey_locked(self) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from execbox.backends.ray.node import NodeHost
 
         self._connect()
+        job = ray.get_runtime_context().get_job_id()
+        if self._cluster.job != job:
+            self._nodes.clear()
+            self._cluster.job = job
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]
         for gone in set(self._nodes) - alive:
             self._nodes.pop(gone)
         # per driver job (its actors die with it) and configuration (another runner may name another backend)
-        prefix = f"{ACTOR_PREFIX}-{ray.get_runtime_context().get_job_id()}-{self.settings.node_backend}-" \
+        prefix = f"{ACTOR_PREFIX}-{job}-{self.settings.node_backend}-" \
                  f"{self.settings.slots_per_node}"
         host: Any = ray.remote(NodeHost)
         asked = {}
