@@ -64,8 +64,8 @@ _STRENGTH = ["none", "process", "namespace", "container", "gvisor", "microvm", "
 class RaySettings(BackendSettings):
     address: str = setting(
         "CODE_EXEC_RAY_ADDRESS", "auto",
-        "Ray cluster to run on: `auto` (the cluster this machine belongs to: RAY_ADDRESS, or one started with `ray "
-        "start`) or `ray://host:port` (Ray Client); unused when the process is connected already (ray.init)")
+        "Ray cluster to run on: `auto` (the one this machine belongs to: RAY_ADDRESS, or `ray start`'s), `host:port` "
+        "(its head), or `ray://host:port` (Ray Client); unused when the process is connected already (ray.init)")
     node_backend: str = setting(
         "CODE_EXEC_RAY_NODE_BACKEND", "auto",
         "Backend each node runs the code in (`auto`: the strongest sandbox there, as locally)")
