@@ -218,6 +218,29 @@ def test_a_node_removed_under_a_batch(ray_cluster: RayCluster, spare_node: None)
     assert wait_until(lambda: not processes_with(marker), 20), "a sandbox process outlived its node"
 
 
+def test_a_oneshot_is_run_again_elsewhere_only_when_asked(ray_cluster: RayCluster, spare_node: None) -> None:  # noqa: F811
+    marker = f"execbox-ray-{uuid.uuid4().hex[:8]}"
+    retrying = {"ray": {**NODE["ray"], "retry_oneshots": True}}
+    with Runner(Settings.from_env(backend="ray"), options=retrying) as runner:
+        runner._call(runner.aio.backend("ray").check)
+        victim = ray_cluster.workers()[0]
+
+        def remove_when_running() -> None:
+            if wait_until(lambda: len(processes_with(marker)) >= 3, 30):
+                ray_cluster.remove_node(victim)
+
+        remover = threading.Thread(target=remove_when_running)
+        remover.start()
+        # one per node: the placement spreads them
+        with runner.map([["sh", "-c", f"sleep 3; echo {marker}"]] * 3, progress=False) as batch:
+            done = list(batch)
+        remover.join()
+    assert all(item.ok for item in done), [item.error for item in done]
+    again = [item.result for item in done if item.result and any("run again" in n for n in item.result.notes)]
+    assert len(again) == 1, [item.result.notes for item in done if item.result]
+    assert not node_of(again[0]).endswith(f"({victim.node_id[:12]})")
+
+
 DRIVER = textwrap.dedent("""
     import os, sys
     import ray

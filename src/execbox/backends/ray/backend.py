@@ -29,8 +29,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
 from execbox.plugin import (
     BackendSettings,
     BackendUnavailableError,
@@ -160,8 +158,9 @@ class RaySession(Session):
         return self.backend.reply(await self.backend.await_ref(ref, self.node), self.node)
 
     async def exec(self, spec: ExecSpec) -> ExecResult:
+        files, self._pending = self._pending, []
         try:
-            return await self._exec(spec)
+            return await self._exec(spec, files)
         except SandboxLostError:
             if not (self.spec.oneshot and self.backend.settings.retry_oneshots):
                 raise
@@ -169,12 +168,12 @@ class RaySession(Session):
                         "CODE_EXEC_RAY_RETRY_ONESHOTS)", self.node.label)
             self.node = await self.backend.place(exclude=self.node)
             self.sid, self._opened = uuid.uuid4().hex, False
-            result = await self._exec(spec)
+            result = await self._exec(spec, files)  # a one-shot's files are all it had: placed again
             result.notes.append("ray: its first node was lost during the run; run again on this one "
                                 "(CODE_EXEC_RAY_RETRY_ONESHOTS)")
             return result
 
-    async def _exec(self, spec: ExecSpec) -> ExecResult:
+    async def _exec(self, spec: ExecSpec, files: list[tuple[str, bytes]]) -> ExecResult:
         if spec.egress is not None:  # placeholders swapped by a proxy on this host: the node's proxy has no values
             raise SandboxError("secrets at egress cannot cross to a ray node: its egress proxy runs there",
                                backend="ray")
@@ -182,7 +181,6 @@ class RaySession(Session):
                                              self.spec.lifetime_s)
         command = {"argv": spec.argv, "env": spec.env, "stdin": spec.stdin, "timeout": spec.timeout,
                    "max_output_bytes": spec.max_output_bytes, "workspace": self.workspace}
-        files, self._pending = self._pending, []
         self._opened = True  # from here on the node may hold it: close() closes it
         out, err = spec.captures()
         if spec.on_output is None:
@@ -430,8 +428,7 @@ class RayBackend(ExecutionBackend[RaySettings]):
             raise SandboxError(f"the host actor on ray node {node.label} failed: {str(exc)[:800]}",
                                backend=self.name) from None
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                ray.cancel(ref)  # the caller gave up: stop the node's call (its sandbox is closed next)
+            ray.cancel(ref)  # the caller gave up: stop the node's call (its sandbox is closed next)
             raise
 
     async def stream_refs(self, gen: Any, node: Node) -> AsyncIterator[Any]:
@@ -442,6 +439,9 @@ class RayBackend(ExecutionBackend[RaySettings]):
                 yield ref
         except ray.exceptions.RayActorError as exc:
             raise self.lost(node, exc) from None
+        except BaseException:
+            ray.cancel(gen)  # the caller gave up: stop the node's run (its sandbox is closed next)
+            raise
 
     def reply(self, answer: tuple[str, Any], node: Node) -> Any:
         kind, value = answer
