@@ -23,6 +23,7 @@ import pytest
 from execbox import NotASandboxError, Runner, SandboxLostError, Settings
 from execbox.testing.conformance import BackendConformance
 from tests.backends.ray_fixtures import RayCluster, ray_cluster  # noqa: F401  (the fixture)
+from tests.support.containers import containers_of
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -189,6 +190,28 @@ def test_a_node_removed_under_a_session_loses_it_at_once(ray_cluster: RayCluster
             if where[other] != where[target]:
                 assert other.exec("echo alive").stdout == "alive\n"
     assert wait_until(lambda: not processes_with(marker), 20), "a sandbox process outlived its node"
+
+
+def test_a_docker_node_removed_under_a_session(ray_cluster: RayCluster, spare_node: None) -> None:  # noqa: F811
+    """Docker's containers do not die with their owner: the host actor that starts on the node next sweeps them."""
+    docker = pytest.importorskip("docker")
+    engine = docker.from_env()
+    on_docker = {"ray": {"node_backend": "docker"}}
+    with Runner(Settings.from_env(backend="ray"), options=on_docker) as runner:
+        backend = runner.aio.backend("ray")
+        runner._call(backend.check)
+        workers = {w.node_id[:12]: w for w in ray_cluster.workers()}
+        with runner.sandbox("ray") as sb, runner.sandbox("ray") as sb2:
+            where = {s: node_of(s.exec("true")) for s in (sb, sb2)}
+            target = next(s for s, label in where.items() if label.split("(")[1][:-1] in workers)
+            pid = backend.details()["nodes"][where[target]]["pid"]
+            assert containers_of(engine, pid)
+            ray_cluster.remove_node(workers[where[target].split("(")[1][:-1]])
+            with pytest.raises(SandboxLostError):
+                target.exec("sleep 30", timeout=60)
+        ray_cluster.add_node()
+        runner._call(backend.probe)  # the new node's host actor starts, and its first check sweeps
+        assert wait_until(lambda: not containers_of(engine, pid), 30), containers_of(engine, pid)
 
 
 def test_a_node_removed_under_a_batch(ray_cluster: RayCluster, spare_node: None) -> None:  # noqa: F811

@@ -85,6 +85,7 @@ class Node:
     capabilities: Capabilities
     verdicts: dict[str, tuple[bool, str]]
     slots: int
+    pid: int  # the host actor's process on the node (what its sandboxes name as their owner)
     open: int = 0  # sandboxes of this driver open on it now
     workspace: str | None = None  # where its sandboxes keep their workspace, once one opened
     ran: int = 0  # execs run on it, for details()
@@ -347,7 +348,8 @@ class RayBackend(ExecutionBackend[RaySettings]):
             self._unusable.pop(node_id, None)
             self._nodes[node_id] = Node(node_id, value["ip"], actor, value["backend"],
                                         Capabilities(**value["capabilities"]),
-                                        {k: tuple(v) for k, v in value["verdicts"].items()}, value["slots"])
+                                        {k: tuple(v) for k, v in value["verdicts"].items()}, value["slots"],
+                                        value["pid"])
         if not self._nodes:
             why = "; ".join(f"node {n[:12]}: {r}" for n, r in self._unusable.items()) or "the cluster has no node"
             raise BackendUnavailableError(
@@ -388,7 +390,7 @@ class RayBackend(ExecutionBackend[RaySettings]):
 
     def details(self) -> dict[str, Any]:
         return {"nodes": {node.label: {"backend": node.backend, "slots": node.slots, "open": node.open,
-                                       "ran": node.ran} for node in self._nodes.values()},
+                                       "ran": node.ran, "pid": node.pid} for node in self._nodes.values()},
                 "unusable": dict(self._unusable)}
 
     # --- placement and calls ---------------------------------------------------------------------------------

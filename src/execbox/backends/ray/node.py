@@ -12,6 +12,7 @@ execbox error (an exception pickled through Ray may not unpickle, and a node's b
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -65,7 +66,7 @@ class NodeHost:
             verdicts[mode] = (verdict.sandbox, verdict.reason)
         return "ok", {"node_id": context.get_node_id(), "ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
                       "backend": self._backend.name, "capabilities": self._caps.model_dump(mode="json"),
-                      "verdicts": verdicts, "slots": self._slots}
+                      "verdicts": verdicts, "slots": self._slots, "pid": os.getpid()}
 
     async def open(self, sid: str, network: str, limits: dict[str, Any], lifetime_s: float) -> Reply:
         try:
