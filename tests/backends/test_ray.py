@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from execbox import NotASandboxError, Runner, SandboxLostError, Settings
+from execbox import MissingExtraError, NotASandboxError, Runner, SandboxLostError, Settings
 from execbox.testing.conformance import BackendConformance
 from tests.backends.ray_fixtures import RayCluster, ray_cluster  # noqa: F401  (the fixture)
 from tests.support.containers import containers_of
@@ -289,6 +289,13 @@ def test_the_driver_killed_its_sandboxes_end_by_their_deadlines(ray_cluster: Ray
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+def test_without_ray_installed_the_backend_says_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # what find_spec sees of a package that is not installed
+    with Runner(Settings.from_env(backend="ray")) as runner, pytest.raises(MissingExtraError) as raised:
+        runner.run("true")
+    assert raised.value.fix == "pip install 'execbox[ray]'"
 
 
 @pytest.mark.parametrize(("address", "code", "says"), [

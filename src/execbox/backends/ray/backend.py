@@ -379,6 +379,7 @@ class RayBackend(ExecutionBackend[RaySettings]):
 
     def verdict(self, request: ExecRequest) -> Verdict:
         if not self._nodes:
+            self.require_sdk()  # asked before the first check: without Ray, the pip hint
             self._survey()  # asked before the first check: the nodes are what is judged (unreachable: raised)
         network = request.network or "none"
         weak = [f"node {node.label}: {node.verdicts.get(network, (False, 'no verdict for ' + network))[1]}"
