@@ -1,5 +1,7 @@
 """A real Ray cluster on this machine for the ray backend's tests: three nodes of one CPU each and a small object
-store, started once per test session and shut down at its end (also when a test failed)."""
+store, started once and shut down when the module that uses it is done (also when a test failed). Module scope,
+not session: the suite's other tests must not run beside three raylets, nor in a process connected to them (every
+backend listing would then reach the cluster)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ class RayCluster:
         self.cluster.remove_node(node, allow_graceful=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'execbox[ray]'")
     from ray.cluster_utils import Cluster
