@@ -91,6 +91,14 @@ def test_secrets_output_cap_and_collect_hold_across_the_hop(runner: Runner) -> N
     assert result.files == {"out.txt": b"kept"}
 
 
+def test_network_proxy_attempts_come_back_from_the_node(runner: Runner) -> None:
+    code = ("import urllib.request\ntry:\n    urllib.request.urlopen('http://example.com/', timeout=10)\n"
+            "except Exception as exc:\n    print(type(exc).__name__)")
+    result = runner.run_code(code, network="proxy", timeout=30)
+    assert result.exit_code == 0, result
+    assert [(a.host, a.allowed) for a in result.egress] == [("example.com", False)], result.egress
+
+
 def test_a_session_is_pinned_to_its_node_with_its_files(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "up").mkdir()
     (tmp_path / "up" / "a.txt").write_text("uploaded")

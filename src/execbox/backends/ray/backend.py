@@ -34,6 +34,7 @@ from execbox.plugin import (
     BackendUnavailableError,
     Capabilities,
     ConfigError,
+    EgressAttempt,
     ExecboxError,
     ExecRequest,
     ExecResult,
@@ -205,7 +206,7 @@ class RaySession(Session):
                               duration_s=fields["duration_s"], oom_killed=fields["oom_killed"])
         return result.model_copy(update={
             "stdout": fields["stdout"], "stderr": fields["stderr"], "truncated": fields["truncated"],
-            "exit_code": fields["exit_code"], "egress": fields["egress"],
+            "exit_code": fields["exit_code"], "egress": [EgressAttempt(**attempt) for attempt in fields["egress"]],
             "notes": [*fields["notes"], f"ray: ran on node {self.node.label} in its {self.node.backend} sandbox"]})
 
     async def write_file(self, path: str, data: bytes) -> None:
