@@ -20,9 +20,22 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-EXTRAS = ["", "docker", "ssh", "singularity", "modal", "daytona", "vercel", "mcp", "egress-secrets"]
+EXTRAS = ["", "docker", "ssh", "singularity", "modal", "daytona", "vercel", "mcp", "egress-secrets", "ray", "inspect",
+          "smolagents", "pydantic-ai"]
 # The backend each extra's SDK serves (singularity drives the apptainer binary; its extra only adds spython).
-BACKEND_OF = {"docker": "docker", "ssh": "ssh", "modal": "modal", "daytona": "daytona", "vercel": "vercel_sandbox"}
+BACKEND_OF = {"docker": "docker", "ssh": "ssh", "modal": "modal", "daytona": "daytona", "vercel": "vercel_sandbox",
+              "ray": "ray"}
+# The integration each extra's framework serves (execbox.integrations).
+INTEGRATION_OF = {"inspect": "inspect_ai", "smolagents": "smolagents", "pydantic-ai": "pydantic_ai"}
+IMPORT_CHECK = """
+import importlib, sys
+try:
+    importlib.import_module(sys.argv[1])
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+else:
+    print("imported")
+"""
 ROOT = os.geteuid() == 0
 
 
@@ -112,6 +125,12 @@ def test_each_command_works_with_only_this_extra(environments: dict[str, Path], 
         server.terminate()
         _, err = server.communicate(timeout=60)
     assert "Traceback" not in err, err
+
+    # An integration imports with its framework's extra, and without it says which extra to install.
+    for other, module in INTEGRATION_OF.items():
+        said = subprocess.run([str(bin_dir / "python"), "-c", IMPORT_CHECK, f"execbox.integrations.{module}"],
+                              capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL).stdout.strip()
+        assert said == "imported" if other == extra else f"pip install 'execbox[{other}]'" in said, (other, said)
 
     # The MCP server needs its extra, and says so without it.
     if extra == "mcp":

@@ -11,6 +11,8 @@
     │                             missing (CLI exit 126; never retryable)
     ├── BusyError                 every sandbox slot stayed taken for the queue timeout (retryable)
     └── SandboxError              a sandbox broke while in use (connection dropped, container vanished)
+        ├── SandboxLostError      the machine the sandbox ran on is gone (a Ray node died): its state went with it;
+        │                         never retryable, nothing was re-run
         ├── BackendTimeoutError   a backend call did not return within its bound (the request's timeout plus
         │                         CODE_EXEC_BACKEND_GRACE_SEC): abandoned, its sandbox closed and marked broken
         ├── WorkspacePathError    a sandbox path is invalid (empty, NUL, ``..`` above ``/``, a planted symlink)
@@ -118,6 +120,14 @@ class BusyError(ExecboxError):
 
 class SandboxError(ExecboxError):
     """A sandbox broke while in use."""
+
+
+class SandboxLostError(SandboxError):
+    """The machine a sandbox ran on is gone (a cluster node died or left): the sandbox, its files and whatever ran
+    in it went with it. Raised at once, never after a silent re-run elsewhere; retrying the same sandbox cannot help
+    (open a new one: its state has to be rebuilt)."""
+
+    retryable = False
 
 
 class BackendTimeoutError(SandboxError):

@@ -57,7 +57,8 @@ each piece's contract.
                      ExecutionBackend.sweeps_on_first_use (gc after the first check of each process; the scope
                      of one sweep: sweep_scope)
     errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError,
-                     BackendTimeoutError: what a backend call that never returns becomes, see contract.backend.bounded)
+                     SandboxLostError: the machine a sandbox ran on is gone, BackendTimeoutError: what a backend
+                     call that never returns becomes, see contract.backend.bounded)
 """
 
 from __future__ import annotations
@@ -91,7 +92,9 @@ from execbox.errors import (
     SandboxError,
     SandboxFileNotFoundError,
     SandboxIsADirectoryError,
+    SandboxLostError,
     SandboxPermissionError,
+    TransferTooLargeError,
     UnsupportedPolicyError,
     WorkspacePathError,
 )
@@ -170,7 +173,9 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # and SessionSpec.tmpfs (extra tmpfs paths), mount_tmpfs; safe_read(owner=) (file calls as the sandbox user);
 # Session.run_script(stdin=); the runner hands file calls on absolute paths outside the workspace to run_script;
 # present_here (what a backend would use is on this machine though its SDK is not: `execbox doctor` warns).
-KIT_VERSION = "2.1"
+# 2.2: SandboxLostError (the machine a sandbox ran on is gone: the ray backend's lost node); TransferTooLargeError
+# (a listing or transfer over its TransferLimits, for a backend that bounds one itself).
+KIT_VERSION = "2.2"
 
 __all__ = [
     "ARMED",
@@ -254,6 +259,10 @@ __all__ = [
     "safe_write",
     "sandbox_env",
     "SandboxError",
+    "SandboxFileNotFoundError",
+    "SandboxIsADirectoryError",
+    "SandboxLostError",
+    "SandboxPermissionError",
     "sdk_call",
     "SECCOMP_DENY_ERRNO",
     "Session",
@@ -273,12 +282,10 @@ __all__ = [
     "TIMEOUT_EXIT_CODE",
     "Transfer",
     "TransferLimits",
+    "TransferTooLargeError",
     "UnsupportedPolicyError",
     "Verdict",
     "with_egress",
-    "SandboxFileNotFoundError",
-    "SandboxIsADirectoryError",
-    "SandboxPermissionError",
     "WorkspacePathError",
     "wrapped_argv",
 ]
