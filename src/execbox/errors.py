@@ -101,9 +101,10 @@ class BackendUnavailableError(ExecboxError):
 
 
 class MissingExtraError(BackendUnavailableError):
-    """The backend's Python SDK, which its extra installs, is not. ``present`` names what this machine has that the
-    backend would use (e.g. a Docker engine's socket), or is None: then `execbox doctor` warns, since ``auto``
-    quietly picks a weaker sandbox until the extra is installed."""
+    """A package a backend (its SDK) or an integration (its framework) needs is not installed: ``fix`` is the
+    ``pip install 'execbox[extra]'`` line. ``present`` names what this machine has that the backend would use
+    (e.g. a Docker engine's socket), or is None: then `execbox doctor` warns, since ``auto`` quietly picks a weaker
+    sandbox until the extra is installed."""
 
     def __init__(self, message: str, *, extra: str | None, present: str | None = None, **kw: object) -> None:
         self.extra = extra

@@ -31,12 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 import execbox
 from execbox.errors import (
     BackendTimeoutError,
-    BackendUnavailableError,
     ConfigError,
     ExecboxError,
     FileTooLargeError,
     SandboxError,
 )
+from execbox.integrations import missing_extra
 
 try:
     from inspect_ai.util import (
@@ -49,9 +49,8 @@ try:
         SandboxUserUnsupportedError,
         sandboxenv,
     )
-except ImportError as exc:  # the hint a backend gives for its SDK (ExecutionBackend.require_sdk)
-    raise BackendUnavailableError("execbox.integrations.inspect_ai needs the `inspect_ai` package, which is not "
-                                  "installed", fix="pip install 'execbox[inspect]'") from exc
+except ImportError as exc:
+    raise missing_extra(__name__, "inspect_ai", "inspect", exc) from exc
 
 __all__ = ["ExecboxSandboxConfig", "ExecboxSandboxEnvironment"]
 

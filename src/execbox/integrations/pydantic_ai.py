@@ -20,13 +20,13 @@ from typing import Any
 import anyio
 
 import execbox
+from execbox.integrations import missing_extra
 
 try:
     from pydantic_ai import RunContext
     from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 except ImportError as exc:
-    raise execbox.ExecboxError(f"execbox.integrations.pydantic_ai needs pydantic-ai ({exc.name} is missing): "
-                               "pip install 'execbox[pydantic-ai]'") from exc
+    raise missing_extra(__name__, "pydantic-ai", "pydantic-ai", exc) from exc
 
 __all__ = ["ExecboxToolset"]
 

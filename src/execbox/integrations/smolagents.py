@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 import execbox
+from execbox.integrations import missing_extra
 
 try:
     import PIL.Image
@@ -29,8 +30,7 @@ try:
     from smolagents.tools import get_tools_definition_code
     from smolagents.utils import AgentError
 except ImportError as exc:
-    raise execbox.ExecboxError(f"execbox.integrations.smolagents needs smolagents ({exc.name} is missing): "
-                               "pip install 'execbox[smolagents]'") from exc
+    raise missing_extra(__name__, "smolagents", "smolagents", exc) from exc
 
 __all__ = ["ExecboxExecutor"]
 
