@@ -36,6 +36,7 @@ from execbox import AsyncRunner, Runner, Settings
 from execbox.backends.docker import image as docker_image
 from execbox.backends.docker.hardening import seccomp_profile
 from execbox.kit.ownership import owner_id
+from execbox.runner.batch import percentile
 
 REPO = Path(__file__).resolve().parents[1]
 PEER_VENV = REPO / ".bench-peer" / "venv"  # .bench-peer/ is git-ignored
@@ -91,8 +92,7 @@ def timings(fn: Callable[[], object], runs: int, before: Callable[[], object] | 
 
 
 def p99(samples: list[float]) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return percentile(samples, 0.99)  # the batch summary's rule, so every p99 in the README is the same one
 
 
 def med(samples: list[float]) -> float:

@@ -20,16 +20,13 @@ import statistics
 import time
 
 import ray
+from bench_pool import p99
 from ray.cluster_utils import Cluster
 
 from execbox import Runner, Settings
 
 NODES = 3
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
-
-
-def p99(samples: list[float]) -> float:
-    return sorted(samples)[max(0, round(len(samples) * 0.99) - 1)]
 
 
 def node_of(result: object) -> str:

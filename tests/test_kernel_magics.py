@@ -86,6 +86,8 @@ def test_a_cell_installs_from_the_package_cache_of_a_sandbox_opened_without_aski
         missing = sb.run_cell("%pip install execbox-no-such-package")
         assert missing.error is not None and missing.error.name == "PipInstallError"
         assert "planted" not in sb.exec("touch /opt/execbox/pip/planted.whl 2>/dev/null && echo planted").stdout
+        # Not asked for: the cache is pip_install's, the code's own environment is not pointed at it.
+        assert "PIP_" not in sb.exec("env").stdout
     finally:
         sb.close()
         sb.close()  # closing twice is fine

@@ -21,6 +21,7 @@ from inspect_ai import eval as inspect_eval
 from inspect_ai.util import (
     OutputLimitExceededError,
     SandboxEnvironment,
+    SandboxEnvironmentLimits,
     SandboxEnvironmentSpec,
     SandboxUnavailableError,
     SandboxUserUnsupportedError,
@@ -170,6 +171,34 @@ async def test_the_pool_opens_sandboxes_ahead_and_closes_what_is_left(audit_dir:
     for sandbox in [taken, *left]:
         with pytest.raises(execbox.SandboxError, match="closed"):
             sandbox.workspace  # noqa: B018 - closed
+
+
+@pytest.mark.engine
+async def test_two_tasks_with_one_config_share_it_until_the_last_ends(audit_dir: None) -> None:
+    from execbox.integrations import inspect_ai as provider_module
+
+    config = ExecboxSandboxConfig(backend="bubblewrap")
+    await ExecboxSandboxEnvironment.task_init("first", config)
+    await ExecboxSandboxEnvironment.task_init("second", config)
+    await ExecboxSandboxEnvironment.task_cleanup("first", config, True)
+    environments = await ExecboxSandboxEnvironment.sample_init("second", config, {})  # still open for the second
+    assert (await environments["default"].exec(["echo", "ok"])).stdout == "ok\n"
+    await ExecboxSandboxEnvironment.sample_cleanup("second", config, environments, False)
+    await ExecboxSandboxEnvironment.task_cleanup("second", config, True)
+    assert config not in provider_module._configured
+
+
+def test_a_bound_the_operator_set_stays_a_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    from execbox.integrations.inspect_ai import _bounds
+
+    config = ExecboxSandboxConfig(backend="bubblewrap", timeout=600)
+    unset = _bounds(config)  # nothing set: inspect's limits and the task's timeout
+    assert unset.max_timeout_sec == 600 and unset.max_output_bytes == SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+    monkeypatch.setenv("CODE_EXEC_MAX_TIMEOUT_SEC", "5")
+    monkeypatch.setenv("CODE_EXEC_MAX_OUTPUT_BYTES", "1000")
+    capped = _bounds(config)
+    assert capped.max_timeout_sec == 5 and capped.max_output_bytes == 1000
+    assert capped.max_read_bytes == SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
 
 
 @pytest.mark.engine

@@ -44,13 +44,6 @@ def sandbox_events() -> list[tuple[str, str]]:
     return [(r["event"], r["session"]) for r in records if r["event"] in ("sandbox.open", "sandbox.close")]
 
 
-@pytest.fixture(params=["docker", "bubblewrap"])
-def backend(request: pytest.FixtureRequest) -> str:
-    with Runner() as runner:
-        _usable(runner, request.param)
-    return str(request.param)
-
-
 @pytest.mark.engine
 def test_an_agent_runs_python_and_shell_in_one_sandbox_per_run(backend: str) -> None:
     agent = Agent(toolsets=[ExecboxToolset(backend)])

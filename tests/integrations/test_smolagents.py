@@ -42,13 +42,6 @@ def sandbox_uid() -> int:
     return os.getuid()
 
 
-@pytest.fixture(params=["docker", "bubblewrap"])
-def backend(request: pytest.FixtureRequest) -> str:
-    with Runner() as runner:
-        _usable(runner, request.param)
-    return str(request.param)
-
-
 @pytest.mark.engine
 def test_a_code_agent_runs_its_steps_in_one_sandbox(backend: str, probe_cache: Index) -> None:
     model = ScriptedModel(

@@ -15,8 +15,11 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import anyio
+import anyio.abc
 import httpx2
 import mcp.types as types
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
@@ -61,6 +64,26 @@ class Asked:
         if self.action != "accept":
             return types.ElicitResult(action=self.action)  # type: ignore[arg-type]
         return types.ElicitResult(action="accept", content={"approve": self.approve})
+
+
+@contextlib.contextmanager
+def held_client(server_env: dict[str, str]) -> Iterator[tuple[BlockingPortal, Client]]:
+    """A stdio server and an SDK client connected to it, held open in a portal's event loop for sync tests (a
+    module's fixture): the client is entered and left in one task, as the SDK needs."""
+
+    async def hold(stop: anyio.Event, *, task_status: anyio.abc.TaskStatus[Client]) -> None:
+        async with Client(stdio(server_env)) as client:
+            task_status.started(client)
+            await stop.wait()
+
+    with start_blocking_portal() as portal:
+        stop = portal.call(anyio.Event)
+        done, client = portal.start_task(hold, stop)
+        try:
+            yield portal, client
+        finally:
+            portal.call(stop.set)
+            done.result()
 
 
 def text(result: types.CallToolResult) -> str:

@@ -7,16 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import anyio
-import anyio.abc
 import pytest
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from tests.mcp.support import env, stdio, text, usable
+from tests.mcp.support import env, held_client, text, usable
 
 TOOLS = ["run_code", "run_command", "shell", "python", "write_file", "read_file", "list_files", "delegate",
          "no_such_tool"]
@@ -35,20 +33,8 @@ def live() -> Iterator[tuple[BlockingPortal, Client]]:
     usable("bubblewrap")
     server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap",
                  CODE_EXEC_MAX_TIMEOUT_SEC="3")
-
-    async def hold(stop: anyio.Event, *, task_status: anyio.abc.TaskStatus[Client]) -> None:
-        async with Client(stdio(server)) as client:  # entered and left in one task, as the SDK needs
-            task_status.started(client)
-            await stop.wait()
-
-    with start_blocking_portal() as portal:
-        stop = portal.call(anyio.Event)
-        done, client = portal.start_task(hold, stop)
-        try:
-            yield portal, client
-        finally:
-            portal.call(stop.set)
-            done.result()
+    with held_client(server) as live:
+        yield live
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

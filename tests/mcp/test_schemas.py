@@ -10,15 +10,13 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
-import anyio
-import anyio.abc
 import jsonschema
 import pytest
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 from mcp import Client
 
 from execbox.mcp.tools import ERROR_META
-from tests.mcp.support import SERVER, env, stdio, text, usable
+from tests.mcp.support import SERVER, env, held_client, text, usable
 
 CALLS: list[tuple[str, dict[str, Any]]] = [
     ("run_code", {"code": "print(6 * 7)"}), ("run_command", {"command": "echo hi"}),
@@ -32,20 +30,8 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
 def live() -> Iterator[tuple[BlockingPortal, Client]]:
     usable("bubblewrap")
     server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap")
-
-    async def hold(stop: anyio.Event, *, task_status: anyio.abc.TaskStatus[Client]) -> None:
-        async with Client(stdio(server)) as client:  # entered and left in one task, as the SDK needs
-            task_status.started(client)
-            await stop.wait()
-
-    with start_blocking_portal() as portal:
-        stop = portal.call(anyio.Event)
-        done, client = portal.start_task(hold, stop)
-        try:
-            yield portal, client
-        finally:
-            portal.call(stop.set)
-            done.result()
+    with held_client(server) as live:
+        yield live
 
 
 def test_the_server_names_its_version(live: tuple[BlockingPortal, Client]) -> None:

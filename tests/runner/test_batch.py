@@ -224,3 +224,23 @@ def test_the_readme_examples_run_as_printed(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr  # the third item exits 4
     results = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [(r["index"], r["exit_code"], r["stdout"]) for r in results] == [(0, 0, "1\n"), (1, 0, "2\n"), (2, 4, "")]
+
+
+@pytest.mark.anyio
+async def test_a_bug_under_one_item_is_that_items_error_and_the_batch_goes_on() -> None:
+    from execbox import ExecResult
+    from execbox.runner.batch import AsyncBatch
+    from execbox.runner.scheduler import Slots
+
+    class Host:
+        slots = Slots(2)
+
+        async def execute(self, request: ExecRequest, *, backend: str | None = None) -> ExecResult:
+            if request.code == "boom":
+                raise RuntimeError("a bug below the runner")
+            return ExecResult(exit_code=0, stdout="ok\n")
+
+    async with AsyncBatch(Host(), ["print(1)", "boom", "print(2)"], progress=False) as batch:
+        got = [item async for item in batch]
+    assert [item.outcome for item in got] == ["passed", "error", "passed"]
+    assert got[1].error is not None and "RuntimeError: a bug below the runner" in got[1].error.message

@@ -109,6 +109,18 @@ def _config(config: SandboxEnvironmentConfigType | None) -> ExecboxSandboxConfig
 _files: dict[str, ExecboxSandboxConfig] = {}
 
 
+def _bounds(config: ExecboxSandboxConfig) -> execbox.Settings:
+    """The runner's settings: the environment's, with inspect's output and read limits and the task's timeout as
+    execbox's bounds. A bound the operator set (CODE_EXEC_MAX_*, anything but its default) stays a ceiling: a task
+    file never raises it."""
+    env = execbox.Settings.from_env()
+    wanted = {"max_output_bytes": SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE,
+              "max_read_bytes": SandboxEnvironmentLimits.MAX_READ_FILE_SIZE, "max_timeout_sec": config.timeout}
+    bounds = {name: value if getattr(env, name) == type(env).model_fields[name].default
+              else min(value, getattr(env, name)) for name, value in wanted.items()}
+    return execbox.Settings.from_env(**bounds)
+
+
 @dataclass(eq=False)
 class _Configured:
     """One runner per configuration and the sandboxes it opened ahead (``pool``)."""
@@ -117,15 +129,12 @@ class _Configured:
     runner: execbox.AsyncRunner
     ready: list[execbox.AsyncSandbox] = field(default_factory=list)
     closing: bool = False
+    #: The tasks using it (two tasks with equal configs share it): the last one's task_cleanup closes it.
+    tasks: int = 0
 
     @classmethod
     def make(cls, config: ExecboxSandboxConfig) -> _Configured:
-        # inspect's output and read limits as execbox's bounds (a call asks for inspect's current ones under them);
-        # every other setting comes from the environment as for any runner.
-        settings = execbox.Settings(max_output_bytes=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE,
-                                    max_read_bytes=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE,
-                                    max_timeout_sec=config.timeout)
-        return cls(config, execbox.AsyncRunner(settings))
+        return cls(config, execbox.AsyncRunner(_bounds(config)))
 
     async def open(self) -> execbox.AsyncSandbox:
         c = self.config
@@ -243,6 +252,7 @@ class ExecboxSandboxEnvironment(SandboxEnvironment):
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
         configured = _state(config)
+        configured.tasks += 1
         # Fail fast, before any sample: the backend must be able to open a session here (and the guard say yes).
         await configured.runner.select(configured.config.backend, session=True)
         await configured.fill()
@@ -270,8 +280,13 @@ class ExecboxSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     async def task_cleanup(cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool) -> None:
-        configured = _configured.pop(_config(config), None)
-        if configured is not None:
+        key = _config(config)
+        configured = _configured.get(key)
+        if configured is None:
+            return
+        configured.tasks -= 1
+        if configured.tasks <= 0:
+            del _configured[key]
             await configured.aclose()
 
     @classmethod

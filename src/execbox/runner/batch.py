@@ -20,7 +20,7 @@ import anyio
 from pydantic import ValidationError
 
 from execbox.contract.models import ExecRequest, ExecResult
-from execbox.errors import BackendTimeoutError, ConfigError, ExecboxError, RefusedError
+from execbox.errors import BackendTimeoutError, ConfigError, ExecboxError, RefusedError, SandboxError
 from execbox.runner.scheduler import Slots
 
 T = TypeVar("T")
@@ -91,9 +91,8 @@ class BatchSummary:
         return (self.ended or time.monotonic()) - self.started
 
     def percentile(self, q: float) -> float | None:
-        """The item time (seconds) below which ``q`` of the items fall (nearest rank); None before any."""
-        ranked = sorted(self.durations)
-        return ranked[max(0, math.ceil(q * len(ranked)) - 1)] if ranked else None
+        """The item time (seconds) below which ``q`` of the items fall; None before any."""
+        return percentile(self.durations, q) if self.durations else None
 
     def __str__(self) -> str:
         rate = self.total / self.wall_s if self.wall_s > 0 else 0.0
@@ -102,6 +101,13 @@ class BatchSummary:
         p50, p99 = self.percentile(0.5), self.percentile(0.99)
         timing = f"; per item p50 {p50:.3f} s, p99 {p99:.3f} s" if p50 is not None and p99 is not None else ""
         return f"{self.total} items in {self.wall_s:.1f} s ({rate:.1f}/s): {parts}{timing}"
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile: the smallest sample with at least ``q`` of them at or below it (the bench's
+    p99 too). ``samples`` must not be empty."""
+    ranked = sorted(samples)
+    return ranked[max(0, math.ceil(q * len(ranked)) - 1)]
 
 
 def as_request(item: Item) -> ExecRequest:
@@ -224,6 +230,9 @@ class AsyncBatch:
                     done = BatchItem(index, result=result, elapsed_s=time.monotonic() - started)
                 except ExecboxError as exc:
                     done = BatchItem(index, error=exc, elapsed_s=time.monotonic() - started)
+                except Exception as exc:  # noqa: BLE001 - a bug under one item is that item's error, not the batch's
+                    failed = SandboxError(f"the item failed with {type(exc).__name__}: {str(exc)[:2000]}")
+                    done = BatchItem(index, error=failed, elapsed_s=time.monotonic() - started)
             self.summary.add(done)
             if self._progress is not None:
                 self._progress.update(self.summary)

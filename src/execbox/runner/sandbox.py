@@ -73,6 +73,8 @@ class AsyncSandbox:
         self._pip = packages.check_requirements(pip) if pip else []
         # Variables every exec of this sandbox gets from execbox itself (the package cache's pip settings).
         self._extra_env: dict[str, str] = {}
+        # pip pointed at the package cache: every exec's with package_cache=True, else pip_install's own.
+        self._pip_env: dict[str, str] = {}
         #: True when the sandbox was made by a module-level helper: it then closes its runner too.
         self.owns_runner = False
         self._backend_name = backend
@@ -154,10 +156,12 @@ class AsyncSandbox:
         """The package cache, read-only at packages.SANDBOX_DIR, and pip pointed at it (offline when the network is
         none). Trusted: execbox's own directory, filled only on the host (kit.packages)."""
         packages.ensure_cache(cache)  # the admission said the backend can bind it
-        self._extra_env = {"PIP_FIND_LINKS": packages.SANDBOX_DIR, "PIP_BREAK_SYSTEM_PACKAGES": "1",
-                           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        self._pip_env = {"PIP_FIND_LINKS": packages.SANDBOX_DIR, "PIP_BREAK_SYSTEM_PACKAGES": "1",
+                         "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
         if self._network == "none":
-            self._extra_env["PIP_NO_INDEX"] = "1"  # nothing to reach: do not make pip retry an index for minutes
+            self._pip_env["PIP_NO_INDEX"] = "1"  # nothing to reach: do not make pip retry an index for minutes
+        if self._package_cache:  # asked for: every exec's own pip finds the cache too; else only pip_install's
+            self._extra_env = dict(self._pip_env)
         # model_construct: /opt/execbox is reserved for execbox's own mounts, which the caller's may not cover.
         return (Mount.model_construct(source=str(cache), target=packages.SANDBOX_DIR, writable=False),)
 
@@ -450,7 +454,7 @@ class AsyncSandbox:
                               "sb.pip_install('numpy', 'pandas>=2')")
         reqs = packages.check_requirements(requirements)
         install = ["python3", "-m", "pip", "install", "--no-index", "--progress-bar", "off", *reqs]
-        if not self._extra_env:
+        if not self._pip_env:
             # The admission's one rule (a backend that takes no mounts cannot bind the cache): one refused record.
             await admit(self.runner, _command_request(install), within=self._opened(), package_cache=True)
             raise self._no_cache or ConfigError("this sandbox has no package cache")
@@ -460,8 +464,8 @@ class AsyncSandbox:
                                backend=backend.name)
         target = packages.PythonTarget.parse(probe.stdout)
         fill = await anyio.to_thread.run_sync(packages.fill_cache, self.runner.package_cache, reqs, target)
-        # PIP_FIND_LINKS (set for this sandbox) points pip at the cache; --no-index: nothing else is looked at.
-        result = await self.exec(install, on_stdout=on_stdout, on_stderr=on_stderr)
+        # PIP_FIND_LINKS points pip at the cache; --no-index: nothing else is looked at.
+        result = await self.exec(install, env=self._pip_env, on_stdout=on_stdout, on_stderr=on_stderr)
         note = (f"package cache: {len(fill.downloaded)} wheel(s) fetched on the host ({', '.join(fill.downloaded)}), "
                 f"{len(fill.cached)} from the cache") if fill.downloaded else (
                 f"package cache: every wheel came from the cache ({len(fill.cached)}), nothing was downloaded")
