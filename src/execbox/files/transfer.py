@@ -583,14 +583,16 @@ async def sandbox_read(session: SandboxShell, path: str, max_bytes: int) -> byte
     """Read the file at the absolute sandbox ``path`` as the sandbox user (links followed inside the sandbox, which
     is its own view); over ``max_bytes`` is refused (FileTooLargeError), from its size before a byte is sent."""
     cap = (max_bytes + 1 + 2) // 3 * 4 + (max_bytes // 57) + 4096  # base64 with its newlines
-    code, out, _ = await session.run_script(_READ, path, str(max_bytes), max_output=cap)
+    code, out, cut = await session.run_script(_READ, path, str(max_bytes), max_output=cap)
     if code == _TOO_LARGE:
         size = out.strip()
         raise FileTooLargeError(path, int(size) if size.isdigit() else None, max_bytes)
     if code != 0:
         raise _path_error(path, code, out, "read")
+    if cut:  # a cut base64 text may still decode: to other bytes than the file's
+        raise SandboxError(f"the file helper's output for {path!r} was cut short: the file was not read whole")
     try:
-        data = base64.b64decode(out)
+        data = base64.b64decode(out.replace("\n", ""), validate=True)
     except ValueError:
         raise SandboxError(f"the file helper sent back something that is not base64 for {path!r}") from None
     if len(data) > max_bytes:  # it grew after its size was read
