@@ -311,6 +311,8 @@ def host_pack(root: str, rel: str, out: IO[bytes], *, limits: TransferLimits, pr
                     fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                                  dir_fd=entry.dir_fd)
                 except OSError as exc:
+                    if not entry.path:  # the file asked for, as read_file would refuse it
+                        raise _refuse(shown, exc) from None
                     stats.skipped.append(f"{shown}: cannot be opened ({exc.strerror})")
                     continue
                 with os.fdopen(fd, "rb") as fh:
