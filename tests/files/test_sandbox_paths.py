@@ -22,8 +22,9 @@ from execbox import (
 )
 from execbox.contract.models import COMMAND_LINE_RESERVE, MAX_COMMAND_LINE_BYTES, command_line_bytes
 from execbox.errors import SandboxError
+from execbox.files.disk import tmpfs_path_mb
 from execbox.files.transfer import sandbox_read
-from execbox.files.workspace import normalize, safe_read, safe_write
+from execbox.files.workspace import is_directory_error, normalize, safe_read, safe_write
 
 WS = "/workspace"
 
@@ -128,8 +129,8 @@ class ScriptedShell:
 
     workspace = WS
 
-    def __init__(self, out: str, cut: bool) -> None:
-        self.out, self.cut = out, cut
+    def __init__(self, out: str, cut: bool, code: int = 0) -> None:
+        self.out, self.cut, self.code = out, cut, code
 
     async def read_file(self, path: str, max_bytes: int) -> bytes:
         raise AssertionError("sandbox_read goes through run_script")
@@ -139,7 +140,7 @@ class ScriptedShell:
 
     async def run_script(self, script: str, *args: str, max_output: int = 1 << 16,
                          stdin: bytes | None = None) -> tuple[int, str, bool]:
-        return 0, self.out, self.cut
+        return self.code, self.out, self.cut
 
 
 @pytest.mark.anyio
@@ -151,3 +152,20 @@ async def test_a_read_whose_helper_output_was_cut_or_is_not_base64_is_refused_no
         await sandbox_read(ScriptedShell(cut_short, cut=True), "/var/tmp/f", 4096)
     with pytest.raises(SandboxError, match="not base64 for '/var/tmp/f'"):
         await sandbox_read(ScriptedShell("aGVsbG8*d29ybGQ=\n", cut=False), "/var/tmp/f", 4096)
+
+
+@pytest.mark.anyio
+async def test_reading_a_directory_says_the_same_wherever_it_is_read(tmp_path: Path) -> None:
+    """One message for a directory read as a file: the workspace's host side, a path read in the sandbox (its file
+    helper exits 14 on a directory; the ssh backend calls the same is_directory_error)."""
+    (tmp_path / "d").mkdir()
+    with pytest.raises(SandboxIsADirectoryError) as on_host:
+        safe_read(str(tmp_path), "d", max_bytes=10)
+    with pytest.raises(SandboxIsADirectoryError) as in_sandbox:
+        await sandbox_read(ScriptedShell("", cut=False, code=14), "/var/tmp/d", 10)
+    assert str(on_host.value) == str(is_directory_error("d"))
+    assert str(in_sandbox.value) == str(is_directory_error("/var/tmp/d"))
+
+
+def test_a_tmpfs_path_is_sized_like_tmp_within_the_disk_limit() -> None:
+    assert (tmpfs_path_mb(512, None), tmpfs_path_mb(512, 64), tmpfs_path_mb(64, 512)) == (512, 64, 64)

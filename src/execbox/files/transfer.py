@@ -39,12 +39,11 @@ from execbox.errors import (
     FileTooLargeError,
     SandboxError,
     SandboxFileNotFoundError,
-    SandboxIsADirectoryError,
     SandboxPermissionError,
     TransferTooLargeError,
     WorkspacePathError,
 )
-from execbox.files.workspace import _open_dir, _refuse, write_error
+from execbox.files.workspace import _open_dir, _refuse, is_directory_error, write_error
 
 #: Deepest tree a transfer or listing walks (levels below the path given); deeper is refused.
 MAX_DEPTH = 256
@@ -568,8 +567,7 @@ def _path_error(path: str, code: int, why: str, doing: str) -> SandboxError:
     if code == _NOT_FOUND:
         return SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}")
     if code == _IS_DIR:
-        return SandboxIsADirectoryError(f"{path!r} is a directory, not a file: use list_files({path!r}) to see what "
-                                        "is in it")
+        return is_directory_error(path)
     if code == _NOT_REGULAR:
         return WorkspacePathError(f"refused {path!r}: not a regular file (a device, a FIFO or a socket)")
     if code == _DENIED:

@@ -52,6 +52,7 @@ from execbox.plugin import (
     sandbox_env,
     start_process,
     stop_process,
+    tmpfs_path_mb,
     with_egress,
 )
 
@@ -144,7 +145,7 @@ class BubblewrapSession(Session):
         remove_tree(self.root)
 
     def _tmpfs_size_mb(self) -> int:
-        return min(self.settings.tmpfs_mb, self.spec.limits.disk_mb or self.settings.tmpfs_mb)
+        return tmpfs_path_mb(self.settings.tmpfs_mb, self.spec.limits.disk_mb)
 
     def _make_tmpfs_dirs(self) -> dict[str, str]:
         """As root, a persistent session's tmpfs paths outlive each exec (every exec is a new bwrap), as a
