@@ -99,10 +99,10 @@ from execbox.errors import (
     WorkspacePathError,
 )
 from execbox.files.disk import IMAGE_SUFFIX as SIZED_IMAGE_SUFFIX
-from execbox.files.disk import mount_sized, mount_sized_soon, mount_tmpfs, release_sized
+from execbox.files.disk import mount_sized, mount_sized_soon, mount_tmpfs, release_sized, tmpfs_path_mb
 from execbox.files.disk import unavailable_reason as sized_workspace_unavailable
 from execbox.files.transfer import FileInfo, Transfer, TransferLimits
-from execbox.files.workspace import normalize, remove_tree, safe_read, safe_write
+from execbox.files.workspace import is_directory_error, normalize, remove_tree, safe_read, safe_write
 from execbox.kit.lifecycle import create_cleanly
 from execbox.kit.ownership import (
     OWNER_FILE,
@@ -174,7 +174,8 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # Session.run_script(stdin=); the runner hands file calls on absolute paths outside the workspace to run_script;
 # present_here (what a backend would use is on this machine though its SDK is not: `execbox doctor` warns).
 # 2.2: SandboxLostError (the machine a sandbox ran on is gone: the ray backend's lost node); TransferTooLargeError
-# (a listing or transfer over its TransferLimits, for a backend that bounds one itself).
+# (a listing or transfer over its TransferLimits, for a backend that bounds one itself); tmpfs_path_mb (a tmpfs=
+# path's size: /tmp's, within the disk limit) and is_directory_error (what reading a directory as a file says).
 KIT_VERSION = "2.2"
 
 __all__ = [
@@ -214,6 +215,7 @@ __all__ = [
     "hookimpl",
     "host_env",
     "HostWorkspaceSession",
+    "is_directory_error",
     "KIT_VERSION",
     "Limits",
     "load_probe_facts",
@@ -280,6 +282,7 @@ __all__ = [
     "sweep_orphaned_workspaces",
     "TextCapture",
     "TIMEOUT_EXIT_CODE",
+    "tmpfs_path_mb",
     "Transfer",
     "TransferLimits",
     "TransferTooLargeError",

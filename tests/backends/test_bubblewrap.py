@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -26,7 +27,8 @@ from execbox.backends.bubblewrap.cgroups import CGROUP_PREFIX, RunCgroup, plan_c
 from execbox.backends.bubblewrap.filesystem import ETC_PIECES, FORBIDDEN, masks
 from execbox.backends.bubblewrap.session import BubblewrapSession
 from execbox.backends.bubblewrap.settings import BubblewrapSettings
-from execbox.contract.models import Capabilities
+from execbox.contract.backend import SessionSpec
+from execbox.contract.models import Capabilities, ExecSpec
 from execbox.errors import BackendUnavailableError, UnsupportedPolicyError
 from execbox.plugin import OWNER_FILE, orphaned_dirs, owner_id, owner_tag
 from execbox.runner import run_blocking
@@ -108,6 +110,33 @@ def test_host_sees_an_unprivileged_uid(runner: Runner, caps: Capabilities) -> No
             assert (owner.st_uid, owner.st_gid) == (65534, 65534)
         else:
             assert owner.st_uid == os.getuid() != 0
+
+
+def test_without_root_a_sandboxs_tmpfs_paths_are_each_execs_own_sized_tmpfs(runner: Runner,
+                                                                           caps: Capabilities) -> None:
+    """Not root, nothing can mount a sized tmpfs that outlives one bwrap: a sandbox's tmpfs= paths (and /tmp) are
+    then bwrap's own sized --tmpfs per exec, never an unbounded directory on the host's disk. (The suite runs as
+    root here, so the argv a non-root session builds is what is checked.)"""
+    report = runner.aio.backend("bubblewrap").report
+    assert report is not None
+    report = dataclasses.replace(report, host_identity=None, disk_reason="not under test")
+    settings = BubblewrapSettings(tmpfs_mb=64)
+    spec = SessionSpec(network="none", limits=Limits(disk_mb=16), oneshot=False, lifetime_s=60,
+                       tmpfs=("/var/tmp",))
+    session = BubblewrapSession(report, settings, spec)
+    try:
+        args = session._bwrap_args(ExecSpec(argv=["true"], workdir="/workspace", network="none", timeout=5,
+                                                    max_output_bytes=100))
+        assert not [name for name in os.listdir(session.root) if name.startswith(bwsession.TMPFS_PREFIX)]
+    finally:
+        session.destroy()
+    tmpfs = {args[i + 1]: args[:i] for i, arg in enumerate(args) if arg == "--tmpfs"}  # path -> what precedes it
+    bound = {args[i + 2] for i, arg in enumerate(args) if arg == "--bind"}
+    assert {"/tmp", "/var/tmp"} <= tmpfs.keys() and not {"/tmp", "/var/tmp"} & bound
+    if "--size" in report.features:  # /tmp its own size, the tmpfs= path at most the disk limit
+        assert tmpfs["/tmp"][-2:] == ["--size", str(64 << 20)]
+        perms = 2 if "--perms" in report.features else 0  # --perms 0700 between
+        assert tmpfs["/var/tmp"][-2 - perms:][:2] == ["--size", str(16 << 20)]
 
 
 def test_setuid_binaries_gain_nothing(runner: Runner, caps: Capabilities) -> None:

@@ -107,6 +107,23 @@ def test_file_calls_honour_the_modes_the_code_set(sb: execbox.Sandbox, here: str
     assert isinstance(missing.value, FileNotFoundError)
 
 
+def test_download_reads_as_the_sandbox_user(sb: execbox.Sandbox, here: str, tmp_path: Path) -> None:
+    """What read_file refuses is not downloaded either: asked for, a SandboxPermissionError; inside a directory,
+    left out with a note. (The workspace's host side: root's bypass of the modes must not apply.)"""
+    made = sb.exec(f"mkdir -p {here}/sealed && echo ok > {here}/ok && echo secret > {here}/s && chmod 000 {here}/s && "
+                   f"echo hidden > {here}/sealed/h && chmod 000 {here}/sealed")
+    assert made.exit_code == 0, made.stderr
+    with pytest.raises(SandboxPermissionError):
+        sb.download(f"{here}/s", tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+    copied = sb.download(here, tmp_path / "d")
+    assert (tmp_path / "d" / "ok").read_text() == "ok\n"
+    assert not (tmp_path / "d" / "s").exists() and not (tmp_path / "d" / "sealed" / "h").exists()
+    assert any("s: cannot be opened" in note for note in copied.skipped), copied.skipped
+    assert any("sealed: unreadable directory" in note for note in copied.skipped), copied.skipped
+    assert [e.path for e in sb.list_files(here, recursive=True)] == [f"{here}/ok", f"{here}/s", f"{here}/sealed"]
+
+
 def test_writing_where_the_sandbox_user_may_not_is_a_permission_error(sb: execbox.Sandbox) -> None:
     for path in ("/etc/execbox-test", "/usr/execbox-test"):  # the read-only root
         with pytest.raises(SandboxPermissionError):

@@ -4,6 +4,7 @@ access as the sandbox user when execbox is root, and the command line counted as
 
 from __future__ import annotations
 
+import base64
 import errno
 import os
 import pickle
@@ -20,7 +21,10 @@ from execbox import (
     WorkspacePathError,
 )
 from execbox.contract.models import COMMAND_LINE_RESERVE, MAX_COMMAND_LINE_BYTES, command_line_bytes
-from execbox.files.workspace import normalize, safe_read, safe_write
+from execbox.errors import SandboxError
+from execbox.files.disk import tmpfs_path_mb
+from execbox.files.transfer import sandbox_read
+from execbox.files.workspace import is_directory_error, normalize, safe_read, safe_write
 
 WS = "/workspace"
 
@@ -118,3 +122,50 @@ def test_the_command_line_is_counted_as_the_kernel_counts_it() -> None:
 def test_a_too_long_command_is_a_config_error_before_anything_runs() -> None:
     with pytest.raises(execbox.ConfigError, match="ARG_MAX"):
         execbox.run(["true", *(["x" * 100_000] * 21)], backend="bubblewrap")
+
+
+class ScriptedShell:
+    """A SandboxShell whose file helper answers with what it was given (output, and whether it was cut)."""
+
+    workspace = WS
+
+    def __init__(self, out: str, cut: bool, code: int = 0) -> None:
+        self.out, self.cut, self.code = out, cut, code
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        raise AssertionError("sandbox_read goes through run_script")
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        raise AssertionError("sandbox_read goes through run_script")
+
+    async def run_script(self, script: str, *args: str, max_output: int = 1 << 16,
+                         stdin: bytes | None = None) -> tuple[int, str, bool]:
+        return self.code, self.out, self.cut
+
+
+@pytest.mark.anyio
+async def test_a_read_whose_helper_output_was_cut_or_is_not_base64_is_refused_not_corrupted() -> None:
+    whole = base64.encodebytes(bytes(range(256)) * 4).decode()  # with base64's newlines
+    assert await sandbox_read(ScriptedShell(whole, cut=False), "/var/tmp/f", 4096) == bytes(range(256)) * 4
+    cut_short = whole[:whole.index("\n", 200) + 1]  # whole lines: it would decode, to the wrong bytes
+    with pytest.raises(SandboxError, match="'/var/tmp/f'.*cut short"):
+        await sandbox_read(ScriptedShell(cut_short, cut=True), "/var/tmp/f", 4096)
+    with pytest.raises(SandboxError, match="not base64 for '/var/tmp/f'"):
+        await sandbox_read(ScriptedShell("aGVsbG8*d29ybGQ=\n", cut=False), "/var/tmp/f", 4096)
+
+
+@pytest.mark.anyio
+async def test_reading_a_directory_says_the_same_wherever_it_is_read(tmp_path: Path) -> None:
+    """One message for a directory read as a file: the workspace's host side, a path read in the sandbox (its file
+    helper exits 14 on a directory; the ssh backend calls the same is_directory_error)."""
+    (tmp_path / "d").mkdir()
+    with pytest.raises(SandboxIsADirectoryError) as on_host:
+        safe_read(str(tmp_path), "d", max_bytes=10)
+    with pytest.raises(SandboxIsADirectoryError) as in_sandbox:
+        await sandbox_read(ScriptedShell("", cut=False, code=14), "/var/tmp/d", 10)
+    assert str(on_host.value) == str(is_directory_error("d"))
+    assert str(in_sandbox.value) == str(is_directory_error("/var/tmp/d"))
+
+
+def test_a_tmpfs_path_is_sized_like_tmp_within_the_disk_limit() -> None:
+    assert (tmpfs_path_mb(512, None), tmpfs_path_mb(512, 64), tmpfs_path_mb(64, 512)) == (512, 64, 64)

@@ -52,7 +52,6 @@ from execbox.plugin import (
     FileTooLargeError,
     SandboxError,
     SandboxFileNotFoundError,
-    SandboxIsADirectoryError,
     Session,
     SessionSpec,
     Settings,
@@ -60,6 +59,7 @@ from execbox.plugin import (
     WorkspacePathError,
     build_result,
     create_cleanly,
+    is_directory_error,
     sandbox_env,
     setting,
 )
@@ -554,8 +554,7 @@ class SshSession(Session):
         if st is None:
             raise SandboxFileNotFoundError(f"no such file in the workspace: {rel!r}")
         if stat.S_ISDIR(st.st_mode):
-            raise SandboxIsADirectoryError(f"{rel!r} is a directory, not a file: use list_files({rel!r}) to see what "
-                                           f"is in it, or download({rel!r}, local_path) to copy it out")
+            raise is_directory_error(rel)
         if not stat.S_ISREG(st.st_mode):
             raise WorkspacePathError(f"refused {rel!r}: not a regular file")
         if (st.st_size or 0) > max_bytes:

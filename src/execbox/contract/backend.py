@@ -184,17 +184,27 @@ class Session(ABC):
         """The entries of the directory ``path`` ("" = the workspace; everything below it with ``recursive``), or
         the one entry of a file; never following a link, bounded by ``limits``."""
         if self.host_workspace is not None:
-            root = self.host_workspace
-            return await anyio.to_thread.run_sync(
-                lambda: transfer.host_list(root, path, recursive=recursive, limits=limits))
+            root, owner = self.host_workspace, self.host_owner
+
+            def walk() -> list[FileInfo]:
+                with as_owner(owner):  # as the sandbox user: a directory the code sealed is not listed
+                    return transfer.host_list(root, path, recursive=recursive, limits=limits)
+
+            return await anyio.to_thread.run_sync(walk)
         return await transfer.sandbox_list(self, path, recursive=recursive, limits=limits)
 
     async def download(self, path: str, out: IO[bytes], *, limits: TransferLimits) -> Transfer:
         """Write a tar of ``path`` ("" = the workspace) to ``out``: members named under its basename ("." for the
         workspace), symlinks stored as links and never followed, refused past ``limits`` before reading."""
         if self.host_workspace is not None:
-            root = self.host_workspace
-            return await anyio.to_thread.run_sync(lambda: transfer.host_pack(root, path, out, limits=limits))
+            root, owner = self.host_workspace, self.host_owner
+
+            def pack() -> Transfer:
+                # as the sandbox user: a file the code made unreadable is refused (asked for) or left out (skipped)
+                with as_owner(owner):
+                    return transfer.host_pack(root, path, out, limits=limits)
+
+            return await anyio.to_thread.run_sync(pack)
         await transfer.sandbox_pack(self, path, out, limits=limits)
         return Transfer()
 

@@ -227,6 +227,11 @@ def mount_sized_soon(path: str, size_mb: int, owner: tuple[int, int]) -> concurr
     return done
 
 
+def tmpfs_path_mb(tmpfs_mb: int, disk_mb: int | None) -> int:
+    """The size of a sandbox's extra tmpfs= path: the backend's /tmp size (``tmpfs_mb``), at most the disk limit."""
+    return min(tmpfs_mb, disk_mb or tmpfs_mb)
+
+
 def mount_tmpfs(path: str, size_mb: int, owner: tuple[int, int]) -> bool:
     """As root, mount an empty tmpfs of ``size_mb`` on the directory ``path``, owned by ``owner``, mode 0700; True
     when mounted (``release_sized`` unmounts it). Not root: False, and ``path`` stays a plain directory."""

@@ -39,12 +39,11 @@ from execbox.errors import (
     FileTooLargeError,
     SandboxError,
     SandboxFileNotFoundError,
-    SandboxIsADirectoryError,
     SandboxPermissionError,
     TransferTooLargeError,
     WorkspacePathError,
 )
-from execbox.files.workspace import _open_dir, _refuse, write_error
+from execbox.files.workspace import _open_dir, _refuse, is_directory_error, write_error
 
 #: Deepest tree a transfer or listing walks (levels below the path given); deeper is refused.
 MAX_DEPTH = 256
@@ -311,6 +310,8 @@ def host_pack(root: str, rel: str, out: IO[bytes], *, limits: TransferLimits, pr
                     fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                                  dir_fd=entry.dir_fd)
                 except OSError as exc:
+                    if not entry.path:  # the file asked for, as read_file would refuse it
+                        raise _refuse(shown, exc) from None
                     stats.skipped.append(f"{shown}: cannot be opened ({exc.strerror})")
                     continue
                 with os.fdopen(fd, "rb") as fh:
@@ -566,8 +567,7 @@ def _path_error(path: str, code: int, why: str, doing: str) -> SandboxError:
     if code == _NOT_FOUND:
         return SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}")
     if code == _IS_DIR:
-        return SandboxIsADirectoryError(f"{path!r} is a directory, not a file: use list_files({path!r}) to see what "
-                                        "is in it")
+        return is_directory_error(path)
     if code == _NOT_REGULAR:
         return WorkspacePathError(f"refused {path!r}: not a regular file (a device, a FIFO or a socket)")
     if code == _DENIED:
@@ -583,14 +583,16 @@ async def sandbox_read(session: SandboxShell, path: str, max_bytes: int) -> byte
     """Read the file at the absolute sandbox ``path`` as the sandbox user (links followed inside the sandbox, which
     is its own view); over ``max_bytes`` is refused (FileTooLargeError), from its size before a byte is sent."""
     cap = (max_bytes + 1 + 2) // 3 * 4 + (max_bytes // 57) + 4096  # base64 with its newlines
-    code, out, _ = await session.run_script(_READ, path, str(max_bytes), max_output=cap)
+    code, out, cut = await session.run_script(_READ, path, str(max_bytes), max_output=cap)
     if code == _TOO_LARGE:
         size = out.strip()
         raise FileTooLargeError(path, int(size) if size.isdigit() else None, max_bytes)
     if code != 0:
         raise _path_error(path, code, out, "read")
+    if cut:  # a cut base64 text may still decode: to other bytes than the file's
+        raise SandboxError(f"the file helper's output for {path!r} was cut short: the file was not read whole")
     try:
-        data = base64.b64decode(out)
+        data = base64.b64decode(out.replace("\n", ""), validate=True)
     except ValueError:
         raise SandboxError(f"the file helper sent back something that is not base64 for {path!r}") from None
     if len(data) > max_bytes:  # it grew after its size was read

@@ -52,6 +52,7 @@ from execbox.plugin import (
     sandbox_env,
     start_process,
     stop_process,
+    tmpfs_path_mb,
     with_egress,
 )
 
@@ -144,26 +145,25 @@ class BubblewrapSession(Session):
         remove_tree(self.root)
 
     def _tmpfs_size_mb(self) -> int:
-        return min(self.settings.tmpfs_mb, self.spec.limits.disk_mb or self.settings.tmpfs_mb)
+        return tmpfs_path_mb(self.settings.tmpfs_mb, self.spec.limits.disk_mb)
 
     def _make_tmpfs_dirs(self) -> dict[str, str]:
-        """A persistent session's tmpfs paths outlive each exec (every exec is a new bwrap), as a container's do:
-        sandbox path -> a directory of the session's, the sandbox user's, bound there. As root each is a tmpfs of
-        its size mounted on that directory, and /tmp is one too (the code may mkdir in one exec and use it in the
-        next); not root, a tmpfs= path is a plain directory on the host's disk and /tmp stays each exec's own
-        (bwrap's sized --tmpfs). A one-shot's are all bwrap's own --tmpfs."""
-        if self.spec.oneshot:
+        """As root, a persistent session's tmpfs paths outlive each exec (every exec is a new bwrap), as a
+        container's do: sandbox path -> a directory of the session's, the sandbox user's, with a tmpfs of its size
+        mounted there and bound in; /tmp is one too (the code may mkdir in one exec and use it in the next). Not
+        root there is no mounting on the host: /tmp and every tmpfs= path are each exec's own sized tmpfs (bwrap's
+        --tmpfs), never a plain host directory, so they count against memory and do not persist across execs; a
+        one-shot's are bwrap's own --tmpfs too."""
+        if self.spec.oneshot or not self.owner:
             return {}
-        kept = [("/tmp", self.settings.tmpfs_mb)] if self.owner else []
-        kept += [(path, self._tmpfs_size_mb()) for path in self.spec.tmpfs]
+        kept = [("/tmp", self.settings.tmpfs_mb)] + [(path, self._tmpfs_size_mb()) for path in self.spec.tmpfs]
         made: dict[str, str] = {}
         for n, (path, size_mb) in enumerate(kept):
             directory = os.path.join(self.root, f"{TMPFS_PREFIX}{n}")
             os.mkdir(directory, 0o700)
             made[path] = directory
-            if self.owner:
-                os.chown(directory, *self.owner)
-                mount_tmpfs(directory, size_mb, self.owner)
+            os.chown(directory, *self.owner)
+            mount_tmpfs(directory, size_mb, self.owner)
         return made
 
     def _write_private(self, name: str, data: str | bytes, mode: int) -> str:
@@ -202,7 +202,8 @@ class BubblewrapSession(Session):
             args += (["--size", str(self.settings.tmpfs_mb << 20)] if sized else []) + ["--tmpfs", "/tmp"]
         args += ["--bind", self.host_workspace, WORKSPACE]
         # The request's tmpfs paths: sized as /tmp is (within the disk limit), the sandbox user's (bwrap makes a
-        # tmpfs as the user it maps), mode 0700; a persistent session's kept across its execs (_make_tmpfs_dirs).
+        # tmpfs as the user it maps), mode 0700; as root a persistent session's are kept across its execs
+        # (_make_tmpfs_dirs).
         for path in self.spec.tmpfs:
             if path in self._tmpfs_dirs:
                 args += ["--bind", self._tmpfs_dirs[path], path]

@@ -23,7 +23,8 @@ class BubblewrapSettings(BackendSettings):
     user: str = setting("CODE_EXEC_BWRAP_USER", "65534:65534",
                      "Host uid:gid the sandbox runs as when execbox runs as root (never 0)")
     tmpfs_mb: int = setting("CODE_EXEC_BWRAP_TMPFS_MB", 512, "Size of the /tmp tmpfs and of each tmpfs= path (counts "
-                            "against memory; a tmpfs= path at most the disk limit), MiB",
+                            "against memory; a tmpfs= path at most the disk limit; without root a sandbox's are "
+                            "each exec's own, not kept across its execs), MiB",
                             gt=0, le=1 << 20)
     cgroups: Literal["auto", "off"] = setting(
         "CODE_EXEC_BWRAP_CGROUPS", "auto", "auto: memory/pids/cpu limits through a cgroup per exec when the host "

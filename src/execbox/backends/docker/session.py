@@ -86,6 +86,7 @@ from execbox.plugin import (
     safe_read,
     safe_write,
     sandbox_env,
+    tmpfs_path_mb,
     with_egress,
 )
 
@@ -376,7 +377,7 @@ class DockerSession(Session):
     def _extra_tmpfs(self) -> dict[str, str]:
         """The request's tmpfs paths: each sized as /tmp is, within the disk limit, and owned by the sandbox user."""
         p = self.plan
-        size = min(p.tmpfs_mb, p.limits.disk_mb or p.tmpfs_mb)
+        size = tmpfs_path_mb(p.tmpfs_mb, p.limits.disk_mb)
         uid, gid = self._owner
         return {path: f"rw,exec,nosuid,nodev,size={size}m,mode=0700,uid={uid},gid={gid}" for path in p.tmpfs}
 
