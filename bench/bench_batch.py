@@ -8,9 +8,10 @@
 - with --peer, llm-sandbox's documented pooled runner (`create_pool_manager` + `PooledSandboxSession`, one thread
   per slot) on docker, installed in .bench-peer/ (never in the project's venv). Its pool REUSES a container for
   many runs; every execbox figure here is a fresh sandbox per item.
-The execbox configurations are interleaved round by round (N / rounds items each, in turn), so the machine's noise
-falls on all of them alike. Throughput is items / the configuration's summed wall time; p50 / p99 are per item,
-from its start (a slot free) to its result. --readme rewrites the README rows between the bench:batch markers.
+The execbox configurations are interleaved round by round (N / rounds items each, in turn, each round starting one
+configuration later), so the machine's noise falls on all of them alike. Throughput is items / the configuration's
+summed wall time; p50 / p99 are per item, from its start (a slot free) to its result. --readme rewrites the README
+rows between the bench:batch markers.
 """
 
 from __future__ import annotations
@@ -72,8 +73,12 @@ def interleaved(configs: dict[str, Callable[[int], Awaitable[tuple[float, list[f
     for run in configs.values():  # warm-up: images, page cache, first-call costs
         asyncio.run(run(2))
     share = items // rounds
+    names = list(configs)
     for round_no in range(rounds):
-        for name, run in configs.items():
+        # Each round starts one configuration later: what one leaves behind (an engine still removing containers)
+        # falls on each of the others in turn, not always on the same one.
+        for name in names[round_no % len(names):] + names[:round_no % len(names)]:
+            run = configs[name]
             wall, times = asyncio.run(run(share))
             figures[name] = (figures[name][0] + wall, figures[name][1] + times)
             print(f"  round {round_no + 1}/{rounds} {name:<34} {share / wall:6.1f} runs/s", flush=True)
