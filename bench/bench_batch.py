@@ -88,8 +88,14 @@ def interleaved(configs: dict[str, Callable[[int], Awaitable[tuple[float, list[f
 def peer(items: int, concurrency: int) -> tuple[float, list[float]]:
     python = peer_image()
     script = Path(__file__).parent / "peer_llm_sandbox_pool.py"
-    out = subprocess.run([str(python), str(script), PEER_IMAGE, str(items), str(concurrency)], capture_output=True,
-                         text=True, check=True).stdout
+    try:
+        out = subprocess.run([str(python), str(script), PEER_IMAGE, str(items), str(concurrency)],
+                             capture_output=True, text=True, check=True).stdout
+    finally:  # its pool's close leaves its containers running: they are not ours to leave behind
+        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"ancestor={PEER_IMAGE}"], capture_output=True,
+                              text=True, check=False).stdout.split()
+        if left:
+            subprocess.run(["docker", "rm", "-f", *left], capture_output=True, check=False)
     got = json.loads(out.strip().splitlines()[-1])
     return got["wall_s"], got["times_ms"]
 
