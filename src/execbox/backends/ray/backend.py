@@ -295,7 +295,8 @@ class RayBackend(ExecutionBackend[RaySettings]):
         address = self.settings.address
         try:
             _reachable(address)
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+            # ERROR: Ray warns on stderr when connected from a thread other than the main one (every check is)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - ConnectionError, grpc's, RuntimeError: every way in fails alike
