@@ -19,7 +19,7 @@ import pytest
 
 from execbox import AsyncRunner, ConfigError, ExecRequest, Runner, Settings
 from execbox.errors import BackendUnavailableError
-from execbox.runner.batch import BatchItem, BatchSummary
+from execbox.runner.batch import ORDERED_WINDOW, BatchItem, BatchSummary
 from execbox.runner.loop_thread import run_blocking
 from execbox.testing import engine_missing
 from tests.backends.test_docker import engine  # noqa: F401 - fixture
@@ -77,16 +77,17 @@ def test_a_lazy_iterator_of_items_is_read_as_the_batch_goes(local_mode: None) ->
     pulled: list[int] = []
 
     def items() -> Iterator[str]:
-        for i in range(6):
+        for i in range(20):
             pulled.append(i)
             yield f"print({i})"
 
     with _local() as runner, runner.map(items(), concurrency=1, progress=False) as batch:
         first = next(batch)
         assert first.result is not None and first.result.stdout == "0\n"
-        assert len(pulled) < 6  # not read ahead to the end: at most the window of waiting items
+        # Not read ahead to the end: the window of started items, one waiting for it, one pulled since the first left.
+        assert len(pulled) <= ORDERED_WINDOW + 2
         rest = list(batch)
-    assert [item.result.stdout for item in rest if item.result] == [f"{i}\n" for i in range(1, 6)]
+    assert [item.result.stdout for item in rest if item.result] == [f"{i}\n" for i in range(1, 20)]
 
 
 def test_a_concurrency_the_runner_cannot_give_is_refused_up_front(local_mode: None) -> None:

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
-from pydantic import ValidationError
 
 from execbox.contract.models import ExecRequest, ExecResult
 from execbox.errors import BackendTimeoutError, ConfigError, ExecboxError, RefusedError, SandboxError
+from execbox.runner.pipeline import request_from
 from execbox.runner.scheduler import Slots
 
 T = TypeVar("T")
@@ -116,16 +116,12 @@ def as_request(item: Item) -> ExecRequest:
         return item
     if isinstance(item, ExecboxError):
         raise item
-    try:
-        if isinstance(item, str):
-            return ExecRequest(code=item)
-        if isinstance(item, Mapping):
-            return ExecRequest.model_validate(item)
-        if isinstance(item, Sequence) and not isinstance(item, bytes) and all(isinstance(w, str) for w in item):
-            return ExecRequest(argv=list(item))
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"invalid batch item: {problems}") from None
+    if isinstance(item, str):
+        return request_from({"code": item})
+    if isinstance(item, Mapping):
+        return request_from(item)
+    if isinstance(item, Sequence) and not isinstance(item, bytes) and all(isinstance(w, str) for w in item):
+        return request_from({"argv": list(item)})
     raise ConfigError(f"invalid batch item: a {type(item).__name__}; give code (str), a command (list of str), an "
                       "ExecRequest or a mapping of its fields")
 

@@ -103,8 +103,13 @@ class SandboxHost(Host, Protocol):
 
 
 def _request(**kw: Any) -> ExecRequest:
+    return request_from(kw)
+
+
+def request_from(fields: Mapping[str, Any]) -> ExecRequest:
+    """An ExecRequest from its fields, or a ConfigError naming each field's problem (never the value: a secret)."""
     try:
-        return ExecRequest(**kw)
+        return ExecRequest.model_validate(fields)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"invalid request: {problems}") from None
