@@ -155,6 +155,13 @@ def test_bad_tmpfs_paths_are_refused_with_a_message_naming_them(path: str, says:
     assert repr(path) in str(refused.value)
 
 
+@pytest.mark.parametrize("path", ["/var/tmp\n/etc", "/var/tmp\r", "/var/tmp:ro", "/var/tmp,size=1g", "/var/\x7ftmp"])
+def test_a_tmpfs_path_the_engines_could_read_two_ways_is_refused(path: str) -> None:
+    """A bare CR or LF, docker's ':' and ',' separators: one name that an engine's syntax could read as two."""
+    with pytest.raises(execbox.ConfigError, match="control character, ':' or ','"):
+        execbox.run("true", backend="bubblewrap", tmpfs=[path])
+
+
 def test_a_command_line_of_1_9_mib_runs(sb: execbox.Sandbox) -> None:
     result = sb.exec(BIG_ARGV)
     assert (result.exit_code, result.stdout) == (0, "20 1900000\n"), result.stderr

@@ -259,6 +259,7 @@ class ExecRequest(BaseModel):
                 raise ValueError(f"tmpfs path {str(path)[:200]!r} must be an absolute path inside the sandbox, such "
                                  "as /var/tmp")
             _encodable(path, "a tmpfs path")
+            _plain_path(path, "tmpfs path")
             if ".." in path.split("/"):
                 raise ValueError(f"tmpfs path {path[:200]!r} must not hold '..': give the place itself")
             norm = posixpath.normpath(path)
@@ -330,6 +331,13 @@ class ExecSpec(BaseModel):
         redacting with ``redactor``."""
         return (BoundedCapture(self.max_output_bytes, self.on_output, "stdout", redactor=self.redactor),
                 BoundedCapture(self.max_output_bytes, self.on_output, "stderr", redactor=self.redactor))
+
+
+def _plain_path(path: str, what: str) -> None:
+    """A sandbox path that the engines' own syntax reads as one path: no control character (a bare CR or LF makes
+    two lines of one name), no ':' or ',' (docker's mount and tmpfs option separators)."""
+    if any(ord(c) < 0x20 or c == "\x7f" for c in path) or ":" in path or "," in path:
+        raise ValueError(f"{what} {path[:200]!r} holds a control character, ':' or ',': name the place plainly")
 
 
 def _encodable(text: str, what: str) -> None:

@@ -23,7 +23,7 @@ import execbox
 from execbox.integrations import missing_extra
 
 try:
-    import PIL.Image
+    import PIL.Image  # smolagents' own dependency: named after it, so a missing smolagents is what the error says
     from smolagents.local_python_executor import CodeOutput
     from smolagents.monitoring import AgentLogger, LogLevel
     from smolagents.remote_executors import RemotePythonExecutor
