@@ -41,6 +41,7 @@ from execbox.plugin import (
     ExecSpec,
     ExecutionBackend,
     FileInfo,
+    MissingExtraError,
     SandboxError,
     SandboxLostError,
     Session,
@@ -101,6 +102,9 @@ class _Cluster:
     nodes: dict[str, Node] = field(default_factory=dict)
     unusable: dict[str, str] = field(default_factory=dict)
     job: str = ""  # the driver job the actors belong to (a new ray.init is a new job: new actors)
+    # every host actor's first handle, while its node is alive: an actor lives while its handles do, so a node
+    # forgotten (lost) keeps its actor until the next survey adopts it again and closes what it held
+    handles: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one survey at a time (they run in threads)
 
 
@@ -115,8 +119,9 @@ def _error_classes(base: type[ExecboxError] = ExecboxError) -> dict[str, type[Ex
 
 
 def _rebuild(fields: dict[str, Any], node: Node) -> ExecboxError:
-    """The execbox error a node reported, as the same class here (built without its constructor, whose arguments
-    differ by class), naming the node."""
+    """The execbox error a node reported, as the same class here, naming the node. Built without its constructor
+    (whose arguments differ by class), so the attributes constructors set are set here: those the node sent
+    (``fields["attrs"]``), else their defaults: a caller reads ``exc.reason`` or ``exc.errno`` as it would locally."""
     cls = _error_classes().get(fields.get("type", ""), SandboxError)
     exc = cls.__new__(cls)
     message = f"{fields.get('message', '')} (on ray node {node.label})"
@@ -125,6 +130,14 @@ def _rebuild(fields: dict[str, Any], node: Node) -> ExecboxError:
     exc.backend = fields.get("backend") or "ray"
     exc.env_var = fields.get("env_var")
     exc.retryable = bool(fields.get("retryable"))
+    sent = fields.get("attrs") or {}
+    if isinstance(exc, BackendUnavailableError):
+        exc.reason = f"{sent.get('reason') or fields.get('message', '')} (on ray node {node.label})"
+        exc.fix = sent.get("fix")
+    if isinstance(exc, MissingExtraError):
+        exc.extra, exc.present = sent.get("extra"), sent.get("present")
+    if isinstance(exc, OSError):  # the typed file errors: errno as a local one has it
+        exc.errno = sent.get("errno", getattr(cls, "errno_code", None))
     return exc
 
 
@@ -254,6 +267,7 @@ class RayBackend(ExecutionBackend[RaySettings]):
     sdk = "ray"
     summary = "a node of a Ray cluster, in that node's own sandbox backend; sessions pinned to their node"
     settings_model = RaySettings
+    verdict_needs_check = True  # the verdict is on the nodes the check surveyed
     # What a cluster can offer at most; probe() narrows it to what every node enforces.
     capabilities = Capabilities(
         sandbox=True,
@@ -321,10 +335,13 @@ class RayBackend(ExecutionBackend[RaySettings]):
         job = ray.get_runtime_context().get_job_id()
         if self._cluster.job != job:
             self._nodes.clear()
+            self._cluster.handles.clear()
             self._cluster.job = job
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]
         for gone in set(self._nodes) - alive:
             self._nodes.pop(gone)
+        for gone in set(self._cluster.handles) - alive:
+            self._cluster.handles.pop(gone)
         # per driver job (its actors die with it) and configuration (another runner may name another backend)
         prefix = f"{ACTOR_PREFIX}-{job}-{self.settings.node_backend}-" \
                  f"{self.settings.slots_per_node}"
@@ -336,10 +353,16 @@ class RayBackend(ExecutionBackend[RaySettings]):
                 max_concurrency=1000,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote(self.settings.node_backend, self.settings.slots_per_node)
+            self._cluster.handles.setdefault(node_id, actor)
             asked[node_id] = (actor, actor.survey.remote())
+        # one deadline for every node's answer, not one per node in turn
+        ready = set(ray.wait([ref for _, ref in asked.values()], num_returns=len(asked),
+                             timeout=self.shared.open_timeout_sec)[0]) if asked else set()
         for node_id, (actor, ref) in asked.items():
             try:
-                kind, value = ray.get(ref, timeout=self.shared.open_timeout_sec)
+                if ref not in ready:
+                    raise TimeoutError(f"no answer within CODE_EXEC_OPEN_TIMEOUT_SEC={self.shared.open_timeout_sec}")
+                kind, value = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - a node that cannot host its actor is left out, and said
                 self._unusable[node_id] = f"its host actor did not start: {type(exc).__name__}: {str(exc)[:200]}"
                 continue
@@ -379,9 +402,12 @@ class RayBackend(ExecutionBackend[RaySettings]):
         )
 
     def verdict(self, request: ExecRequest) -> Verdict:
+        # On the nodes the last check found: never a survey here (it blocks; the runner checks first, see
+        # verdict_needs_check). Not checked yet (a listing): no node known, so no sandbox claimed.
         if not self._nodes:
-            self.require_sdk()  # asked before the first check: without Ray, the pip hint
-            self._survey()  # asked before the first check: the nodes are what is judged (unreachable: raised)
+            self.require_sdk()  # without Ray, the pip hint
+            return Verdict(False, "no node of the Ray cluster is known yet: the backend's check (`execbox doctor`, "
+                                  "or any run) surveys them")
         network = request.network or "none"
         weak = [f"node {node.label}: {node.verdicts.get(network, (False, 'no verdict for ' + network))[1]}"
                 for node in self._nodes.values() if not node.verdicts.get(network, (False, ""))[0]]
@@ -416,17 +442,28 @@ class RayBackend(ExecutionBackend[RaySettings]):
     def lost(self, node: Node, exc: BaseException) -> SandboxLostError:
         """The node's actor died (the node with it, or its process): forget it, and say what went."""
         self._nodes.pop(node.node_id, None)
+        if type(exc).__name__ == "ActorDiedError" and self._cluster.handles.get(node.node_id) is node.actor:
+            self._cluster.handles.pop(node.node_id)  # dead: the next survey starts a new one
         return SandboxLostError(
             f"ray node {node.label} was lost ({type(exc).__name__}): the sandbox on it and its files went with it, "
             "and the command was not run again anywhere. Open a new sandbox (its state must be rebuilt)",
             backend=self.name)
+
+    def unavailable(self, node: Node, exc: BaseException) -> SandboxError:
+        """The node's actor did not answer for now (its node is overloaded, or its connection broke): it may come
+        back, with its sandboxes, so the node is kept."""
+        return SandboxError(
+            f"ray node {node.label} is temporarily unavailable ({type(exc).__name__}): the call may or may not have "
+            "run there, and it was not run again. Retry once the node answers", backend=self.name, retryable=True)
 
     async def await_ref(self, ref: Any, node: Node) -> Any:
         import ray
 
         try:
             return await ref
-        except ray.exceptions.RayActorError as exc:  # ActorDiedError, ActorUnavailableError: the node or its actor
+        except ray.exceptions.ActorUnavailableError as exc:
+            raise self.unavailable(node, exc) from None
+        except ray.exceptions.RayActorError as exc:  # ActorDiedError: the node or its actor is gone
             raise self.lost(node, exc) from None
         except ray.exceptions.RayTaskError as exc:  # a bug on the node, not an execbox error
             raise SandboxError(f"the host actor on ray node {node.label} failed: {str(exc)[:800]}",
@@ -441,6 +478,8 @@ class RayBackend(ExecutionBackend[RaySettings]):
         try:
             async for ref in gen:
                 yield ref
+        except ray.exceptions.ActorUnavailableError as exc:
+            raise self.unavailable(node, exc) from None
         except ray.exceptions.RayActorError as exc:
             raise self.lost(node, exc) from None
         except BaseException:
@@ -463,8 +502,13 @@ class RayBackend(ExecutionBackend[RaySettings]):
                 # opened with its command, in one call to the node
                 return RaySession(self, node, spec, node.workspace, opened=False)
             session = RaySession(self, node, spec, "", opened=True)
-            session.workspace = await session._call("open", session.sid, spec.network, spec.limits.model_dump(),
-                                                    spec.lifetime_s)
+            try:
+                session.workspace = await session._call("open", session.sid, spec.network, spec.limits.model_dump(),
+                                                        spec.lifetime_s)
+            except BaseException:
+                if self.alive(node):  # given up on (cancelled, timed out): the node closes it, even once it opened
+                    node.actor.close.remote(session.sid)  # fire and forget: the caller is leaving
+                raise
             node.workspace = session.workspace
             return session
         except BaseException:
