@@ -32,9 +32,9 @@ from execbox import (
     SandboxPermissionError,
     Settings,
 )
-from execbox.backends.ray.backend import Node, _rebuild
+from execbox.backends.ray.backend import Node, RayBackend, _rebuild
 from execbox.backends.ray.node import _error
-from execbox.plugin import Capabilities, SessionSpec
+from execbox.plugin import SessionSpec
 from execbox.testing.conformance import BackendConformance
 from tests.backends.ray_fixtures import RayCluster, ray_cluster  # noqa: F401  (the fixture)
 from tests.support.containers import containers_of
@@ -141,7 +141,7 @@ def test_an_open_given_up_on_leaves_nothing_on_its_node(runner: Runner) -> None:
 
 
 def test_node_errors_keep_their_constructor_fields() -> None:
-    node = Node("n" * 20, "10.0.0.1", None, "bubblewrap", Capabilities(), {}, 1, 1)
+    node = Node("n" * 20, "10.0.0.1", None, "bubblewrap", RayBackend.capabilities, {}, 1, 1)
     unavailable = _rebuild(_error(MissingExtraError("no docker sdk", extra="docker", present="a socket",
                                                     fix="pip install 'execbox[docker]'"))[1], node)
     assert isinstance(unavailable, MissingExtraError) and isinstance(unavailable, BackendUnavailableError)

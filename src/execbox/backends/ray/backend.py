@@ -57,6 +57,9 @@ from execbox.plugin import (
 log = logging.getLogger("execbox.backends.ray")
 ACTOR_PREFIX = "execbox-host"
 CONNECT_TIMEOUT_S = 5.0
+# An actor Ray calls unavailable is asked again for this long: one that answers is kept (its call may or may not
+# have run), one that does not is lost (a removed node first shows as unavailable, until its death is known)
+UNAVAILABLE_GRACE_S = 5.0
 # weakest first, to name what every node enforces
 _STRENGTH = ["none", "process", "namespace", "container", "gvisor", "microvm", "remote_vm"]
 
@@ -449,9 +452,25 @@ class RayBackend(ExecutionBackend[RaySettings]):
             "and the command was not run again anywhere. Open a new sandbox (its state must be rebuilt)",
             backend=self.name)
 
-    def unavailable(self, node: Node, exc: BaseException) -> SandboxError:
-        """The node's actor did not answer for now (its node is overloaded, or its connection broke): it may come
-        back, with its sandboxes, so the node is kept."""
+    async def unavailable(self, node: Node, exc: BaseException) -> SandboxError:
+        """The node's actor did not answer a call (ActorUnavailableError). If it answers again within
+        UNAVAILABLE_GRACE_S, it is there with its sandboxes: the node is kept and the call may be retried (it may or
+        may not have run); if not, the node is lost."""
+        import anyio
+        import ray
+
+        deadline = anyio.current_time() + UNAVAILABLE_GRACE_S
+        while True:
+            try:
+                with anyio.fail_after(max(0.1, deadline - anyio.current_time())):
+                    await node.actor.live.remote()
+                break
+            except ray.exceptions.ActorUnavailableError:
+                if anyio.current_time() >= deadline:
+                    return self.lost(node, exc)
+                await anyio.sleep(0.25)
+            except (ray.exceptions.RayActorError, TimeoutError):
+                return self.lost(node, exc)
         return SandboxError(
             f"ray node {node.label} is temporarily unavailable ({type(exc).__name__}): the call may or may not have "
             "run there, and it was not run again. Retry once the node answers", backend=self.name, retryable=True)
@@ -462,7 +481,7 @@ class RayBackend(ExecutionBackend[RaySettings]):
         try:
             return await ref
         except ray.exceptions.ActorUnavailableError as exc:
-            raise self.unavailable(node, exc) from None
+            raise await self.unavailable(node, exc) from None
         except ray.exceptions.RayActorError as exc:  # ActorDiedError: the node or its actor is gone
             raise self.lost(node, exc) from None
         except ray.exceptions.RayTaskError as exc:  # a bug on the node, not an execbox error
@@ -479,7 +498,7 @@ class RayBackend(ExecutionBackend[RaySettings]):
             async for ref in gen:
                 yield ref
         except ray.exceptions.ActorUnavailableError as exc:
-            raise self.unavailable(node, exc) from None
+            raise await self.unavailable(node, exc) from None
         except ray.exceptions.RayActorError as exc:
             raise self.lost(node, exc) from None
         except BaseException:
