@@ -459,11 +459,14 @@ class RayBackend(ExecutionBackend[RaySettings]):
         import anyio
         import ray
 
+        known = self._nodes.pop(node.node_id, None)  # nothing new is placed on it meanwhile
         deadline = anyio.current_time() + UNAVAILABLE_GRACE_S
         while True:
             try:
                 with anyio.fail_after(max(0.1, deadline - anyio.current_time())):
                     await node.actor.live.remote()
+                if known is not None:
+                    self._nodes.setdefault(node.node_id, known)
                 break
             except ray.exceptions.ActorUnavailableError:
                 if anyio.current_time() >= deadline:

@@ -102,6 +102,7 @@ class NodeHost:
     async def _open(self, sid: str, network: str, limits: dict[str, Any], lifetime_s: float) -> str:
         import execbox
 
+        self._opening.add(sid)  # before any wait: a close that comes meanwhile finds it
         await self._ready()
         # The driver resolved every limit; those this node cannot enforce were not demanded (the driver's guard
         # refused a demand that not every node enforces), so they stay defaults here, as they do locally.
@@ -110,7 +111,6 @@ class NodeHost:
                 if name in self._caps.limits and limits.get(field) is not None}
         sandbox = self._runner.sandbox(self._backend.name, network=network, limits=execbox.Limits(**kept),
                                        lifetime_s=lifetime_s)
-        self._opening.add(sid)
         try:
             await sandbox.__aenter__()
             if sid in self._abandoned:  # the driver gave up on this open while it ran: nothing else would close it
