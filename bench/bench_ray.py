@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import ray
 from bench_pool import p99
-from ray.cluster_utils import Cluster
 
 from execbox import Runner, Settings
 
-NODES = 3
-OBJECT_STORE_BYTES = 80 * 1024 * 1024
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the cluster the tests start
+from tests.backends.ray_fixtures import NODES, local_cluster  # noqa: E402
 
 
 def node_of(result: object) -> str:
@@ -65,14 +64,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4, help="CODE_EXEC_RAY_SLOTS_PER_NODE")
     parser.add_argument("--node-backend", default="bubblewrap")
     args = parser.parse_args()
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False})
-    try:
-        for _ in range(NODES - 1):
-            cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+    with local_cluster():
         total = NODES * args.slots
         options = {"ray": {"node_backend": args.node_backend, "slots_per_node": args.slots}}
         with Runner(Settings(backend="ray", max_concurrent=total), options=options) as remote, \
@@ -89,9 +81,6 @@ def main() -> None:
                   f"{args.items / ray_s:.1f} runs/s ({ray_s:.1f} s)")
             for label, count in sorted(share.items()):
                 print(f"  node {label}: {count} runs, {count / ray_s:.1f} runs/s")
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 if __name__ == "__main__":

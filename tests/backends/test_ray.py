@@ -6,6 +6,7 @@ SIGKILLed, an unreachable cluster. The cluster starts once for the module's test
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import signal
 import subprocess
@@ -17,10 +18,23 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import psutil
 import pytest
 
-from execbox import MissingExtraError, NotASandboxError, Runner, SandboxLostError, Settings
+from execbox import (
+    BackendUnavailableError,
+    Limits,
+    MissingExtraError,
+    NotASandboxError,
+    Runner,
+    SandboxLostError,
+    SandboxPermissionError,
+    Settings,
+)
+from execbox.backends.ray.backend import Node, RayBackend, _rebuild
+from execbox.backends.ray.node import _error
+from execbox.plugin import SessionSpec
 from execbox.testing.conformance import BackendConformance
 from tests.backends.ray_fixtures import RayCluster, ray_cluster  # noqa: F401  (the fixture)
 from tests.support.containers import containers_of
@@ -80,6 +94,66 @@ def test_the_guard_refuses_a_cluster_whose_nodes_are_no_sandbox(ray_cluster: Ray
     with Runner(Settings.from_env(backend="ray"), options={"ray": {"node_backend": "local_subprocess"}}) as plain:
         with pytest.raises(NotASandboxError, match="not every node of the Ray cluster is a sandbox"):
             plain.run_code("print(1)")
+
+
+def live_on_nodes(runner: Runner) -> int:
+    import ray
+
+    nodes = runner.aio.backend("ray")._nodes.values()
+    return sum(ray.get([node.actor.live.remote() for node in nodes], timeout=30))
+
+
+def test_the_verdict_never_surveys_the_first_run_checks_first(ray_cluster: RayCluster) -> None:  # noqa: F811
+    # another configuration: nodes this process has not surveyed yet
+    with Runner(Settings.from_env(backend="ray"), options={"ray": {"node_backend": "bubblewrap",
+                                                                   "slots_per_node": 3}}) as fresh:
+        backend = fresh.aio.backend("ray")
+        started = time.monotonic()
+        verdict = fresh.aio.verdict(backend)
+        assert time.monotonic() - started < 0.5 and not backend._nodes  # asked nothing of the cluster
+        assert not verdict.sandbox and "no node of the Ray cluster is known yet" in verdict.reason
+        assert fresh.run("echo ok").stdout == "ok\n"  # the run checks (surveys), then the guard judges the nodes
+        assert fresh.aio.verdict(backend).sandbox and len(backend._nodes) == 3
+
+
+def test_a_readopted_host_actor_closes_the_sandboxes_its_driver_forgot(runner: Runner) -> None:
+    backend = runner.aio.backend("ray")
+    with runner.sandbox("ray") as sb:
+        sb.exec("true")
+        assert live_on_nodes(runner) == 1
+        node = next(n for n in backend._nodes.values() if runner._call(n.actor.live.remote) == 1)
+        backend.lost(node, RuntimeError("as if its actor had died"))  # forgotten: close() will skip it
+        assert node.node_id not in backend._nodes
+        # the next placement surveys in the background: the same live actor is adopted again, and closes it
+        assert runner.run("echo placed").stdout == "placed\n"
+        assert wait_until(lambda: node.node_id in backend._nodes, 30), "a forgotten live node never came back"
+        assert live_on_nodes(runner) == 0
+
+
+def test_an_open_given_up_on_leaves_nothing_on_its_node(runner: Runner) -> None:
+    backend = runner.aio.backend("ray")
+    runner._call(backend.check)  # the nodes known: each open is sent to one
+
+    async def give_up() -> None:
+        with anyio.move_on_after(0.02):  # cancelled while the node opens it
+            await backend.open_session(SessionSpec("none", Limits(), oneshot=False, lifetime_s=300))
+
+    for _ in range(3):
+        runner._call(give_up)
+    assert wait_until(lambda: live_on_nodes(runner) == 0, 20), "an abandoned open outlived its caller"
+
+
+def test_node_errors_keep_their_constructor_fields() -> None:
+    node = Node("n" * 20, "10.0.0.1", None, "bubblewrap", RayBackend.capabilities, {}, 1, 1)
+    unavailable = _rebuild(_error(MissingExtraError("no docker sdk", extra="docker", present="a socket",
+                                                    fix="pip install 'execbox[docker]'"))[1], node)
+    assert isinstance(unavailable, MissingExtraError) and isinstance(unavailable, BackendUnavailableError)
+    assert unavailable.reason.startswith("no docker sdk") and "10.0.0.1" in unavailable.reason
+    assert (unavailable.fix, unavailable.extra, unavailable.present) == ("pip install 'execbox[docker]'", "docker",
+                                                                         "a socket")
+    denied = _rebuild(_error(SandboxPermissionError("read-only: a.txt"))[1], node)
+    assert isinstance(denied, PermissionError) and denied.errno == errno.EACCES
+    assert "10.0.0.1" in str(denied)
 
 
 def test_secrets_output_cap_and_collect_hold_across_the_hop(runner: Runner) -> None:

@@ -256,6 +256,9 @@ class ExecutionBackend(ABC, Generic[S]):
     #: Run ``gc`` after the first successful ``check`` in each process (a forked child sweeps again): what
     #: callers that died (SIGKILL, a crash) left on this host or engine goes without an `execbox gc`.
     sweeps_on_first_use: ClassVar[bool] = False
+    #: ``verdict`` judges what ``check`` found (ray: the cluster's nodes), so the runner checks before it asks; the
+    #: verdict itself never probes (it runs on the event loop).
+    verdict_needs_check: ClassVar[bool] = False
 
     def __init__(self, execbox_settings: Settings, options: Mapping[str, Any] | None = None) -> None:
         """``execbox_settings``: the runner's, of which the backend keeps the narrow view ``self.shared``. ``options``

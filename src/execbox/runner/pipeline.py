@@ -324,6 +324,9 @@ async def _choose(runner: Host, backend: str | None, resolved: ExecRequest, dema
         raise ConfigError("backend options were given without a backend: name the backend they are for, e.g. "
                           "execbox.sandbox('docker', image=...)", env_var="CODE_EXEC_BACKEND")
     impl = (await runner.select("auto"))[0] if name == "auto" else runner.backend(name, options)
+    if impl.verdict_needs_check:  # its verdict is on what the check found
+        with backend_errors(impl.name):
+            await _check(impl)
     runner.guard.check_verdict(impl, resolved)  # cheap refusals first, before the backend is probed
     runner.guard.check_secrets(impl)
     with backend_errors(impl.name):

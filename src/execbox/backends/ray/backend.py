@@ -24,6 +24,7 @@ import itertools
 import logging
 import socket
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from execbox.plugin import (
     ExecSpec,
     ExecutionBackend,
     FileInfo,
+    MissingExtraError,
     SandboxError,
     SandboxLostError,
     Session,
@@ -56,6 +58,11 @@ from execbox.plugin import (
 log = logging.getLogger("execbox.backends.ray")
 ACTOR_PREFIX = "execbox-host"
 CONNECT_TIMEOUT_S = 5.0
+# An actor Ray calls unavailable is asked again for this long: one that answers is kept (its call may or may not
+# have run), one that does not is lost (a removed node first shows as unavailable, until its death is known)
+UNAVAILABLE_GRACE_S = 5.0
+# How often placement looks for nodes that joined (or came back after being given up on) since the last survey
+RESURVEY_S = 10.0
 # weakest first, to name what every node enforces
 _STRENGTH = ["none", "process", "namespace", "container", "gvisor", "microvm", "remote_vm"]
 
@@ -90,6 +97,7 @@ class Node:
     open: int = 0  # sandboxes of this driver open on it now
     workspace: str | None = None  # where its sandboxes keep their workspace, once one opened
     ran: int = 0  # execs run on it, for details()
+    answering: bool = True  # False while a call found its actor unavailable: nothing new is placed on it
 
     @property
     def label(self) -> str:
@@ -101,7 +109,12 @@ class _Cluster:
     nodes: dict[str, Node] = field(default_factory=dict)
     unusable: dict[str, str] = field(default_factory=dict)
     job: str = ""  # the driver job the actors belong to (a new ray.init is a new job: new actors)
+    # every host actor's first handle, while its node is alive: an actor lives while its handles do, so a node
+    # forgotten (lost) keeps its actor until the next survey adopts it again and closes what it held
+    handles: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one survey at a time (they run in threads)
+    surveyed_at: float = 0.0  # time.monotonic() of the last survey's start
+    refreshing: bool = False  # a survey in the background, started by placement
 
 
 _CLUSTERS: dict[tuple[str, int], _Cluster] = {}
@@ -115,8 +128,9 @@ def _error_classes(base: type[ExecboxError] = ExecboxError) -> dict[str, type[Ex
 
 
 def _rebuild(fields: dict[str, Any], node: Node) -> ExecboxError:
-    """The execbox error a node reported, as the same class here (built without its constructor, whose arguments
-    differ by class), naming the node."""
+    """The execbox error a node reported, as the same class here, naming the node. Built without its constructor
+    (whose arguments differ by class), so the attributes constructors set are set here: those the node sent
+    (``fields["attrs"]``), else their defaults: a caller reads ``exc.reason`` or ``exc.errno`` as it would locally."""
     cls = _error_classes().get(fields.get("type", ""), SandboxError)
     exc = cls.__new__(cls)
     message = f"{fields.get('message', '')} (on ray node {node.label})"
@@ -125,6 +139,14 @@ def _rebuild(fields: dict[str, Any], node: Node) -> ExecboxError:
     exc.backend = fields.get("backend") or "ray"
     exc.env_var = fields.get("env_var")
     exc.retryable = bool(fields.get("retryable"))
+    sent = fields.get("attrs") or {}
+    if isinstance(exc, BackendUnavailableError):
+        exc.reason = f"{sent.get('reason') or fields.get('message', '')} (on ray node {node.label})"
+        exc.fix = sent.get("fix")
+    if isinstance(exc, MissingExtraError):
+        exc.extra, exc.present = sent.get("extra"), sent.get("present")
+    if isinstance(exc, OSError):  # the typed file errors: errno as a local one has it
+        exc.errno = sent.get("errno", getattr(cls, "errno_code", None))
     return exc
 
 
@@ -254,6 +276,7 @@ class RayBackend(ExecutionBackend[RaySettings]):
     sdk = "ray"
     summary = "a node of a Ray cluster, in that node's own sandbox backend; sessions pinned to their node"
     settings_model = RaySettings
+    verdict_needs_check = True  # the verdict is on the nodes the check surveyed
     # What a cluster can offer at most; probe() narrows it to what every node enforces.
     capabilities = Capabilities(
         sandbox=True,
@@ -310,7 +333,27 @@ class RayBackend(ExecutionBackend[RaySettings]):
     def _survey(self) -> None:
         """A host actor on every alive node without one, and what each runs; nodes gone are forgotten."""
         with self._cluster.lock:
+            self._cluster.surveyed_at = time.monotonic()
             self._survey_locked()
+
+    def _refresh_soon(self) -> None:
+        """A survey in a thread of its own when the last is RESURVEY_S old: nodes that joined the cluster, or that
+        answer again after being given up on, take sandboxes again. Placement never waits for it (a node listed
+        alive but gone holds a survey up to CODE_EXEC_OPEN_TIMEOUT_SEC)."""
+        cluster = self._cluster
+        if cluster.refreshing or time.monotonic() - cluster.surveyed_at < RESURVEY_S:
+            return
+        cluster.refreshing = True
+
+        def refresh() -> None:
+            try:
+                self._survey()
+            except ExecboxError as exc:  # no node usable now: placement says so when it finds none
+                log.info("ray: a background survey found no usable node: %s", exc)
+            finally:
+                cluster.refreshing = False
+
+        threading.Thread(target=refresh, name="execbox-ray-survey", daemon=True).start()
 
     def _survey_locked(self) -> None:
         import ray
@@ -322,10 +365,13 @@ class RayBackend(ExecutionBackend[RaySettings]):
         job = ray.get_runtime_context().get_job_id()
         if self._cluster.job != job:
             self._nodes.clear()
+            self._cluster.handles.clear()
             self._cluster.job = job
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]
         for gone in set(self._nodes) - alive:
             self._nodes.pop(gone)
+        for gone in set(self._cluster.handles) - alive:
+            self._cluster.handles.pop(gone)
         # per driver job (its actors die with it) and configuration (another runner may name another backend)
         prefix = f"{ACTOR_PREFIX}-{job}-{self.settings.node_backend}-" \
                  f"{self.settings.slots_per_node}"
@@ -337,10 +383,16 @@ class RayBackend(ExecutionBackend[RaySettings]):
                 max_concurrency=1000,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote(self.settings.node_backend, self.settings.slots_per_node)
+            self._cluster.handles.setdefault(node_id, actor)
             asked[node_id] = (actor, actor.survey.remote())
+        # one deadline for every node's answer, not one per node in turn
+        ready = set(ray.wait([ref for _, ref in asked.values()], num_returns=len(asked),
+                             timeout=self.shared.open_timeout_sec)[0]) if asked else set()
         for node_id, (actor, ref) in asked.items():
             try:
-                kind, value = ray.get(ref, timeout=self.shared.open_timeout_sec)
+                if ref not in ready:
+                    raise TimeoutError(f"no answer within CODE_EXEC_OPEN_TIMEOUT_SEC={self.shared.open_timeout_sec}")
+                kind, value = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - a node that cannot host its actor is left out, and said
                 self._unusable[node_id] = f"its host actor did not start: {type(exc).__name__}: {str(exc)[:200]}"
                 continue
@@ -380,9 +432,12 @@ class RayBackend(ExecutionBackend[RaySettings]):
         )
 
     def verdict(self, request: ExecRequest) -> Verdict:
+        # On the nodes the last check found: never a survey here (it blocks; the runner checks first, see
+        # verdict_needs_check). Not checked yet (a listing): no node known, so no sandbox claimed.
         if not self._nodes:
-            self.require_sdk()  # asked before the first check: without Ray, the pip hint
-            self._survey()  # asked before the first check: the nodes are what is judged (unreachable: raised)
+            self.require_sdk()  # without Ray, the pip hint
+            return Verdict(False, "no node of the Ray cluster is known yet: the backend's check (`execbox doctor`, "
+                                  "or any run) surveys them")
         network = request.network or "none"
         weak = [f"node {node.label}: {node.verdicts.get(network, (False, 'no verdict for ' + network))[1]}"
                 for node in self._nodes.values() if not node.verdicts.get(network, (False, ""))[0]]
@@ -400,10 +455,12 @@ class RayBackend(ExecutionBackend[RaySettings]):
 
     async def place(self, exclude: Node | None = None) -> Node:
         """The node with the most free slots (ties in turn), never ``exclude``."""
-        nodes = [node for node in self._nodes.values() if node is not exclude]
-        if not nodes:
+        nodes = [node for node in self._nodes.values() if node is not exclude and node.answering]
+        if nodes:
+            self._refresh_soon()
+        else:
             await sdk_call(self._survey)  # a node may have joined since
-            nodes = [node for node in self._nodes.values() if node is not exclude]
+            nodes = [node for node in self._nodes.values() if node is not exclude and node.answering]
         if not nodes:
             raise SandboxLostError("no other Ray node is alive to run on", backend=self.name)
         turn = next(self._turn)
@@ -417,17 +474,47 @@ class RayBackend(ExecutionBackend[RaySettings]):
     def lost(self, node: Node, exc: BaseException) -> SandboxLostError:
         """The node's actor died (the node with it, or its process): forget it, and say what went."""
         self._nodes.pop(node.node_id, None)
+        self._cluster.surveyed_at = 0.0  # the next placement looks again: it may answer later, or another joined
+        if type(exc).__name__ == "ActorDiedError" and self._cluster.handles.get(node.node_id) is node.actor:
+            self._cluster.handles.pop(node.node_id)  # dead: the next survey starts a new one
         return SandboxLostError(
             f"ray node {node.label} was lost ({type(exc).__name__}): the sandbox on it and its files went with it, "
             "and the command was not run again anywhere. Open a new sandbox (its state must be rebuilt)",
             backend=self.name)
+
+    async def unavailable(self, node: Node, exc: BaseException) -> SandboxError:
+        """The node's actor did not answer a call (ActorUnavailableError). If it answers again within
+        UNAVAILABLE_GRACE_S, it is there with its sandboxes: the node is kept and the call may be retried (it may or
+        may not have run); if not, the node is lost."""
+        import anyio
+        import ray
+
+        node.answering = False
+        deadline = anyio.current_time() + UNAVAILABLE_GRACE_S
+        while True:
+            try:
+                with anyio.fail_after(max(0.1, deadline - anyio.current_time())):
+                    await node.actor.live.remote()
+                node.answering = True
+                break
+            except ray.exceptions.ActorUnavailableError:
+                if anyio.current_time() >= deadline:
+                    return self.lost(node, exc)
+                await anyio.sleep(0.25)
+            except (ray.exceptions.RayActorError, TimeoutError):
+                return self.lost(node, exc)
+        return SandboxError(
+            f"ray node {node.label} is temporarily unavailable ({type(exc).__name__}): the call may or may not have "
+            "run there, and it was not run again. Retry once the node answers", backend=self.name, retryable=True)
 
     async def await_ref(self, ref: Any, node: Node) -> Any:
         import ray
 
         try:
             return await ref
-        except ray.exceptions.RayActorError as exc:  # ActorDiedError, ActorUnavailableError: the node or its actor
+        except ray.exceptions.ActorUnavailableError as exc:
+            raise await self.unavailable(node, exc) from None
+        except ray.exceptions.RayActorError as exc:  # ActorDiedError: the node or its actor is gone
             raise self.lost(node, exc) from None
         except ray.exceptions.RayTaskError as exc:  # a bug on the node, not an execbox error
             raise SandboxError(f"the host actor on ray node {node.label} failed: {str(exc)[:800]}",
@@ -442,6 +529,8 @@ class RayBackend(ExecutionBackend[RaySettings]):
         try:
             async for ref in gen:
                 yield ref
+        except ray.exceptions.ActorUnavailableError as exc:
+            raise await self.unavailable(node, exc) from None
         except ray.exceptions.RayActorError as exc:
             raise self.lost(node, exc) from None
         except BaseException:
@@ -464,8 +553,13 @@ class RayBackend(ExecutionBackend[RaySettings]):
                 # opened with its command, in one call to the node
                 return RaySession(self, node, spec, node.workspace, opened=False)
             session = RaySession(self, node, spec, "", opened=True)
-            session.workspace = await session._call("open", session.sid, spec.network, spec.limits.model_dump(),
-                                                    spec.lifetime_s)
+            try:
+                session.workspace = await session._call("open", session.sid, spec.network, spec.limits.model_dump(),
+                                                        spec.lifetime_s)
+            except BaseException:
+                if self.alive(node):  # given up on (cancelled, timed out): the node closes it, even once it opened
+                    node.actor.close.remote(session.sid)  # fire and forget: the caller is leaving
+                raise
             node.workspace = session.workspace
             return session
         except BaseException:

@@ -12,9 +12,10 @@ execbox error (an exception pickled through Ray may not unpickle, and a node's b
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Concatenate, ParamSpec
 
 from execbox.plugin import ExecboxError
 
@@ -22,12 +23,34 @@ from execbox.plugin import ExecboxError
 NETWORK_MODES = ("none", "egress", "proxy", "host")
 #: Streamed output is sent at most this often (seconds): fewer, larger objects through the object store.
 FLUSH_EVERY_S = 0.05
+ABANDONED_KEPT = 4096  # sandbox ids closed before they opened, remembered (a close for an id never opened stays)
 
 Reply = tuple[str, Any]
+P = ParamSpec("P")
+#: What some errors' constructors set beside the message (BackendUnavailableError, MissingExtraError, the typed
+#: file errors): sent along, set again on the driver's copy.
+ERROR_ATTRS = ("reason", "fix", "extra", "present", "errno")
 
 
 def _error(exc: ExecboxError) -> Reply:
-    return "error", {"type": type(exc).__name__, **exc.to_dict()}
+    attrs = {name: getattr(exc, name) for name in ERROR_ATTRS if hasattr(exc, name)}
+    return "error", {"type": type(exc).__name__, **exc.to_dict(), "attrs": attrs}
+
+
+async def _reply(work: Awaitable[Any]) -> Reply:
+    try:
+        return "ok", await work
+    except ExecboxError as exc:
+        return _error(exc)
+
+
+def replies(method: Callable[Concatenate[NodeHost, P], Awaitable[Any]]) -> Callable[Concatenate[NodeHost, P],
+                                                                                     Awaitable[Reply]]:
+    """``("ok", what the method returned)``, or its execbox error as ``("error", fields)``."""
+    @functools.wraps(method)
+    async def reply(self: NodeHost, /, *args: P.args, **kw: P.kwargs) -> Reply:
+        return await _reply(method(self, *args, **kw))
+    return reply
 
 
 class NodeHost:
@@ -40,6 +63,10 @@ class NodeHost:
         self._sandboxes: dict[str, Any] = {}
         self._backend: Any = None
         self._caps: Any = None
+        self._opening: set[str] = set()
+        # Closed by the driver before their open finished here, or before it began (Ray does not order an async
+        # actor's calls): the open closes it. Insertion-ordered, the oldest dropped past ABANDONED_KEPT.
+        self._abandoned: dict[str, None] = {}
 
     async def _ready(self) -> None:
         if self._runner is not None:
@@ -51,32 +78,37 @@ class NodeHost:
         self._backend, self._caps = await runner.select(self._backend_name, session=True)
         self._runner = runner
 
-    async def survey(self) -> Reply:
-        """What this node runs: its backend, what it enforces, its verdict for each network mode."""
+    @replies
+    async def survey(self) -> dict[str, Any]:
+        """What this node runs: its backend, what it enforces, its verdict for each network mode. A survey is an
+        adoption: the driver asking knows none of the sandboxes open here (it forgot this node, or never knew it),
+        so nothing would ever close them; they are closed now."""
         import ray
 
-        try:
-            await self._ready()
-        except ExecboxError as exc:
-            return _error(exc)
+        await self._ready()
+        self._abandoned.update(dict.fromkeys(self._opening))
+        for sid in list(self._sandboxes):
+            await self.close(sid)
         context = ray.get_runtime_context()
         verdicts = {}
         for mode in NETWORK_MODES:
             verdict = self._runner.verdict(self._backend, mode)
             verdicts[mode] = (verdict.sandbox, verdict.reason)
-        return "ok", {"node_id": context.get_node_id(), "ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
-                      "backend": self._backend.name, "capabilities": self._caps.model_dump(mode="json"),
-                      "verdicts": verdicts, "slots": self._slots, "pid": os.getpid()}
+        return {"node_id": context.get_node_id(), "ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+                "backend": self._backend.name, "capabilities": self._caps.model_dump(mode="json"),
+                "verdicts": verdicts, "slots": self._slots, "pid": os.getpid()}
 
-    async def open(self, sid: str, network: str, limits: dict[str, Any], lifetime_s: float) -> Reply:
-        try:
-            return "ok", await self._open(sid, network, limits, lifetime_s)
-        except ExecboxError as exc:
-            return _error(exc)
+    @replies
+    async def open(self, sid: str, network: str, limits: dict[str, Any], lifetime_s: float) -> str:
+        return await self._open(sid, network, limits, lifetime_s)
 
     async def _open(self, sid: str, network: str, limits: dict[str, Any], lifetime_s: float) -> str:
         import execbox
 
+        if sid in self._abandoned:
+            del self._abandoned[sid]
+            raise execbox.SandboxError(f"sandbox {sid} was closed by the driver before it opened")
+        self._opening.add(sid)
         await self._ready()
         # The driver resolved every limit; those this node cannot enforce were not demanded (the driver's guard
         # refused a demand that not every node enforces), so they stay defaults here, as they do locally.
@@ -85,7 +117,14 @@ class NodeHost:
                 if name in self._caps.limits and limits.get(field) is not None}
         sandbox = self._runner.sandbox(self._backend.name, network=network, limits=execbox.Limits(**kept),
                                        lifetime_s=lifetime_s)
-        await sandbox.__aenter__()
+        try:
+            await sandbox.__aenter__()
+            if sid in self._abandoned:  # the driver gave up on this open while it ran: nothing else would close it
+                await sandbox.close()
+                raise execbox.SandboxError(f"sandbox {sid} was closed by the driver while it opened")
+        finally:
+            self._opening.discard(sid)
+            self._abandoned.pop(sid, None)
         self._sandboxes[sid] = sandbox
         return str(sandbox.workspace)
 
@@ -97,13 +136,11 @@ class NodeHost:
             raise execbox.SandboxError(f"no sandbox {sid} on this node (closed already, or its host actor restarted)")
         return sandbox
 
+    @replies
     async def run(self, sid: str, opening: tuple[str, dict[str, Any], float] | None, files: list[tuple[str, bytes]],
-                  command: dict[str, Any]) -> Reply:
+                  command: dict[str, Any]) -> dict[str, Any]:
         """Open the sandbox first when ``opening`` (a one-shot: one call), place ``files``, run ``command``."""
-        try:
-            return "ok", await self._run(sid, opening, files, command, None)
-        except ExecboxError as exc:
-            return _error(exc)
+        return await self._run(sid, opening, files, command, None)
 
     async def run_streaming(self, sid: str, opening: tuple[str, dict[str, Any], float] | None,
                             files: list[tuple[str, bytes]], command: dict[str, Any]) -> AsyncIterator[Reply]:
@@ -122,10 +159,7 @@ class NodeHost:
             return feed
 
         async def work() -> None:
-            try:
-                done.append(("ok", await self._run(sid, opening, files, command, (take("stdout"), take("stderr")))))
-            except ExecboxError as exc:
-                done.append(_error(exc))
+            done.append(await _reply(self._run(sid, opening, files, command, (take("stdout"), take("stderr")))))
             more.set()
 
         async with anyio.create_task_group() as tasks:
@@ -163,34 +197,29 @@ class NodeHost:
         fields["workspace"] = workspace
         return fields
 
-    async def write_file(self, sid: str, path: str, data: bytes) -> Reply:
-        try:
-            await self._sandbox(sid).write_file(path, data)
-            return "ok", None
-        except ExecboxError as exc:
-            return _error(exc)
+    @replies
+    async def write_file(self, sid: str, path: str, data: bytes) -> None:
+        await self._sandbox(sid).write_file(path, data)
 
-    async def read_file(self, sid: str, path: str, max_bytes: int) -> Reply:
-        try:
-            return "ok", await self._sandbox(sid).read_file(path, max_bytes=max_bytes)
-        except ExecboxError as exc:
-            return _error(exc)
+    @replies
+    async def read_file(self, sid: str, path: str, max_bytes: int) -> bytes:
+        data: bytes = await self._sandbox(sid).read_file(path, max_bytes=max_bytes)
+        return data
 
-    async def list_files(self, sid: str, path: str, recursive: bool) -> Reply:
-        try:
-            found = await self._sandbox(sid).list_files(path or ".", recursive=recursive)
-            return "ok", [info.model_dump(mode="json") for info in found]
-        except ExecboxError as exc:
-            return _error(exc)
+    @replies
+    async def list_files(self, sid: str, path: str, recursive: bool) -> list[dict[str, Any]]:
+        found = await self._sandbox(sid).list_files(path or ".", recursive=recursive)
+        return [info.model_dump(mode="json") for info in found]
 
-    async def close(self, sid: str) -> Reply:
+    @replies
+    async def close(self, sid: str) -> None:
         sandbox = self._sandboxes.pop(sid, None)
-        try:
-            if sandbox is not None:
-                await sandbox.close()
-            return "ok", None
-        except ExecboxError as exc:
-            return _error(exc)
+        if sandbox is None:  # given up on while it opens, or before its open began: that open closes it
+            self._abandoned[sid] = None
+            while len(self._abandoned) > ABANDONED_KEPT:
+                del self._abandoned[next(iter(self._abandoned))]
+            return
+        await sandbox.close()
 
     async def live(self) -> int:
         """How many sandboxes are open on this node (tests: nothing left after the sessions closed)."""
