@@ -82,6 +82,12 @@ class TestRuns:
             runner.run(["true"], files={str(tmp_path / "abs.txt"): "x"})
         assert not (tmp_path / "abs.txt").exists()
 
+    def test_the_workspace_itself_is_a_workdir(self, runner: Runner) -> None:
+        with runner.sandbox() as sb:
+            workspace = sb.exec(["pwd"]).stdout.strip()
+            for named in (".", "./", workspace, workspace + "/"):
+                assert sb.exec(["pwd"], workdir=named).stdout.strip() == workspace, named
+
     def test_a_missing_workdir_is_created_inside_the_sandbox(self, runner: Runner) -> None:
         result = runner.run(["pwd"], workdir="new/dir")
         assert result.exit_code == 0 and result.stdout.strip().endswith("/new/dir")

@@ -436,8 +436,9 @@ def plan(admission: Admission, session: Session, *, output: LiveOutput | None = 
     secrets at egress as placeholders the session's egress proxy swaps for their values (kit.proxy.secrets)."""
     request = admission.request
     argv, files = request.materialize(session.workspace)
-    if request.workdir:
-        workdir = posixpath.join(session.workspace, normalize(request.workdir, session.workspace, anywhere=True))
+    inside = normalize(request.workdir, session.workspace, anywhere=True, allow_root=True) if request.workdir else ""
+    if inside:  # the workspace itself ("", ".", its absolute path) is where the backend starts anyway
+        workdir = posixpath.join(session.workspace, inside)
         # The backend starts in the workspace; the workdir (below it, or absolute anywhere) is created (if missing)
         # and entered inside the sandbox as its user, the same way on every backend.
         argv = ["/bin/sh", "-c", 'mkdir -p -- "$1" && cd -- "$1" && shift && exec "$@"', "execbox-workdir", workdir,
