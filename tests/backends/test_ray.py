@@ -70,8 +70,13 @@ def processes_with(marker: str) -> list[int]:
 
 
 def test_oneshot_runs_on_a_node_in_its_sandbox(runner: Runner) -> None:
+    from execbox.audit.reader import records
+
     result = runner.run_code("import os; print(os.getcwd(), os.getuid())", timeout=30)
     assert result.ok, result
+    assert runner.audit.path is not None
+    logged = [r for r in records(runner.audit.path) if r.get("event") == "exec" and r["backend"] == "ray"][-1]
+    assert f"ray: ran on node {node_of(result)}" in " ".join(logged["notes"])  # the audit record names the node
     assert result.backend == "ray"
     assert result.stdout.startswith("/workspace ")
     assert node_of(result).startswith(("127.", "192.", "10.", "172."))

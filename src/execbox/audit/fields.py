@@ -126,6 +126,7 @@ def result_fields(result: Any, keep_output: int) -> dict[str, Any]:
         "truncated": result.truncated, "duration_s": result.duration_s,
         "stdout": stream_fields(result.stdout, keep_output), "stderr": stream_fields(result.stderr, keep_output),
         "egress": [a.model_dump() for a in result.egress],
+        "notes": list(result.notes),  # where it ran (a ray node), what was retried: execbox's words, not output
     }
 
 
