@@ -2,12 +2,13 @@
 Docker engine for its API version and its runtimes again (~12 ms of the engine's time, every process).
 
 Safe because of what the key and the facts are. The key names the engine instance itself (a unix socket's
-device, inode and change time: a restarted or replaced daemon makes a new socket), this user, and the SDK's
-version; a record older than CODE_EXEC_PROBE_CACHE_SEC, or one for another key, is not used. The facts are the
-engine's, never a verdict: execbox still judges them against the current settings on every run, and still
-checks each container the engine built against its contract, so a stale fact can make a run refused, never
-weaker. The records live in execbox's own cache directory (which no mount may hand to a sandbox), in files of
-this user that nobody else can write; anything else there is ignored, never trusted.
+device, inode and change time: a restarted or replaced daemon makes a new socket), what a reload re-reads
+(docker: a digest of the engine's daemon.json and command line, so a reload's new runtimes are seen at once),
+this user, and the SDK's version; a record older than CODE_EXEC_PROBE_CACHE_SEC, or one for another key, is not
+used. The facts are the engine's, never a verdict: execbox still judges them against the current settings on
+every run, and still checks each container the engine built against its contract, so a stale fact can make a run
+refused, never weaker. The records live in execbox's own cache directory (which no mount may hand to a sandbox),
+in files of this user that nobody else can write; anything else there is ignored, never trusted.
 """
 
 from __future__ import annotations
