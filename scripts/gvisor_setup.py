@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 NAME = "runsc"
 DAEMON_JSON = os.environ.get("EXECBOX_DAEMON_JSON", "/etc/docker/daemon.json")
@@ -46,7 +46,7 @@ def say(message: str) -> None:
     print(f"gvisor: {message}", flush=True)
 
 
-def cannot(message: str) -> None:
+def cannot(message: str) -> NoReturn:
     print(f"gvisor: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
 
@@ -174,9 +174,9 @@ def dockerd_pid() -> int | None:
     return None
 
 
-def apply(name: str, entry: dict[str, Any] | None) -> bool:
-    """Make runtimes.<name> of daemon.json ``entry`` (None: absent) and live in the engine. True when it is live
-    (or no engine runs: then it is what the engine starts with)."""
+def apply(name: str, entry: dict[str, Any] | None) -> None:
+    """Make runtimes.<name> of daemon.json ``entry`` (None: absent) and live in the engine (or, when no engine
+    runs, what it starts with)."""
     config = load_json(DAEMON_JSON)
     runtimes = config.setdefault("runtimes", {})
     if runtimes.get(name) != entry:
@@ -193,9 +193,9 @@ def apply(name: str, entry: dict[str, Any] | None) -> bool:
     live = engine_runtimes()
     if live is None:
         say("no docker engine answers: the registration takes effect when dockerd starts")
-        return True
+        return
     if live.get(name) == entry:
-        return True
+        return
     pid = dockerd_pid()
     if pid is None:
         cannot("the docker engine answers but no local dockerd was found to reload; reload it yourself "
@@ -206,11 +206,10 @@ def apply(name: str, entry: dict[str, Any] | None) -> bool:
         live = engine_runtimes() or {}
         if live.get(name) == entry:
             say(f"dockerd (pid {pid}) reloaded: runtime {name} " + ("gone" if entry is None else "live"))
-            return True
+            return
         time.sleep(0.1)
     cannot(f"dockerd (pid {pid}) did not list runtime {name} as written within {RELOAD_WAIT_S:g} s of SIGHUP; "
            f"its log says why (a daemon.json it cannot read keeps the old configuration)")
-    return False
 
 
 def setup(runsc: str) -> None:
