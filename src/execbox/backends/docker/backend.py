@@ -334,8 +334,15 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
             return {}
         shown = {"runtime": f"{judged.name} (runs {judged.binary}" + (f" {' '.join(judged.args)})" if judged.args
                                                                        else ")")}
-        if judged.isolation == "gvisor":
-            record = gvisor_record()
+        record = gvisor_record()
+        if judged.isolation != "gvisor":
+            runtimes = self.engine_facts().get("Runtimes") or {}
+            names = sorted(runtimes, key=lambda n: (n != (record or {}).get("runtime"), n))
+            usable = [n for n in names if judge_runtime(n, runtimes[n]).isolation == "gvisor"]
+            if usable:  # auto never picks a runtime: this says how to get the stronger sandbox
+                shown["gvisor"] = (f"the engine has it as runtime {usable[0]}: set {_RUNTIME_VAR}={usable[0]} to run "
+                                   "every sandbox under gVisor (auto does not choose a runtime)")
+        else:
             probed = record if record and record.get("path") and os.path.basename(str(record["path"])) == \
                 judged.binary else None
             platform = judged.platform or "runsc's default (ptrace in releases before 2023)"
