@@ -81,8 +81,9 @@ class DockerSettings(BackendSettings):
                             "uid[:gid] inside the container; default: yours, or 65534:65534 when execbox runs as "
                             "root; a uid other than yours needs execbox to run as root")
     runtime: str | None = setting(_RUNTIME_VAR, None,
-                               "OCI runtime registered in the engine: runc, crun, runsc (gVisor) or a kata runtime; "
-                               "default: the engine's, which must be one of those")
+                               "OCI runtime registered in the engine, judged by the binary it runs and its arguments: "
+                               "runc, crun, runsc (gVisor; the set-up registers it as runsc) or kata; default: the "
+                               "engine's")
     tmpfs_mb: int = setting("CODE_EXEC_DOCKER_TMPFS_MB", 512, "Size of the /tmp tmpfs and of each tmpfs= path (counts "
                             "against memory; a tmpfs= path at most the disk limit), MiB",
                             gt=0)
