@@ -33,13 +33,15 @@ def _setup(*args: str) -> None:
 
 @pytest.fixture(scope="module")
 def registered() -> Iterator[list[str]]:
-    """Registers WEAK (--network=host) and SAFE (the set-up's own arguments) in the engine; removes both after."""
+    """Registers WEAK (--network=host) and SAFE (the set-up's own arguments) in the engine; removes both after.
+    The engine's facts are probed and kept first: each test then also proves a reload is seen at once."""
     gvisor_runtime()  # gVisor set up and live here, or skipped with the reason
     if os.geteuid() != 0:
         engine_missing("registering runtimes in the Docker engine needs root")
     record = gvisor_record()
     assert record is not None
     args = [str(a) for a in record["runtimeArgs"]]
+    anyio.run(AsyncRunner(Settings.from_env()).backend("docker").check)  # the engine's facts kept before the reload
     try:
         _setup("--register", WEAK, *[a for a in args if not a.startswith("--network")], "--network=host")
         _setup("--register", SAFE, *args)

@@ -10,6 +10,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -256,6 +257,31 @@ def test_mirror_from_deb822_and_one_line_sources(tmp_path: Path) -> None:
     assert di.find_debian_mirror("bookworm", str(tmp_path)) == "http://other.example/debian"
     (tmp_path / "sources.list").unlink()
     assert di.find_debian_mirror("bookworm", str(tmp_path)) == di.DEFAULT_MIRROR
+
+
+def test_the_probe_key_follows_the_config_a_reload_reads(tmp_path: Path) -> None:
+    """engine_config digests the config named by the listening process's --config-file (found through the
+    socket's peer): a changed daemon.json is a new key at once; a listener that is gone is no key at all."""
+    sock, config = tmp_path / "engine.sock", tmp_path / "daemon.json"
+    config.write_text('{"runtimes": {}}')
+    listener = subprocess.Popen(
+        [sys.executable, "-c", "import socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); "
+         "s.listen(); print(flush=True); time.sleep(60)", str(sock), f"--config-file={config}"],
+        stdout=subprocess.PIPE)
+    try:
+        assert listener.stdout is not None and listener.stdout.readline()
+        first = engine.engine_config(f"unix://{sock}")
+        assert first is not None and engine.engine_config(f"unix://{sock}") == first
+        config.write_text('{"runtimes": {"runsc": {"path": "runsc"}}}')
+        second = engine.engine_config(f"unix://{sock}")
+        assert second not in (None, first)
+        config.unlink()  # dockerd runs without one: still a key, another one
+        assert engine.engine_config(f"unix://{sock}") not in (None, first, second)
+    finally:
+        listener.kill()
+        listener.wait()
+    assert engine.engine_config(f"unix://{sock}") is None
+    assert engine.engine_config("tcp://127.0.0.1:2375") is None
 
 
 # --- the container as built, against the contract ------------------------------------------------------
