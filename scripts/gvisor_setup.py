@@ -11,7 +11,8 @@ Probes (each with `runsc do /bin/true`, bounded: a platform that hangs is a plat
   (the Sentry has no network stack at all: loopback only; never --network=host, which would hand the sandbox
   the host kernel's network stack).
 The registration also has --host-uds=open: a connect to a Unix socket bound into the sandbox (network mode
-proxy's), as runc allows; creating or binding sockets on the host stays refused.
+proxy's), as runc allows; creating or binding sockets on the host stays refused. And --oci-seccomp: the
+container's seccomp profile (execbox's deny list) is applied inside gVisor too (runsc ignores it otherwise).
 /etc/docker/daemon.json is merged, never overwritten: only runtimes.<NAME> changes, every other key and runtime
 stays. The engine is reloaded with SIGHUP (never restarted) and this waits until `docker info` lists the entry.
 What was probed is written to /var/lib/execbox/gvisor.json (execbox.plugin.GVISOR_RECORD; `execbox doctor` shows
@@ -224,12 +225,15 @@ def setup(runsc: str) -> None:
         found = probe_host(runsc)
     # --host-uds=open: network mode proxy's socket, bound into the sandbox, may be connected to (as under runc);
     # without it gVisor resets the connection. Creating or binding host sockets stays refused.
-    found["runtimeArgs"] = [f"--platform={found['platform']}", f"--network={found['network']}", "--host-uds=open"]
+    # --oci-seccomp: the container's seccomp profile (execbox's deny list) applies inside the Sentry too; runsc
+    # ignores it otherwise, and execbox refuses such a registration.
+    found["runtimeArgs"] = [f"--platform={found['platform']}", f"--network={found['network']}", "--host-uds=open",
+                            "--oci-seccomp"]
     apply(NAME, {"path": runsc, "runtimeArgs": found["runtimeArgs"]})
     new = {**facts, **found}
     if new != {k: record.get(k) for k in new}:
         write_json(RECORD, {**new, "probed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, 0o644)
-        say(f"probed: {found['summary']} (recorded in {RECORD})")
+        say(f"recorded in {RECORD}: {found['summary']}")
     else:
         say(f"runtime {NAME} registered and live ({found['summary']})")
 

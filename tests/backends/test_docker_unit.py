@@ -434,6 +434,7 @@ RUNSC = "/usr/bin/runsc"
     ("my-crun", {"path": "crun", "runtimeArgs": ["--cgroup-manager=systemd"]}, None),
     ("runc", {"path": "runc", "runtimeArgs": ["--debug"]}, "runs runc with --debug: an argument execbox does not know"),
     ("runsc", {"path": "/usr/bin/runc"}, None),  # a name means nothing: this is runc, judged as runc
+    ("runsc", {"path": RUNSC}, "runs runsc without --oci-seccomp"),
     ("runc", {"path": "/opt/nvidia-container-runtime"}, "runs nvidia-container-runtime, not a runtime execbox knows"),
     ("nvidia", {"path": "nvidia-container-runtime"}, "not a runtime execbox knows"),
     ("sysbox-runc", {"path": "sysbox-runc"}, "not a runtime execbox knows"),
@@ -447,9 +448,9 @@ def test_runtimes_are_judged_by_binary_and_arguments(name: str, entry: dict[str,
 
 
 @pytest.mark.parametrize("args, platform, network", [
-    ([], None, "sandbox"),
-    (["--network=none"], None, "none"),
-    (["--platform=ptrace", "--network", "none"], "ptrace", "none"),
+    (["--oci-seccomp"], None, "sandbox"),
+    (["--network=none", "--oci-seccomp=true"], None, "none"),
+    (["--platform=ptrace", "--network", "none", "-oci-seccomp"], "ptrace", "none"),
     (["-platform=kvm", "--oci-seccomp", "--host-uds=open", "--overlay2=root:memory"], "kvm", "sandbox"),
 ])
 def test_a_gvisor_registration_with_safe_arguments_is_gvisor_whatever_its_name(
@@ -477,8 +478,14 @@ def test_a_gvisor_registration_with_safe_arguments_is_gvisor_whatever_its_name(
     ("--network", "--network: an argument execbox does not know to be safe"),  # a flag without its value
 ])
 def test_a_gvisor_argument_that_weakens_it_or_is_unknown_is_refused_by_name(arg: str, words: str) -> None:
-    judged = h.judge_runtime("runsc", {"path": RUNSC, "runtimeArgs": ["--network=none", arg]})
+    judged = h.judge_runtime("runsc", {"path": RUNSC, "runtimeArgs": ["--network=none", "--oci-seccomp", arg]})
     assert judged.isolation is None and f"runtime runsc runs runsc with {words}" in (judged.problem or "")
+
+
+@pytest.mark.parametrize("args", [[], ["--network=none"], ["--oci-seccomp=false"]])
+def test_a_gvisor_registration_that_ignores_the_seccomp_profile_is_refused(args: list[str]) -> None:
+    problem = h.judge_runtime("runsc", {"path": RUNSC, "runtimeArgs": args}).problem or ""
+    assert "without --oci-seccomp" in problem or "--oci-seccomp=false" in problem, problem
 
 
 def request(network: str) -> Any:

@@ -24,7 +24,6 @@ from execbox.backends.docker.engine import (
     unreachable,
 )
 from execbox.backends.docker.hardening import (
-    RUNTIME_BINARIES,
     Runtime,
     default_user,
     judge_runtime,
@@ -312,9 +311,8 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
             which = f"{_RUNTIME_VAR}={runtime}" if runtime else f"the engine's default runtime ({_RUNTIME_VAR} unset)"
             raise BackendUnavailableError(
                 f"{which} is not a sandbox execbox admits: {judged.problem}", backend="docker", env_var=_RUNTIME_VAR,
-                fix=f"set {_RUNTIME_VAR} to a runtime registered in the engine that runs one of "
-                    f"{', '.join(sorted({b for b in RUNTIME_BINARIES if '.' not in b}))} with safe arguments "
-                    "(gVisor: as root, scripts/bootstrap.sh registers runsc)")
+                fix=f"set {_RUNTIME_VAR} to a runtime registered in the engine that runs runc, crun, runsc or "
+                    "kata-runtime with safe arguments (gVisor: as root, scripts/bootstrap.sh registers runsc)")
         self._runtime = judged
         self.call(lambda c: c.images.get(self.settings.image))
         limits = set(self.capabilities.limits)

@@ -60,7 +60,8 @@ _GVISOR_FLAGS: dict[str, frozenset[str] | None] = {
     "platform": frozenset({"ptrace", "kvm", "systrap"}),
     "network": frozenset({"sandbox", "none"}),
     "root": _ANY, "log": _ANY, "log-format": frozenset({"text", "json", "json-k8s"}),
-    "systemd-cgroup": _BOOL, "oci-seccomp": _BOOL,  # oci-seccomp also applies the profile inside the Sentry
+    "systemd-cgroup": _BOOL,
+    "oci-seccomp": frozenset({"true"}),  # required: without it runsc ignores the profile (judge_runtime)
     # A connect to a host socket visible in the sandbox's mounts, as under runc (execbox's proxy socket).
     "host-uds": frozenset({"none", "open"}),
     "file-access": frozenset({"exclusive", "shared"}), "file-access-mounts": frozenset({"exclusive", "shared"}),
@@ -107,6 +108,10 @@ class Runtime:
     network: str | None = None  # gVisor's network stack: "sandbox" (its own netstack) or "none" (loopback only)
 
 
+def _boolean(admitted: frozenset[str] | None) -> bool:
+    return admitted is not None and admitted <= _BOOL
+
+
 def _flag_pairs(args: Sequence[str]) -> list[tuple[str, str | None, str]]:
     """Go-style flags as (name, value or None, as written): -f, --f, -f=v, --f=v, and -f v for a flag that takes a
     value (one admitted with values other than true/false)."""
@@ -118,8 +123,8 @@ def _flag_pairs(args: Sequence[str]) -> list[tuple[str, str | None, str]]:
             pairs.append(("", None, word))
             continue
         name, eq, value = word.lstrip("-").partition("=")
-        admitted = {**_GVISOR_FLAGS, **_CONTAINER_FLAGS}.get(name, _BOOL)
-        if not eq and admitted != _BOOL and rest and not rest[0].startswith("-"):
+        if not eq and not _boolean({**_GVISOR_FLAGS, **_CONTAINER_FLAGS}.get(name, _BOOL)) and rest \
+                and not rest[0].startswith("-"):
             value, eq = rest.pop(0), "="
             word = f"{word} {value}"
         pairs.append((name, value if eq else None, word))
@@ -149,7 +154,7 @@ def judge_runtime(name: str, entry: dict[str, Any] | None) -> Runtime:
     admitted = _ADMITTED[isolation]
     flags: dict[str, str] = {}
     for flag, value, written in _flag_pairs(args):
-        given = "true" if value is None and admitted.get(flag, _BOOL) == _BOOL else value
+        given = "true" if value is None and _boolean(admitted.get(flag, _BOOL)) else value
         allowed = admitted.get(flag, frozenset())
         if flag in admitted and given is not None and (allowed is _ANY or given in allowed):
             flags[flag] = given
@@ -163,6 +168,9 @@ def judge_runtime(name: str, entry: dict[str, Any] | None) -> Runtime:
                        f"an argument execbox does not know to be safe (admitted: {shown})"))
     if isolation != "gvisor":
         return Runtime(name, binary, isolation, None, args)
+    if flags.get("oci-seccomp") != "true":
+        return refused("runs runsc without --oci-seccomp: gVisor would ignore the container's seccomp profile, "
+                       "execbox's deny list (user namespaces, ...), inside the sandbox")
     return Runtime(name, binary, isolation, None, args, flags.get("platform"), flags.get("network", "sandbox"))
 
 
