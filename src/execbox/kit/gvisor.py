@@ -11,30 +11,15 @@ host's release when probed), ``platform``, ``network`` ("sandbox": gVisor's nets
 
 from __future__ import annotations
 
-import json
-import os
-import stat
 from typing import Any
 
 from execbox.config import paths
+from execbox.kit.probecache import read_owned_json
 
 GVISOR_RECORD = paths.SYSTEM_STATE / "gvisor.json"
-_MAX_RECORD = 64 << 10
 
 
 def gvisor_record() -> dict[str, Any] | None:
     """The set-up's record, or None: none written, or a file that is not root's alone to write."""
-    try:
-        fd = os.open(GVISOR_RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022 or st.st_size > _MAX_RECORD:
-            return None
-        record = json.loads(os.read(fd, _MAX_RECORD))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
+    record = read_owned_json(GVISOR_RECORD, owner=0)
     return record if isinstance(record, dict) and isinstance(record.get("runtime"), str) else None
