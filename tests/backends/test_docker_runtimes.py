@@ -75,5 +75,5 @@ def test_a_safe_gvisor_registration_is_admitted_whatever_its_name(
             return caps, await runner.run(["uname", "-r"], backend="docker")
 
     caps, result = anyio.run(go)
-    assert caps.isolation == "gvisor"
+    assert caps.isolation == "gvisor" and result.isolation == "gvisor"
     assert result.exit_code == 0 and result.stdout.splitlines()[0] == "4.4.0", result
