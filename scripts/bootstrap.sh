@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Prepare a Debian 12 machine for execbox's real-engine tests: install the Debian packages the
-# backends need (only when missing), start dockerd when no engine answers, and optionally build
-# the sandbox image. Idempotent; a second run takes about a second.
+# backends need (only when missing), start dockerd when no engine answers, install gVisor (runsc)
+# and register it in the engine as the runtime "runsc" with the arguments this host needs
+# (scripts/gvisor_setup.py probes them), and optionally build the sandbox image. Idempotent; a
+# second run takes about a second.
 #
-#   scripts/bootstrap.sh            packages + dockerd
+#   scripts/bootstrap.sh            packages + dockerd + gVisor
 #   scripts/bootstrap.sh --image    also build the sandbox image when it is missing
 #
 # Environment: EXECBOX_PYTHON (interpreter with execbox installed; default: the repo's .venv),
@@ -17,7 +19,7 @@ want_image=0
 for arg in "$@"; do
     case "$arg" in
         --image) want_image=1 ;;
-        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) die "unknown argument '$arg' (try --help)" ;;
     esac
 done
@@ -121,7 +123,32 @@ else
     say "docker engine up ($(docker info --format '{{.ServerVersion}} {{.Driver}}' 2>/dev/null), pid $pid)"
 fi
 
-# --- 3. Sandbox image (optional) ---------------------------------------------------------
+# --- 3. gVisor ------------------------------------------------------------------------------
+# Optional: a distribution without the runsc package still gets the other engines; the tests that
+# need gVisor then skip with this reason (and fail under EXECBOX_REQUIRE_ENGINES / CI).
+if [ "$(dpkg-query -W -f='${Status}' runsc 2>/dev/null || true)" != "install ok installed" ] && \
+        ! command -v runsc >/dev/null; then
+    if [ $is_root -eq 0 ]; then
+        say "gVisor is not installed: as root, apt-get install runsc, then run this script again"
+    elif apt-cache show runsc >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-cache show runsc >/dev/null 2>&1; }; then
+        say "installing runsc (gVisor)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends runsc >/dev/null || \
+            say "apt-get install runsc failed (rerun it to see why); gVisor tests will skip"
+    else
+        say "this distribution has no runsc package: install gVisor from https://gvisor.dev/docs/user_guide/install/"
+    fi
+fi
+if command -v runsc >/dev/null && [ $is_root -eq 1 ]; then
+    gv_py="${EXECBOX_PYTHON:-}"
+    [ -n "$gv_py" ] && [ -x "$gv_py" ] || gv_py="$(command -v python3 || true)"
+    if [ -z "$gv_py" ]; then
+        say "no python3 to register gVisor with: apt-get install python3, then run this script again"
+    else
+        "$gv_py" "$repo_dir/scripts/gvisor_setup.py" || say "gVisor is not registered (see above); gVisor tests will skip"
+    fi
+fi
+
+# --- 4. Sandbox image (optional) ---------------------------------------------------------
 if [ $want_image -eq 1 ]; then
     py="${EXECBOX_PYTHON:-$repo_dir/.venv/bin/python}"
     [ -x "$py" ] || die "no Python with execbox at $py; set EXECBOX_PYTHON or create the venv"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the two README commands need, idempotent (a second run takes seconds):
 #   1. as root: Debian packages (docker.io, openssh-server, bubblewrap, debootstrap), dockerd started
-#      when no engine answers, and the sandbox image built when it is missing (scripts/bootstrap.sh);
+#      when no engine answers, gVisor (runsc) installed and registered in the engine with the arguments
+#      this host needs, and the sandbox image built when it is missing (scripts/bootstrap.sh);
 #   2. a virtual environment in .venv with execbox and all its extras installed (re-installed only when
 #      pyproject.toml changed);
 #   3. Node 22, the MCP Inspector and the MCP conformance suite in .cache/node (scripts/node_tools.sh).

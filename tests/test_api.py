@@ -284,9 +284,10 @@ class TestModels:
         result = execbox.run(["printf", "caf\\303\\251 \\377"], env={"API_TOKEN": "x"})
         data = json.loads(result.model_dump_json())
         assert set(data) == {"exit_code", "stdout", "stderr", "timed_out", "truncated", "oom_killed", "duration_s",
-                             "backend", "filtered_env", "notes", "files", "egress", "queued_s", "pooled", "limit",
-                             "explanation", "retryable", "secrets"}
+                             "backend", "isolation", "filtered_env", "notes", "files", "egress", "queued_s", "pooled",
+                             "limit", "explanation", "retryable", "secrets"}
         assert data["stdout"] == "café \ufffd" and data["filtered_env"] == ["API_TOKEN"]
+        assert data["backend"] == "local_subprocess" and data["isolation"] == "process"
         assert ExecResult.model_validate_json(result.model_dump_json()) == result
 
     def test_capabilities_serialise_as_sorted_lists_and_round_trip(self) -> None:

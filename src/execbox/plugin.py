@@ -50,6 +50,8 @@ each piece's contract.
     lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
     probe cache      load_probe_facts / store_probe_facts: an engine's facts (never a verdict) kept across
                      processes for ``self.shared.probe_cache_sec``, keyed by what names the engine instance
+    gVisor           gvisor_record (what the set-up probed: platform, network stack, the runtime it registered),
+                     GVISOR_RECORD (where it is)
     gc ownership     owner_id, owner_alive, pid_alive (host:pid:start-time; a reused pid is not the owner);
                      OWNER_FILE, orphaned (a host directory that names its owner); owner_tag, name_owner
                      (PREFIX + pid-start + random names, and reading them back), orphaned_dirs (those of dead owners);
@@ -104,6 +106,7 @@ from execbox.files.disk import mount_sized, mount_sized_soon, mount_tmpfs, relea
 from execbox.files.disk import unavailable_reason as sized_workspace_unavailable
 from execbox.files.transfer import FileInfo, Transfer, TransferLimits
 from execbox.files.workspace import is_directory_error, normalize, remove_tree, safe_read, safe_write
+from execbox.kit.gvisor import GVISOR_RECORD, gvisor_record
 from execbox.kit.lifecycle import create_cleanly
 from execbox.kit.ownership import (
     OWNER_FILE,
@@ -177,7 +180,8 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # 2.2: SandboxLostError (the machine a sandbox ran on is gone: the ray backend's lost node); TransferTooLargeError
 # (a listing or transfer over its TransferLimits, for a backend that bounds one itself); tmpfs_path_mb (a tmpfs=
 # path's size: /tmp's, within the disk limit) and is_directory_error (what reading a directory as a file says).
-KIT_VERSION = "2.2"
+# 2.3: gvisor_record, GVISOR_RECORD (what the set-up probed and registered of gVisor on this host).
+KIT_VERSION = "2.3"
 
 __all__ = [
     "ARMED",
@@ -210,6 +214,8 @@ __all__ = [
     "ExecutionBackend",
     "failed_to_start",
     "FileInfo",
+    "GVISOR_RECORD",
+    "gvisor_record",
     "FileTooLargeError",
     "filter_env",
     "finish_process",

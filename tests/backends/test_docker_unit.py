@@ -10,6 +10,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -258,12 +259,37 @@ def test_mirror_from_deb822_and_one_line_sources(tmp_path: Path) -> None:
     assert di.find_debian_mirror("bookworm", str(tmp_path)) == di.DEFAULT_MIRROR
 
 
+def test_the_probe_key_follows_the_config_a_reload_reads(tmp_path: Path) -> None:
+    """engine_config digests the config named by the listening process's --config-file (found through the
+    socket's peer): a changed daemon.json is a new key at once; a listener that is gone is no key at all."""
+    sock, config = tmp_path / "engine.sock", tmp_path / "daemon.json"
+    config.write_text('{"runtimes": {}}')
+    listener = subprocess.Popen(
+        [sys.executable, "-c", "import socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); "
+         "s.listen(); print(flush=True); time.sleep(60)", str(sock), f"--config-file={config}"],
+        stdout=subprocess.PIPE)
+    try:
+        assert listener.stdout is not None and listener.stdout.readline()
+        first = engine.engine_config(f"unix://{sock}")
+        assert first is not None and engine.engine_config(f"unix://{sock}") == first
+        config.write_text('{"runtimes": {"runsc": {"path": "runsc"}}}')
+        second = engine.engine_config(f"unix://{sock}")
+        assert second not in (None, first)
+        config.unlink()  # dockerd runs without one: still a key, another one
+        assert engine.engine_config(f"unix://{sock}") not in (None, first, second)
+    finally:
+        listener.kill()
+        listener.wait()
+    assert engine.engine_config(f"unix://{sock}") is None
+    assert engine.engine_config("tcp://127.0.0.1:2375") is None
+
+
 # --- the container as built, against the contract ------------------------------------------------------
 
 
 def contract(workspace: str) -> h.Contract:
     return h.Contract(user="1000:1000", network="none", workspace=workspace, memory_bytes=1024 << 20,
-                      nano_cpus=10**9, pids=256, runtime=None)
+                      nano_cpus=10**9, pids=256, runtime="runc")
 
 
 def good_inspect(workspace: str) -> dict[str, Any]:
@@ -363,6 +389,8 @@ def test_a_runtime_in_the_contract_must_be_the_one_built() -> None:
     attrs = good_inspect("/tmp/ws")
     pinned = h.Contract(**{**contract("/tmp/ws").__dict__, "runtime": "runsc"})
     assert h.built_problems(attrs, pinned) == ["HostConfig.Runtime='runc' (the contract says 'runsc')"]
+    unjudged = h.Contract(**{**contract("/tmp/ws").__dict__, "runtime": None})  # nothing judged: nothing admitted
+    assert h.built_problems(attrs, unjudged) == ["HostConfig.Runtime='runc' (the contract says None)"]
 
 
 # --- seccomp profile, runtimes, egress network, backstop -----------------------------------------------------
@@ -396,18 +424,68 @@ def test_the_seccomp_profile_is_the_shared_deny_list(machine: str, arches: set[s
     assert set(by_name) == {*policy.DENIED_SYSCALLS, "clone", "unshare", "socket", "clone3"}
 
 
+RUNSC = "/usr/bin/runsc"
+
+
 @pytest.mark.parametrize("name, entry, refused", [
     ("runc", {"path": "runc"}, None),
     ("io.containerd.runc.v2", {"path": "runc"}, None),
-    ("runsc", {"path": "/usr/local/bin/runsc", "runtimeArgs": ["--platform=kvm"]}, None),
-    ("runsc", {"path": "/usr/bin/runc"}, "registered in the engine as runc, which is not runsc"),
-    ("runc", {"path": "/opt/nvidia-container-runtime"}, "registered in the engine as nvidia-container-runtime"),
-    ("nvidia", {"path": "nvidia-container-runtime"}, "not one execbox knows"),
-    ("io.containerd.runtime.v1.linux", {"path": "runc"}, "not one execbox knows"),
+    ("io.containerd.runc.v2", {"runtimeType": "io.containerd.runc.v2"}, None),
+    ("my-crun", {"path": "crun", "runtimeArgs": ["--cgroup-manager=systemd"]}, None),
+    ("runc", {"path": "runc", "runtimeArgs": ["--debug"]}, "runs runc with --debug: an argument execbox does not know"),
+    ("runsc", {"path": "/usr/bin/runc"}, None),  # a name means nothing: this is runc, judged as runc
+    ("runsc", {"path": RUNSC}, "runs runsc without --oci-seccomp"),
+    ("runc", {"path": "/opt/nvidia-container-runtime"}, "runs nvidia-container-runtime, not a runtime execbox knows"),
+    ("nvidia", {"path": "nvidia-container-runtime"}, "not a runtime execbox knows"),
+    ("sysbox-runc", {"path": "sysbox-runc"}, "not a runtime execbox knows"),
+    ("kata", {"path": "kata-runtime", "runtimeArgs": ["--debug"]}, "runs kata-runtime with --debug"),
+    ("io.containerd.runsc.v1", {"runtimeType": "io.containerd.runsc.v1", "options": {"ConfigPath": "/x.toml"}},
+     "passes options to io.containerd.runsc.v1 (ConfigPath) that execbox cannot read"),
 ])
-def test_runtimes_are_admitted_by_name_and_binary(name: str, entry: dict[str, Any], refused: str | None) -> None:
-    problem = h.runtime_problem(name, entry)
+def test_runtimes_are_judged_by_binary_and_arguments(name: str, entry: dict[str, Any], refused: str | None) -> None:
+    problem = h.judge_runtime(name, entry).problem
     assert problem is None if refused is None else refused in (problem or ""), problem
+
+
+@pytest.mark.parametrize("args, platform, network", [
+    (["--oci-seccomp"], None, "sandbox"),
+    (["--network=none", "--oci-seccomp=true"], None, "none"),
+    (["--platform=ptrace", "--network", "none", "-oci-seccomp"], "ptrace", "none"),
+    (["-platform=kvm", "--oci-seccomp", "--host-uds=open", "--overlay2=root:memory"], "kvm", "sandbox"),
+])
+def test_a_gvisor_registration_with_safe_arguments_is_gvisor_whatever_its_name(
+        args: list[str], platform: str | None, network: str) -> None:
+    judged = h.judge_runtime("anything-at-all", {"path": RUNSC, "runtimeArgs": args})
+    assert (judged.problem, judged.isolation, judged.platform, judged.network) == (None, "gvisor", platform, network)
+
+
+@pytest.mark.parametrize("arg, words", [
+    ("--network=host", "--network=host: gives the sandbox the host kernel's network stack"),
+    ("--platform=native", "--platform=native: is not a platform execbox knows"),
+    ("--host-uds=all", "--host-uds=all: lets the sandbox create or bind sockets"),
+    ("--fsgofer-host-uds", "--fsgofer-host-uds: lets the sandbox create or bind sockets"),
+    ("--ignore-cgroups", "--ignore-cgroups: the engine's memory, cpu and pids limits would not apply"),
+    ("--rootless", "--rootless: runs the sandbox without"),
+    ("--net-raw", "--net-raw: gives the sandbox raw sockets"),
+    ("--overlay2=all:memory", "--overlay2=all:memory: keeps /workspace writes in the sandbox's memory"),
+    ("--debug", "--debug: logs what the sandboxed code does"),
+    ("--strace", "--strace: logs what the sandboxed code does"),
+    ("--debug-log=/tmp/x/", "--debug-log=/tmp/x/: logs what the sandboxed code does"),
+    ("--TESTONLY-unsafe-nonroot", "--TESTONLY-unsafe-nonroot: is test-only"),
+    ("--allow-flag-override", "--allow-flag-override: lets annotations"),
+    ("--cpu-num-from-quota", "--cpu-num-from-quota: an argument execbox does not know to be safe (admitted: "),
+    ("no-dash", "no-dash: an argument execbox does not know to be safe"),
+    ("--network", "--network: an argument execbox does not know to be safe"),  # a flag without its value
+])
+def test_a_gvisor_argument_that_weakens_it_or_is_unknown_is_refused_by_name(arg: str, words: str) -> None:
+    judged = h.judge_runtime("runsc", {"path": RUNSC, "runtimeArgs": ["--network=none", "--oci-seccomp", arg]})
+    assert judged.isolation is None and f"runtime runsc runs runsc with {words}" in (judged.problem or "")
+
+
+@pytest.mark.parametrize("args", [[], ["--network=none"], ["--oci-seccomp=false"]])
+def test_a_gvisor_registration_that_ignores_the_seccomp_profile_is_refused(args: list[str]) -> None:
+    problem = h.judge_runtime("runsc", {"path": RUNSC, "runtimeArgs": args}).problem or ""
+    assert "without --oci-seccomp" in problem or "--oci-seccomp=false" in problem, problem
 
 
 def request(network: str) -> Any:
@@ -439,15 +517,6 @@ def test_an_existing_egress_network_must_be_one_execbox_made(attrs: dict[str, An
     problem = db.egress_network_problem("execbox-egress", attrs)
     assert problem is None if words is None else (words in (problem or "") and "CODE_EXEC_DOCKER_EGRESS_NETWORK"
                                                    in (problem or "")), problem
-
-
-@pytest.mark.parametrize("runtime", ["nvidia", "sysbox-runc", "io.containerd.runtime.v1.linux"])
-def test_a_runtime_outside_the_table_is_not_a_sandbox(monkeypatch: pytest.MonkeyPatch, runtime: str) -> None:
-    monkeypatch.setenv("CODE_EXEC_DOCKER_RUNTIME", runtime)
-    monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "1000:1000")
-    verdict = db.DockerBackend(Settings.from_env()).verdict(request("none"))
-    assert not verdict.sandbox
-    assert f"CODE_EXEC_DOCKER_RUNTIME={runtime} is not a runtime execbox knows" in verdict.reason
 
 
 def test_every_command_runs_under_a_backstop_past_its_deadline() -> None:

@@ -17,8 +17,12 @@ def _home(home: Path) -> None:
 class TestAuto:
     def test_auto_picks_the_strongest_sandbox_that_can_run_here(self, fake_backends: object) -> None:
         # fake_down (container, unavailable) sorts first and is skipped; fake_sandbox (container) beats namespace.
+        from tests.support.fakes_plugin import FakeDown
+
         runner = Runner(Settings.from_env())
         assert runner.run(["true"]).backend == "fake_sandbox"
+        (passed,) = runner.aio.auto_passed_over  # says why, for doctor and run
+        assert passed.startswith(f"fake_down: {FakeDown.REASON}") and FakeDown.FIX in passed
 
     def test_auto_never_picks_local_subprocess_outside_local_mode(self, only_local_builtin: None,
                                                                   fake_dists: object) -> None:

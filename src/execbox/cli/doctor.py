@@ -172,11 +172,12 @@ def doctor(as_json: bool, run_self_check: bool, check_backend: str | None, check
         auto = run_blocking(runner.select)[0].name if runner.settings.backend == "auto" else runner.settings.backend
     except ExecboxError:
         auto = None
+    passed_over = runner.auto_passed_over if runner.settings.backend == "auto" and auto else []
     checks = _self_check(runner, check_backend, as_json, check_timeout) if run_self_check else []
     core_settings = _variables(Settings)
     audit_health = audit_log.health(runner.audit)
     ok = any(r["sandbox_here"] for r in rows) and not any(c["status"] == "fail" for c in checks)
-    report = {"ok": ok, "selected_backend": auto, "local_mode": runner.settings.local,
+    report = {"ok": ok, "selected_backend": auto, "auto_passed_over": passed_over, "local_mode": runner.settings.local,
               "network": runner.settings.network, "settings": core_settings, "backends": rows,
               "plugin_problems": runner.registry.problems, "self_check": checks,
               "audit": audit_health}
@@ -217,6 +218,8 @@ def doctor(as_json: bool, run_self_check: bool, check_backend: str | None, check
         if ok:
             click.echo(f"ok: a sandbox backend can run here; CODE_EXEC_BACKEND={runner.settings.backend} uses "
                        f"{auto or '(see above)'}")
+            for why in passed_over:  # auto's order: microvm, gvisor, container, namespace
+                click.echo(f"  auto passed over {why}")
         else:
             click.echo("no sandbox backend can run here: apply one of the fixes above (e.g. install bubblewrap, or "
                        "start docker)")

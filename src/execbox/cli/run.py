@@ -133,6 +133,8 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
             picked, _ = run_blocking(runner.aio.select)
             backend = picked.name
             click.echo(f"execbox: using backend {backend} (CODE_EXEC_BACKEND=auto)", err=True)
+            for why in runner.aio.auto_passed_over:  # a stronger sandbox that did not run here, and why
+                click.echo(f"execbox: auto passed over {why}", err=True)
         downloads = [(".", out_dir)] if out_dir and not collect else []
         result = _execute(runner, mode, request, backend=backend, upload=uploads, download=downloads)
         if out_dir and collect:

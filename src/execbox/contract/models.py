@@ -380,6 +380,8 @@ class ExecResult(BaseModel):
     oom_killed: bool = False
     duration_s: float = 0.0
     backend: str = ""
+    # The isolation the backend enforced for this run, as checked here (docker under runsc: "gvisor"); "" unknown.
+    isolation: Isolation | Literal[""] = ""
     # Names the env policy dropped from the request; values are never kept.
     filtered_env: list[str] = Field(default_factory=list)
     # Names of the secrets declared for this run (given to the command, redacted from what came back).

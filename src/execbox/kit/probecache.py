@@ -2,12 +2,13 @@
 Docker engine for its API version and its runtimes again (~12 ms of the engine's time, every process).
 
 Safe because of what the key and the facts are. The key names the engine instance itself (a unix socket's
-device, inode and change time: a restarted or replaced daemon makes a new socket), this user, and the SDK's
-version; a record older than CODE_EXEC_PROBE_CACHE_SEC, or one for another key, is not used. The facts are the
-engine's, never a verdict: execbox still judges them against the current settings on every run, and still
-checks each container the engine built against its contract, so a stale fact can make a run refused, never
-weaker. The records live in execbox's own cache directory (which no mount may hand to a sandbox), in files of
-this user that nobody else can write; anything else there is ignored, never trusted.
+device, inode and change time: a restarted or replaced daemon makes a new socket), what a reload re-reads
+(docker: a digest of the engine's daemon.json and command line, so a reload's new runtimes are seen at once),
+this user, and the SDK's version; a record older than CODE_EXEC_PROBE_CACHE_SEC, or one for another key, is not
+used. The facts are the engine's, never a verdict: execbox still judges them against the current settings on
+every run, and still checks each container the engine built against its contract, so a stale fact can make a run
+refused, never weaker. The records live in execbox's own cache directory (which no mount may hand to a sandbox),
+in files of this user that nobody else can write; anything else there is ignored, never trusted.
 """
 
 from __future__ import annotations
@@ -37,8 +38,28 @@ def _path(name: str, key: Sequence[object]) -> str:
     return os.path.join(cache_dir(), f"{name}-{digest}.json")
 
 
-def _private(st: os.stat_result, kind: int) -> bool:
-    return stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+def _private(st: os.stat_result, kind: int, owner: int | None = None) -> bool:
+    """Of ``kind``, owned by ``owner`` (default: this user) and writable by nobody else."""
+    return (stat.S_IFMT(st.st_mode) == kind and st.st_uid == (os.geteuid() if owner is None else owner)
+            and not st.st_mode & 0o022)
+
+
+def read_owned_json(path: str | os.PathLike[str], owner: int | None = None) -> Any:
+    """The JSON in ``path`` when it is a regular file (not a link) of ``owner`` (default: this user) that nobody
+    else can write, at most 64 KiB; else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not _private(st, stat.S_IFREG, owner) or st.st_size > _MAX_RECORD:
+            return None
+        return json.loads(os.read(fd, _MAX_RECORD))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def load_probe_facts(name: str, key: Sequence[object], max_age_s: float) -> dict[str, Any] | None:
@@ -49,18 +70,9 @@ def load_probe_facts(name: str, key: Sequence[object], max_age_s: float) -> dict
     try:
         if not _private(os.lstat(cache_dir()), stat.S_IFDIR):
             return None
-        fd = os.open(_path(name, key), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
-    try:
-        st = os.fstat(fd)
-        if not _private(st, stat.S_IFREG) or st.st_size > _MAX_RECORD:
-            return None
-        record = json.loads(os.read(fd, _MAX_RECORD))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
+    record = read_owned_json(_path(name, key))
     if not isinstance(record, dict) or record.get("key") != [name, *key]:
         return None
     at, facts = record.get("at"), record.get("facts")

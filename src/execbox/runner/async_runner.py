@@ -93,6 +93,8 @@ class AsyncRunner:
                              longest_run_s=self.settings.max_timeout_sec + 60)
         self._background: Any = None
         self._pool_stop: anyio.Event | None = None
+        #: What ``auto``'s last pick passed over, each candidate it preferred with why it did not run here.
+        self.auto_passed_over: list[str] = []
 
     async def __aenter__(self) -> AsyncRunner:
         if self.settings.pool_size and self._background is None:
@@ -157,7 +159,9 @@ class AsyncRunner:
                 if not (verdict.sandbox or candidate == LOCAL_FALLBACK):
                     tried.append(f"- {candidate}: configured here, it is not a sandbox ({verdict.reason})")
                     continue
-                return backend, await _check(backend)
+                caps = await _check(backend)
+                self.auto_passed_over = [line.removeprefix("- ") for line in tried]
+                return backend, caps
             except BackendUnavailableError as exc:
                 if exc.env_var and exc.env_var in os.environ:
                     # The operator configured this backend (CODE_EXEC_DOCKER_RUNTIME, ...): falling back to a
@@ -179,7 +183,12 @@ class AsyncRunner:
         )
 
     def auto_candidates(self) -> list[str]:
-        """Local sandbox backends, strongest isolation first; local_subprocess last and only in local mode.
+        """Local sandbox backends, strongest isolation first (microvm, gvisor, container, namespace: a backend's
+        declared isolation, ISOLATION_STRENGTH), built-in before third-party, then by name; local_subprocess last
+        and only in local mode. ``select`` picks the first that runs here and keeps why it passed each one before
+        it over (``auto_passed_over``). Auto never changes a backend's configuration to make it stronger: docker
+        runs gVisor only when CODE_EXEC_DOCKER_RUNTIME names a gVisor runtime (``execbox doctor`` says when the
+        engine has one registered).
 
         A third-party backend's capabilities are its own claim: ``auto`` considers one only when the operator
         opted in by naming it in EXECBOX_AUTO_PLUGINS (name it as CODE_EXEC_BACKEND to use it directly)."""

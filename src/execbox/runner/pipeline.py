@@ -456,14 +456,16 @@ def plan(admission: Admission, session: Session, *, output: LiveOutput | None = 
 
 def finish(raw: ExecResult, admission: Admission, planned: Plan,
            collected: tuple[dict[str, bytes], list[str]] | None = None) -> ExecResult:
-    """The one place a run's result is finished: stamped with what the runner knows (the backend, the env names the
-    policy dropped, the backend's notes), the limit that cut it short said in words (contract.results.explain; the
-    timeout as asked, before clamping), the files ``collect`` matched (and what was left out, in the notes), secrets
-    at egress that no proxy took noted, and every secret redacted (the collected files' paths and contents too)."""
+    """The one place a run's result is finished: stamped with what the runner knows (the backend and the isolation it
+    enforced here, the env names the policy dropped, the backend's notes), the limit that cut it short said in words
+    (contract.results.explain; the timeout as asked, before clamping), the files ``collect`` matched (and what was
+    left out, in the notes), secrets at egress that no proxy took noted, and every secret redacted (the collected
+    files' paths and contents too)."""
     backend, request = admission.backend, admission.request
     assert request.timeout and request.network and request.limits  # resolve() set them
     result = raw.model_copy(update={
-        "backend": backend.name, "filtered_env": admission.dropped, "notes": [*raw.notes, *backend.notes()],
+        "backend": backend.name, "isolation": admission.capabilities.isolation, "filtered_env": admission.dropped,
+        "notes": [*raw.notes, *backend.notes()],
     })
     result = explain(result, timeout=request.timeout, asked_timeout=admission.asked.timeout,
                      max_timeout=backend.shared.max_timeout_sec, memory_mb=request.limits.memory_mb,

@@ -8,6 +8,8 @@
 - ``self_check(backend_name, settings=None, *, checks=None) -> list[CheckResult]``: the same checks outside
   pytest; each result is pass, fail or skip with a message.
 - ``PeakRss``: the peak growth of this process's memory while a block runs.
+- ``gvisor_runtime()``: the Docker runtime that runs gVisor here (what the set-up registered), for a test that
+  sets ``CODE_EXEC_DOCKER_RUNTIME`` to it; without one, ``engine_missing`` with the reason and what to run.
 
 Inside: ``framework`` (how a check is written and run), ``checks/`` (the checks, one module per family, and
 ``self_check``), ``probes`` (the programs they run in the sandbox), ``host`` (what they do on this host).
@@ -31,7 +33,55 @@ def engine_missing(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-__all__ = ["CheckResult", "PeakRss", "engine_missing", "engines_required", "self_check"]
+def gvisor_runtime() -> str:
+    """The name of the Docker runtime that runs gVisor here: the one ``scripts/gvisor_setup.py`` registered and
+    recorded (``execbox.plugin.gvisor_record``), as long as the engine still lists it as recorded. Otherwise
+    ``engine_missing`` with why (skipped on a laptop, failed under CI / EXECBOX_REQUIRE_ENGINES)."""
+    name, reason = _gvisor_here()
+    if reason:
+        engine_missing(reason)
+    return name
+
+
+_GVISOR: list[tuple[str, str | None]] = []  # what _gvisor_here found, asked once per process
+
+
+def _gvisor_here() -> tuple[str, str | None]:
+    if _GVISOR:
+        return _GVISOR[0]
+    import shutil
+
+    from execbox.plugin import GVISOR_RECORD, gvisor_record
+
+    setup = "as root: scripts/bootstrap.sh (it installs runsc and registers it in the Docker engine)"
+    record = gvisor_record()
+    found: tuple[str, str | None]
+    if shutil.which("runsc") is None and record is None:
+        found = ("", f"gVisor is not installed here (no runsc); {setup}")
+    elif record is None:
+        found = ("", f"gVisor is not registered in the Docker engine (no {GVISOR_RECORD}); {setup}")
+    else:
+        name = str(record["runtime"])
+        try:
+            import docker
+
+            client = docker.from_env(timeout=10)
+            try:
+                entry = (client.info().get("Runtimes") or {}).get(name)
+            finally:
+                client.close()
+        except Exception as exc:  # no SDK, no engine: the reason, whatever docker-py raised
+            found = (name, f"no Docker engine answers to run gVisor under ({type(exc).__name__}: {exc})")
+        else:
+            wanted = {"path": record.get("path"), "runtimeArgs": record.get("runtimeArgs")}
+            found = (name, None) if entry == wanted else (
+                name, f"the Docker engine's runtime {name} is {entry}, not what the set-up recorded ({wanted}); "
+                      f"{setup}")
+    _GVISOR.append(found)
+    return found
+
+
+__all__ = ["CheckResult", "PeakRss", "engine_missing", "engines_required", "gvisor_runtime", "self_check"]
 
 
 def __getattr__(name: str) -> object:

@@ -14,12 +14,20 @@ from typing import Any
 import anyio
 from pydantic import field_validator
 
-from execbox.backends.docker.engine import engine_here, instance, is_local, locate, open_client, unreachable
+from execbox.backends.docker.engine import (
+    engine_config,
+    engine_here,
+    instance,
+    is_local,
+    locate,
+    open_client,
+    unreachable,
+)
 from execbox.backends.docker.hardening import (
-    KNOWN_RUNTIMES,
+    Runtime,
     default_user,
+    judge_runtime,
     parse_user,
-    runtime_problem,
 )
 from execbox.backends.docker.image import DEFAULT_TAG
 from execbox.backends.docker.session import (
@@ -34,6 +42,7 @@ from execbox.backends.docker.session import (
     watch_owner,
 )
 from execbox.plugin import (
+    GVISOR_RECORD,
     BackendSettings,
     BackendUnavailableError,
     Capabilities,
@@ -43,6 +52,7 @@ from execbox.plugin import (
     SessionSpec,
     Settings,
     Verdict,
+    gvisor_record,
     load_probe_facts,
     owner_alive,
     setting,
@@ -70,8 +80,9 @@ class DockerSettings(BackendSettings):
                             "uid[:gid] inside the container; default: yours, or 65534:65534 when execbox runs as "
                             "root; a uid other than yours needs execbox to run as root")
     runtime: str | None = setting(_RUNTIME_VAR, None,
-                               "OCI runtime registered in the engine: runc, crun, runsc (gVisor) or a kata runtime; "
-                               "default: the engine's, which must be one of those")
+                               "OCI runtime registered in the engine, judged by the binary it runs and its arguments: "
+                               "runc, crun, runsc (gVisor; the set-up registers it as runsc) or kata; default: the "
+                               "engine's")
     tmpfs_mb: int = setting("CODE_EXEC_DOCKER_TMPFS_MB", 512, "Size of the /tmp tmpfs and of each tmpfs= path (counts "
                             "against memory; a tmpfs= path at most the disk limit), MiB",
                             gt=0)
@@ -191,7 +202,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         self.socket_path: str | None = None
         self._lock = threading.Lock()
         self._engine_key: list[object] | None = None  # the engine instance and docker-py, for the probe cache
-        self._runtime: str | None = None  # the runtime check() judged (named or the default), asked for by name
+        self._runtime: Runtime | None = None  # the runtime check() judged (named or the default), asked for by name
 
     def present_here(self) -> str | None:
         return engine_here()
@@ -212,8 +223,9 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
                         f"the Docker engine at {endpoint} (from {origin}) is not on this machine, and the "
                         "docker backend bind-mounts a local workspace directory", backend="docker",
                         fix="use a local engine (unix socket), or a remote backend", env_var="DOCKER_HOST")
-                engine = instance(endpoint)
-                self._engine_key = [*engine, _docker_version()] if engine is not None else None
+                engine, config = instance(endpoint), engine_config(endpoint)
+                # A reload of the engine re-reads its config without a new socket: the key covers the config too.
+                self._engine_key = [*engine, config, _docker_version()] if engine and config else None
                 known = self._kept_facts() or {}
                 self._client = open_client(endpoint, params, origin, known.get("api_version"))
                 self.endpoint, self.origin = endpoint, origin
@@ -294,14 +306,14 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
                 fix=f"register {runtime} in /etc/docker/daemon.json \"runtimes\" and restart dockerd "
                     f"(gVisor: runsc install), or unset {_RUNTIME_VAR}")
         used = runtime or str(info.get("DefaultRuntime") or "runc")
-        problem = runtime_problem(used, runtimes.get(used))
-        if problem:
+        judged = judge_runtime(used, runtimes.get(used))
+        if judged.problem:
             which = f"{_RUNTIME_VAR}={runtime}" if runtime else f"the engine's default runtime ({_RUNTIME_VAR} unset)"
             raise BackendUnavailableError(
-                f"{which} is not a sandbox execbox admits: {problem}", backend="docker", env_var=_RUNTIME_VAR,
-                fix=f"set {_RUNTIME_VAR} to one of: {', '.join(sorted(KNOWN_RUNTIMES))} (registered under that name "
-                    "in the engine)")
-        self._runtime = used
+                f"{which} is not a sandbox execbox admits: {judged.problem}", backend="docker", env_var=_RUNTIME_VAR,
+                fix=f"set {_RUNTIME_VAR} to a runtime registered in the engine that runs runc, crun, runsc or "
+                    "kata-runtime with safe arguments (gVisor: as root, scripts/bootstrap.sh registers runsc)")
+        self._runtime = judged
         self.call(lambda c: c.images.get(self.settings.image))
         limits = set(self.capabilities.limits)
         for limit, flag in (("memory", "MemoryLimit"), ("pids", "PidsLimit"), ("cpu", "CpuCfsQuota")):
@@ -309,8 +321,37 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
                 limits.discard(limit)
         if sized_workspace_unavailable() is not None:
             limits.discard("disk")
-        isolation = KNOWN_RUNTIMES[used][0] if used in KNOWN_RUNTIMES else self.capabilities.isolation
-        return self.capabilities.model_copy(update={"isolation": isolation, "limits": frozenset(limits)})
+        modes = set(self.capabilities.network_modes)
+        if judged.network == "none":  # gVisor with no network stack: only loopback, whatever the engine wires up
+            modes.discard("egress")
+        return self.capabilities.model_copy(update={"isolation": judged.isolation, "limits": frozenset(limits),
+                                                    "network_modes": frozenset(modes)})
+
+    def details(self) -> dict[str, Any]:
+        judged = self._runtime
+        if judged is None:
+            return {}
+        shown = {"runtime": f"{judged.name} (runs {judged.binary}" + (f" {' '.join(judged.args)})" if judged.args
+                                                                       else ")")}
+        record = gvisor_record()
+        if judged.isolation != "gvisor":
+            runtimes = self.engine_facts().get("Runtimes") or {}
+            names = sorted(runtimes, key=lambda n: (n != (record or {}).get("runtime"), n))
+            usable = [n for n in names if judge_runtime(n, runtimes[n]).isolation == "gvisor"]
+            if usable:  # auto never picks a runtime: this says how to get the stronger sandbox
+                shown["gvisor"] = (f"the engine has it as runtime {usable[0]}: set {_RUNTIME_VAR}={usable[0]} to run "
+                                   "every sandbox under gVisor (auto does not choose a runtime)")
+        else:
+            probed = record if record and record.get("path") and os.path.basename(str(record["path"])) == \
+                judged.binary else None
+            platform = judged.platform or "runsc's default (ptrace in releases before 2023)"
+            network = {"none": "none (loopback only: network mode egress is refused)",
+                       "sandbox": "gVisor's own (netstack)"}[judged.network or "sandbox"]
+            shown.update({"gvisor platform": platform, "gvisor network stack": network})
+            if probed:
+                shown["gvisor probe"] = (f"runsc {probed.get('version')} on kernel {probed.get('kernel')}: "
+                                         f"{probed.get('summary')} ({GVISOR_RECORD})")
+        return shown
 
     def _egress_attrs(self) -> dict[str, Any] | None:
         import docker
@@ -339,7 +380,8 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
     def verdict(self, request: ExecRequest) -> Verdict:
         """Every docker setting that moves the boundary, as the settings say it: the network, the user, the
         runtime, the egress network. What the engine has behind a name is checked where the engine is asked:
-        the runtime's binary in ``check``, the egress network when a session opens, every container as built."""
+        the runtime's binary and arguments in ``check``, the egress network when a session opens, every container
+        as built."""
         if request.network == "host":
             return Verdict(False, "network mode 'host' shares the host's network with the container")
         uid, gid = parse_user(self.user)
@@ -347,10 +389,6 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
             return Verdict(False, f"CODE_EXEC_DOCKER_USER={self.user} runs the code as root (uid or gid 0) in the "
                                   "container; unset it or give a non-root uid:gid")
         runtime = self.settings.runtime
-        if runtime and runtime not in KNOWN_RUNTIMES:
-            return Verdict(False, f"{_RUNTIME_VAR}={runtime} is not a runtime execbox knows to isolate at least "
-                                  f"as well as runc (known: {', '.join(sorted(KNOWN_RUNTIMES))}); unset it or "
-                                  "name one of those")
         if request.network == "egress":
             problem = egress_network_problem(self.settings.egress_network, None)
             if problem:
@@ -365,7 +403,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         return Plan(image=self.settings.image, user=self.user, keeper=keeper, limits=spec.limits, network=spec.network,
                     # The judged runtime by name, also when it is the engine's default: a default changed since
                     # (a reload, facts from the probe cache) is then a refused contract, never another runtime.
-                    runtime=self.settings.runtime or self._runtime, tmpfs_mb=self.settings.tmpfs_mb,
+                    runtime=self._runtime.name if self._runtime else None, tmpfs_mb=self.settings.tmpfs_mb,
                     egress_network=self.settings.egress_network,
                     disk=caps is not None and "disk" in caps.limits, mounts=spec.mounts, tmpfs=spec.tmpfs)
 
@@ -374,6 +412,8 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
             raise ConfigError(f"the docker backend cannot enforce network mode {spec.network!r}",
                               backend="docker", env_var="CODE_EXEC_NETWORK")
         self.workspace_access()
+        if self._runtime is None:  # the runtime is judged before any container runs under it
+            await self.check()
         watch_owner(parse_user(self.user)[0])
         session = DockerSession(self, spec, self.plan(spec))
         try:

@@ -4,9 +4,12 @@ socket, like the docker CLI; one BackendUnavailableError naming the endpoint whe
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import pwd
 import re
 import socket
+import struct
 from typing import Any
 
 from execbox.plugin import BackendUnavailableError
@@ -121,3 +124,38 @@ def instance(endpoint: str) -> list[object] | None:
     except OSError:
         return None
     return [endpoint, st.st_dev, st.st_ino, st.st_ctime_ns]
+
+
+_MAX_CONFIG = 1 << 20
+
+
+def engine_config(endpoint: str) -> str | None:
+    """A digest of what a reload of the engine behind a unix-socket ``endpoint`` reads again (its daemon.json: the
+    --config-file its command line names, else the default for its user) and of that command line, so facts kept
+    in the probe cache change the moment the runtimes or the default runtime may have. None when any of it cannot
+    be read: then nothing is kept."""
+    if not endpoint.startswith("unix://"):
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(2)
+            sock.connect(endpoint[len("unix://"):])
+            pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read(_MAX_CONFIG)
+        words = [w.decode(errors="replace") for w in cmdline.split(b"\0")]
+        config = next((w.split("=", 1)[1] for w in words if w.startswith("--config-file=")), None)
+        if config is None and "--config-file" in words[:-1]:
+            config = words[words.index("--config-file") + 1]
+        if config is None:  # dockerd's defaults: root's, or a rootless engine's under its user's XDG config
+            config = "/etc/docker/daemon.json" if uid == 0 else os.path.join(
+                pwd.getpwuid(uid).pw_dir, ".config", "docker", "daemon.json")
+        try:
+            with open(config, "rb") as fh:
+                content = fh.read(_MAX_CONFIG)
+        except FileNotFoundError:
+            content = b"(none)"
+    except (OSError, KeyError, ValueError, struct.error):
+        return None
+    return hashlib.sha256(cmdline + b"\0\0" + config.encode() + b"\0\0" + content).hexdigest()[:32]

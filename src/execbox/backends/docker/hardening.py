@@ -1,6 +1,7 @@
 """The hardening table: checked on the create arguments before the engine sees them (``hardened``), and on the
 container as the engine built it (``built_problems``), so neither a future edit nor an engine default, plugin
-or daemon.json setting can weaken one container unnoticed. Also the seccomp profile and the runtimes admitted.
+or daemon.json setting can weaken one container unnoticed. Also the seccomp profile and the runtimes admitted
+(judged by the binary and arguments the engine runs, never by the name they are registered under).
 
 Seccomp. The engine's own default profile cannot be extended: a profile given with ``--security-opt seccomp=``
 replaces it, and Docker 20.10 offers no way to name the built-in one and add to it. Copying Moby's 800-line
@@ -41,17 +42,137 @@ WORKSPACE = "/workspace"
 TMPFS = "/tmp"
 NOBODY = "65534:65534"
 
-# OCI runtimes execbox admits, by the name registered in the engine: the isolation each gives, and the
-# binaries that name may point at (a name is only trusted when the engine runs what it says). Anything else
-# (nvidia, sysbox, a wrapper script) may add devices, mounts or hooks the table cannot see, and is refused.
-KNOWN_RUNTIMES: dict[str, tuple[str, frozenset[str]]] = {
-    "runc": ("container", frozenset({"runc"})),
-    "io.containerd.runc.v2": ("container", frozenset({"runc", "io.containerd.runc.v2", "containerd-shim-runc-v2"})),
-    "crun": ("container", frozenset({"crun"})),
-    "runsc": ("gvisor", frozenset({"runsc"})),
-    "kata-runtime": ("microvm", frozenset({"kata-runtime"})),
-    "io.containerd.kata.v2": ("microvm", frozenset({"io.containerd.kata.v2", "containerd-shim-kata-v2"})),
+# OCI runtimes execbox admits, by the binary the engine runs (not the name it is registered under): the isolation
+# each gives. Anything else (nvidia, sysbox, a wrapper script) may add devices, mounts or hooks the table cannot
+# see, and is refused.
+RUNTIME_BINARIES: dict[str, str] = {
+    "runc": "container", "crun": "container",
+    "io.containerd.runc.v2": "container", "containerd-shim-runc-v2": "container",
+    "runsc": "gvisor", "io.containerd.runsc.v1": "gvisor", "containerd-shim-runsc-v1": "gvisor",
+    "kata-runtime": "microvm", "io.containerd.kata.v2": "microvm", "containerd-shim-kata-v2": "microvm",
 }
+
+# The runtime arguments execbox admits, per kind: flag -> the values admitted (None: any value; a bool flag takes
+# "true"/"false"). Every other flag is refused (fail closed); runsc's in _WEAKENING with the reason it weakens gVisor.
+_ANY = None
+_BOOL = frozenset({"true", "false"})
+_GVISOR_FLAGS: dict[str, frozenset[str] | None] = {
+    "platform": frozenset({"ptrace", "kvm", "systrap"}),
+    "network": frozenset({"sandbox", "none"}),
+    "root": _ANY, "log": _ANY, "log-format": frozenset({"text", "json", "json-k8s"}),
+    "systemd-cgroup": _BOOL,
+    "oci-seccomp": frozenset({"true"}),  # required: without it runsc ignores the profile (judge_runtime)
+    # A connect to a host socket visible in the sandbox's mounts, as under runc (execbox's proxy socket).
+    "host-uds": frozenset({"none", "open"}),
+    "file-access": frozenset({"exclusive", "shared"}), "file-access-mounts": frozenset({"exclusive", "shared"}),
+    "overlay2": frozenset({"none", "root:memory"}),
+    # Performance knobs of gVisor's own network stack: what the sandbox can reach stays the same.
+    "gso": _BOOL, "software-gso": _BOOL, "rx-checksum-offload": _BOOL, "tx-checksum-offload": _BOOL,
+    "num-network-channels": _ANY, "buffer-pooling": _BOOL,
+}
+_CONTAINER_FLAGS: dict[str, frozenset[str] | None] = {
+    "root": _ANY, "log": _ANY, "log-format": frozenset({"text", "json"}), "systemd-cgroup": _BOOL,
+    "cgroup-manager": frozenset({"cgroupfs", "systemd"}),  # crun's spelling of systemd-cgroup
+}
+_ADMITTED: dict[str, dict[str, frozenset[str] | None]] = {
+    "gvisor": _GVISOR_FLAGS, "container": _CONTAINER_FLAGS, "microvm": {},
+}
+_LOGS_ACTIVITY = "logs what the sandboxed code does (its syscalls, files, packets: secrets too) on the host"
+_WEAKENING = {
+    "network=host": "gives the sandbox the host kernel's network stack instead of gVisor's",
+    "host-uds": "lets the sandbox create or bind sockets on the host's filesystem",
+    "fsgofer-host-uds": "lets the sandbox create or bind sockets on the host's filesystem",
+    "ignore-cgroups": "the engine's memory, cpu and pids limits would not apply",
+    "rootless": "runs the sandbox without the user namespace and capability drop gVisor sets up as root",
+    "net-raw": "gives the sandbox raw sockets",
+    "allow-flag-override": "lets annotations of the container change the runtime's flags",
+    "overlay": "keeps /workspace writes in the sandbox's memory: results would never reach the host",
+    "overlay2": "keeps /workspace writes in the sandbox's memory: results would never reach the host",
+    "platform": "is not a platform execbox knows (ptrace, kvm, systrap)",
+    **{flag: _LOGS_ACTIVITY for flag in ("debug", "debug-log", "debug-log-fd", "debug-command", "strace",
+                                         "strace-syscalls", "strace-event", "strace-log-size", "log-packets",
+                                         "pcap-log", "profile", "trace")},
+}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The engine's runtime ``name`` as judged: what it runs, the isolation it gives, why it is refused."""
+
+    name: str
+    binary: str
+    isolation: str | None  # None: refused
+    problem: str | None = None
+    args: tuple[str, ...] = ()
+    platform: str | None = None  # gVisor: as given in its arguments, None for runsc's default
+    network: str | None = None  # gVisor's network stack: "sandbox" (its own netstack) or "none" (loopback only)
+
+
+def _boolean(admitted: frozenset[str] | None) -> bool:
+    return admitted is not None and admitted <= _BOOL
+
+
+def _flag_pairs(args: Sequence[str]) -> list[tuple[str, str | None, str]]:
+    """Go-style flags as (name, value or None, as written): -f, --f, -f=v, --f=v, and -f v for a flag that takes a
+    value (one admitted with values other than true/false)."""
+    pairs: list[tuple[str, str | None, str]] = []
+    rest = list(args)
+    while rest:
+        word = rest.pop(0)
+        if not word.startswith("-") or word in ("-", "--"):
+            pairs.append(("", None, word))
+            continue
+        name, eq, value = word.lstrip("-").partition("=")
+        if not eq and not _boolean({**_GVISOR_FLAGS, **_CONTAINER_FLAGS}.get(name, _BOOL)) and rest \
+                and not rest[0].startswith("-"):
+            value, eq = rest.pop(0), "="
+            word = f"{word} {value}"
+        pairs.append((name, value if eq else None, word))
+    return pairs
+
+
+def judge_runtime(name: str, entry: dict[str, Any] | None) -> Runtime:
+    """The engine's runtime ``name`` (its entry in ``docker info`` Runtimes) judged by the binary it runs and the
+    arguments it runs it with, whatever the name."""
+    entry = entry or {}
+    path = str(entry.get("path") or entry.get("runtimeType") or name)
+    if os.path.isabs(path) and os.path.exists(path):
+        path = os.path.realpath(path)  # a link named runsc that points at a wrapper is the wrapper
+    binary = os.path.basename(path)
+    args = tuple(str(a) for a in entry.get("runtimeArgs") or ())
+    isolation = RUNTIME_BINARIES.get(binary)
+
+    def refused(why: str) -> Runtime:
+        return Runtime(name, binary, None, f"runtime {name} {why}", args)
+
+    if isolation is None:
+        return refused(f"runs {binary}, not a runtime execbox knows to isolate at least as well as runc (known: "
+                       f"{', '.join(sorted({b for b in RUNTIME_BINARIES if '.' not in b}))})")
+    if entry.get("options"):
+        return refused(f"passes options to {binary} ({', '.join(sorted(entry['options']))}) that execbox cannot "
+                       "read; register it with a path and runtimeArgs instead")
+    admitted = _ADMITTED[isolation]
+    flags: dict[str, str] = {}
+    for flag, value, written in _flag_pairs(args):
+        given = "true" if value is None and _boolean(admitted.get(flag, _BOOL)) else value
+        allowed = admitted.get(flag, frozenset())
+        if flag in admitted and given is not None and (allowed is _ANY or given in allowed):
+            flags[flag] = given
+            continue
+        weakening = _WEAKENING if isolation == "gvisor" else {}
+        why = (weakening.get(f"{flag}={given}") or weakening.get(flag)
+               or ("is test-only, unsafe by its own name" if flag.upper().startswith(("TESTONLY", "EXPERIMENTAL"))
+                   else None))
+        shown = ", ".join(f"--{f}" for f in sorted(admitted)) or "none"
+        return refused(f"runs {binary} with {written}: " + (why if why else
+                       f"an argument execbox does not know to be safe (admitted: {shown})"))
+    if isolation != "gvisor":
+        return Runtime(name, binary, isolation, None, args)
+    if flags.get("oci-seccomp") != "true":
+        return refused("runs runsc without --oci-seccomp: gVisor would ignore the container's seccomp profile, "
+                       "execbox's deny list (user namespaces, ...), inside the sandbox")
+    return Runtime(name, binary, isolation, None, args, flags.get("platform"), flags.get("network", "sandbox"))
+
 
 # Native architecture -> the seccomp architectures a process on it can issue system calls in.
 _ARCHES = {
@@ -71,19 +192,6 @@ def default_user() -> str:
 
 def install_dir() -> Path:
     return Path(__file__).resolve().parents[2]
-
-
-def runtime_problem(name: str, entry: dict[str, Any] | None) -> str | None:
-    """Why the engine's runtime ``name`` (its entry in ``docker info`` Runtimes) is not admitted, or None."""
-    known = KNOWN_RUNTIMES.get(name)
-    if known is None:
-        return (f"runtime {name} is not one execbox knows to isolate at least as well as runc "
-                f"(known: {', '.join(sorted(KNOWN_RUNTIMES))})")
-    entry = entry or {}
-    binary = os.path.basename(str(entry.get("path") or entry.get("runtimeType") or name))
-    if binary not in known[1]:
-        return f"runtime {name} is registered in the engine as {binary}, which is not {name}"
-    return None
 
 
 @functools.cache
@@ -180,7 +288,7 @@ class Contract:
     memory_bytes: int
     nano_cpus: int
     pids: int
-    runtime: str | None  # None: whatever the engine's default is, if it is a runtime execbox knows
+    runtime: str | None  # the runtime check() judged, by its registered name
     proxy_dir: str | None = None  # network mode proxy: the host directory bound read-only at PROXY_MOUNT_POINT
     mounts: tuple[tuple[str, str, bool], ...] = ()  # the caller's binds (execbox.Mount): source, target, writable
     tmpfs: tuple[str, ...] = ()  # the request's extra tmpfs paths, beside /tmp
@@ -229,11 +337,8 @@ def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
         problems.append("HostConfig.MaskedPaths does not mask /proc/kcore")
     if "/proc/sys" not in (hc.get("ReadonlyPaths") or []):
         problems.append("HostConfig.ReadonlyPaths does not hold /proc/sys")
-    runtime = hc.get("Runtime")
-    if c.runtime is not None:
-        want("HostConfig.Runtime", runtime, c.runtime)
-    elif runtime not in KNOWN_RUNTIMES:
-        problems.append(f"HostConfig.Runtime={runtime!r} (not a runtime execbox knows)")
+    # The runtime check() judged, by name; None only when nothing was judged, and then nothing is admitted.
+    want("HostConfig.Runtime", hc.get("Runtime"), c.runtime)
     mounts = [(m.get("Type"), m.get("Source"), m.get("Destination"), m.get("RW")) for m in attrs.get("Mounts") or []]
     wanted = [("bind", c.workspace, WORKSPACE, True)]
     if c.proxy_dir:
