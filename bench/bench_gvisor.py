@@ -109,8 +109,12 @@ def measure_docker(runners: dict[str, Runner], runtime: str, runs: int, job_runs
 
 
 @contextlib.contextmanager
-def image_rootfs() -> Iterator[str]:
-    """The sandbox image's files in a temporary directory (docker export): the root of the bare `runsc do`."""
+def image_rootfs(given: str | None) -> Iterator[str]:
+    """The root the bare `runsc do` runs in: the backend's own root filesystem when it names one, else the sandbox
+    image's files exported into a temporary directory (the same image)."""
+    if given:
+        yield given
+        return
     with tempfile.TemporaryDirectory(prefix="execbox-gvbench-") as root:
         made = subprocess.run(["docker", "create", docker_image.DEFAULT_TAG, "true"], capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -122,11 +126,12 @@ def image_rootfs() -> Iterator[str]:
         yield root
 
 
-def bare_runsc(root: str) -> list[str]:
-    """`true` in gVisor with no engine and nothing of execbox: no network, the image's files under a tmpfs overlay
-    (runsc do's default: nothing reaches the host). Not root: rootless, as runsc allows."""
-    rootless = [] if os.geteuid() == 0 else ["--rootless"]
-    return ["runsc", *rootless, "--network=none", "do", "-quiet", "-root", root, "-cwd", "/", "--", "/bin/true"]
+def bare_runsc(root: str, platform: str) -> list[str]:
+    """`true` in gVisor with no engine and nothing of execbox, with the backend's runsc flags (no network, its
+    platform; rootless when not root): the image's files under runsc do's tmpfs overlay, nothing reaches the host."""
+    rootless = [] if os.geteuid() == 0 else ["--rootless", "--ignore-cgroups"]
+    return ["runsc", *rootless, "--network=none", f"--platform={platform}", "do", "-quiet", "-root", root, "-cwd",
+            "/", "--", "/bin/true"]
 
 
 def daemonless_figures(runs: int, rows: Rows) -> None:
@@ -148,13 +153,15 @@ def measure_daemonless(runner: Runner, what: str, runs: int, rows: Rows) -> None
         rows.append((f"{what}: one-shot `true`", f"not measured: {exc}"))
         return
     assert seen != os.uname().release, f"the gvisor backend's code saw the host's kernel {seen}"
-    with image_rootfs() as root:
-        argv = bare_runsc(root)
+    details = runner.aio.backend("gvisor").details()  # what its check found: the platform, the root filesystem
+    platform = str(details.get("platform") or "ptrace")
+    with image_rootfs(details.get("rootfs")) as root:
+        argv = bare_runsc(root, platform)
         got = interleaved({"bare": lambda: subprocess.run(argv, check=True, timeout=60, capture_output=True),
                            "execbox": lambda: ok(runner.run("true"))}, runs)
-    print(f"{what}; kernel seen {seen}; bare: {shlex.join(argv)}")
+    print(f"{what} (platform {platform}); kernel seen {seen}; bare: {shlex.join(argv)}")
     show("one-shot `true`", got, "bare", "execbox")
-    rows.append((f"{what}: one-shot `true`", figure(got, "bare", "execbox")))
+    rows.append((f"{what} (platform {platform}): one-shot `true`", figure(got, "bare", "execbox")))
     with runner.sandbox("gvisor") as sb:
         session = interleaved({"execbox": lambda: ok(sb.exec("true"))}, runs)["execbox"]
     print(f"  session exec `true`: median {med(session):.0f} ms, p99 {p99(session):.0f} ms")
