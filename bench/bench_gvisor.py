@@ -1,17 +1,17 @@
 """Issue 28's figures: gVisor against runc, and the daemonless gvisor backend against a bare `runsc do`, side by
 side in one run on the same image (the machine is shared and noisy: compare ratios).
 
-    .venv/bin/python bench/bench_gvisor.py [--runs 20] [--job-runs 3] [--runtime runsc-nonet] [--readme]
+    .venv/bin/python bench/bench_gvisor.py [--runs 20] [--job-runs 3] [--runtime runsc] [--readme]
 
 - the docker backend with its runtime the engine's runc / the gVisor registration --runtime (what
-  CODE_EXEC_DOCKER_RUNTIME names; default: that variable, else runsc-nonet): a one-shot `true`; then in a session
-  open under each: `true`, `python3 -c 'import json'`, 1000 fork+exec of /bin/true, and 10k small files written,
-  read back and removed, in the workspace (a host directory bound in: gVisor's gofer serves it) and in /tmp (each
-  job one exec: the figure includes the exec's own cost, the session `true` row);
+  CODE_EXEC_DOCKER_RUNTIME names; default: that variable, else runsc, the name the set-up registers): a one-shot
+  `true`; then in a session open under each: `true`, `python3 -c 'import json'`, 1000 fork+exec of /bin/true, and
+  10k small files written, read back and removed, in the workspace (a host directory bound in: gVisor's gofer
+  serves it) and in /tmp (each job one exec: the figure includes the exec's own cost, the session `true` row);
 - the daemonless `gvisor` backend (runsc without an engine): a one-shot `true` and a session exec `true`, against
-  a bare `runsc --network=none do` of `true` in a root filesystem exported from the same image (no workspace, no
-  cgroup limits, no uid drop, no output capture: what runsc itself costs). Without that backend installed, its
-  rows say so.
+  a bare `runsc do` of `true` with the backend's network and platform flags, in its root filesystem (made from the
+  same image; no workspace, no cgroup limits, no uid drop, no seccomp deny list, no output capture: what runsc
+  itself costs). Without that backend installed, its rows say so.
 Every figure's configurations are interleaved run by run, each round starting one configuration later. Before it
 is timed, each configuration shows the kernel its code sees: gVisor's (4.4.0 here) is not the host's, so a gVisor
 row cannot silently be a runc one. --readme rewrites the README rows between the bench:gvisor markers.
@@ -173,7 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20, help="runs of each light figure (one-shots, `true`, json)")
     parser.add_argument("--job-runs", type=int, default=3, help="runs of the fork- and file-heavy jobs")
-    parser.add_argument("--runtime", default=os.environ.get("CODE_EXEC_DOCKER_RUNTIME") or "runsc-nonet",
+    parser.add_argument("--runtime", default=os.environ.get("CODE_EXEC_DOCKER_RUNTIME") or "runsc",
                         help="the engine's gVisor registration (CODE_EXEC_DOCKER_RUNTIME for the gVisor figures)")
     parser.add_argument("--readme", action="store_true", help="rewrite README.md's rows for these figures")
     args = parser.parse_args()
