@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -63,9 +64,11 @@ def kernel(run: Callable[[str], object]) -> str:
 
 def registration(name: str) -> str:
     """The engine's entry for runtime ``name``: its binary and arguments (which platform, which network)."""
-    out = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True,
-                         check=True).stdout
-    entry = json.loads(out).get(name) or {}
+    if not shutil.which("docker"):  # a host without an engine: the daemonless rows are still measured
+        return "no docker CLI here"
+    done = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True,
+                          check=False)
+    entry = (json.loads(done.stdout) if done.returncode == 0 else {}).get(name) or {}
     return " ".join([entry.get("path", "?"), *entry.get("runtimeArgs", [])])
 
 
