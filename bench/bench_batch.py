@@ -24,11 +24,11 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from _common import write_readme  # bench/_common.py (run from the repo: python bench/NAME.py)
 from bench_pool import PEER_IMAGE, med, p99, peer_image
 
 from execbox import AsyncRunner, Settings
 
-REPO = Path(__file__).resolve().parents[1]
 SNIPPET = "print(1)"
 Rows = list[tuple[str, str]]
 Figures = dict[str, tuple[float, list[float]]]  # name -> (summed wall seconds, per-item ms)
@@ -104,18 +104,6 @@ def row(items: int, wall: float, times: list[float]) -> str:
     return f"{items / wall:.1f} runs/s; per item p50 {med(times):.0f} ms, p99 {p99(times):.0f} ms"
 
 
-def write_readme(rows: Rows, command: str) -> None:
-    readme = REPO / "README.md"
-    text = readme.read_text()
-    begin, end = "<!-- bench:batch -->\n", "<!-- /bench:batch -->\n"
-    head, rest = text.split(begin)
-    _, tail = rest.split(end)
-    body = "| what | figure | command |\n|---|---|---|\n" + "".join(
-        f"| {what} | {figure} | {command if i == 0 else 'same'} |\n" for i, (what, figure) in enumerate(rows))
-    readme.write_text(head + begin + body + end + tail)
-    print(f"README.md: {len(rows)} rows rewritten")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--items", type=int, default=1000)
@@ -150,7 +138,7 @@ def main() -> None:
     if args.readme:
         command = (f"`.venv/bin/python bench/bench_batch.py --items {n} --rounds {args.rounds} --concurrency {c}"
                    f"{' --peer' if args.peer else ''} --readme`")
-        write_readme(rows, command)
+        write_readme("batch", rows, command, figure="figure")
 
 
 if __name__ == "__main__":

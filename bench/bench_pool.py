@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
+from _common import write_readme  # bench/_common.py (run from the repo: python bench/NAME.py)
 
 from execbox import AsyncRunner, Runner, Settings
 from execbox.backends.docker import image as docker_image
@@ -64,13 +65,17 @@ def raw_docker(settings: Settings) -> Iterator[Callable[[], object]]:
 
 def interleaved(fns: dict[str, Callable[[], object]], runs: int,
                 before: Callable[[], object] | None = None) -> dict[str, list[float]]:
-    """Each function once per round, in turn: noise falls on every figure alike. One warm-up round first.
-    ``before`` runs (untimed) before each function: e.g. wait until a pool's background refill is done."""
+    """Each function once per round, in turn: noise falls on every figure alike. One warm-up round first. Each
+    round starts one function later, so what one leaves behind (an engine still removing a container) falls on
+    each of the others in turn, not always on the same one. ``before`` runs (untimed) before each function: e.g.
+    wait until a pool's background refill is done."""
     for fn in fns.values():
         fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(runs):
-        for name, fn in fns.items():
+    names = list(fns)
+    for round_no in range(runs):
+        for name in names[round_no % len(names):] + names[:round_no % len(names)]:
+            fn = fns[name]
             if before:
                 before()
             started = time.perf_counter()
@@ -292,21 +297,6 @@ def peer(runs: int, rows: Rows) -> None:
                  f"{med(result):.0f} / {med(whole):.0f} ms"))
 
 
-def write_readme(rows: Rows) -> None:
-    """Replace the rows between the bench:pool markers of README.md's performance table."""
-    readme = REPO / "README.md"
-    text = readme.read_text()
-    begin, end = "<!-- bench:pool -->\n", "<!-- /bench:pool -->\n"
-    head, rest = text.split(begin)
-    _, tail = rest.split(end)
-    command = "`.venv/bin/python bench/bench_pool.py --peer --readme`"
-    body = "| what | median | command |\n|---|---|---|\n"
-    body += "".join(f"| {what} | {figure} | {command if i == 0 else 'same'} |\n"
-                     for i, (what, figure) in enumerate(rows))
-    readme.write_text(head + begin + body + end + tail)
-    print(f"README.md: {len(rows)} rows rewritten")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
@@ -323,7 +313,7 @@ def main() -> None:
     if args.peer:
         peer(max(args.runs // 10, 3), rows)
     if args.readme:
-        write_readme(rows)
+        write_readme("pool", rows, "`.venv/bin/python bench/bench_pool.py --peer --readme`")
 
 
 if __name__ == "__main__":
