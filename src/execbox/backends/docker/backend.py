@@ -18,6 +18,7 @@ from execbox.backends.docker.engine import engine_here, instance, is_local, loca
 from execbox.backends.docker.hardening import (
     KNOWN_RUNTIMES,
     default_user,
+    gvisor_unenforced,
     parse_user,
     runtime_problem,
 )
@@ -192,6 +193,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         self._lock = threading.Lock()
         self._engine_key: list[object] | None = None  # the engine instance and docker-py, for the probe cache
         self._runtime: str | None = None  # the runtime check() judged (named or the default), asked for by name
+        self._unenforced: dict[str, str] = {}  # what check() found the judged runtime cannot enforce, and why
 
     def present_here(self) -> str | None:
         return engine_here()
@@ -310,7 +312,15 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         if sized_workspace_unavailable() is not None:
             limits.discard("disk")
         isolation = KNOWN_RUNTIMES[used][0] if used in KNOWN_RUNTIMES else self.capabilities.isolation
-        return self.capabilities.model_copy(update={"isolation": isolation, "limits": frozenset(limits)})
+        entry = runtimes.get(used) or {}
+        self._unenforced = gvisor_unenforced(entry.get("runtimeArgs") or []) if isolation == "gvisor" else {}
+        return self.capabilities.model_copy(update={
+            "isolation": isolation, "limits": frozenset(limits - set(self._unenforced)),
+            "network_modes": self.capabilities.network_modes - set(self._unenforced)})
+
+    def unenforced(self, what: str) -> str | None:
+        reason = self._unenforced.get(what)
+        return f"{reason} ({_RUNTIME_VAR}={self._runtime})" if reason else None
 
     def _egress_attrs(self) -> dict[str, Any] | None:
         import docker

@@ -53,6 +53,48 @@ KNOWN_RUNTIMES: dict[str, tuple[str, frozenset[str]]] = {
     "io.containerd.kata.v2": ("microvm", frozenset({"io.containerd.kata.v2", "containerd-shim-kata-v2"})),
 }
 
+# What gVisor does not enforce under the docker backend, whatever its arguments: the code's processes live in the
+# Sentry, so the host's pids cgroup counts the Sentry's threads, not them (fork never fails at the limit, and a
+# low limit stops the sandbox from starting: seen with runsc 20221219 on cgroup v1). Memory, cpu and disk hold:
+# the cgroup bounds the Sentry's memory and CPU, and the workspace is the same sized bind.
+GVISOR_UNENFORCED = {
+    "pids": "under gVisor the host's pids cgroup counts the Sentry's threads, not the code's processes (fork never "
+            "fails at the limit)",
+}
+
+
+def runtime_flags(args: Sequence[str]) -> dict[str, str]:
+    """A runtime's arguments (``docker info`` runtimeArgs) as flag -> value: ``--network=none``, ``-network none``
+    and a bare ``--flag`` (``true``) alike."""
+    flags: dict[str, str] = {}
+    words = list(args)
+    for i, word in enumerate(words):
+        if not word.startswith("-"):
+            continue
+        name, eq, value = word.lstrip("-").partition("=")
+        if not eq:
+            following = words[i + 1] if i + 1 < len(words) else ""
+            value = following if following and not following.startswith("-") else "true"
+        flags[name] = value
+    return flags
+
+
+def gvisor_unenforced(args: Sequence[str]) -> dict[str, str]:
+    """The network modes and limits the docker backend cannot enforce on runsc run with ``args``, and why: what
+    gVisor never enforces here, egress without runsc's own network stack, proxy without host unix sockets."""
+    flags = runtime_flags(args)
+    found = dict(GVISOR_UNENFORCED)
+    if flags.get("network", "sandbox") != "sandbox":
+        found["egress"] = (f"the runtime runs runsc with --network={flags['network']}, so a container has no network "
+                           "stack but loopback (egress needs runsc's own, --network=sandbox)")
+    if flags.get("host-uds", "none") != "open":
+        # open: connect to a host socket the sandbox can see through its mounts, as any runc container can; not
+        # create (host sockets made by the code) nor all.
+        found["proxy"] = ("proxy mode connects to a host unix socket bound into the sandbox, which runsc allows only "
+                          f"with --host-uds=open (the runtime runs it with --host-uds={flags.get('host-uds', 'none')})")
+    return found
+
+
 # Native architecture -> the seccomp architectures a process on it can issue system calls in.
 _ARCHES = {
     "x86_64": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],

@@ -1,0 +1,125 @@
+"""The docker backend a second time, with its runtime set to gVisor (runsc, a user-space kernel): the conformance
+kit, including the checks only a kernel of its own passes (which a runc container claiming gvisor fails), and what
+the backend refuses under gVisor, naming why."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from execbox import Limits, Runner, Settings, UnsupportedPolicyError
+from execbox.backends.docker import hardening as h
+from execbox.testing import engine_missing
+from execbox.testing.checks import CHECKS, Kit
+from execbox.testing.conformance import BackendConformance
+from execbox.testing.probes import CPU_BURN_PROBE
+from tests.backends import test_docker as base
+from tests.support.gvisor import gvisor_runtime
+
+engine = base.engine
+no_leaks = base.no_leaks
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpuacct/docker")
+
+
+def gvisor_runner(monkeypatch: pytest.MonkeyPatch) -> Runner:
+    monkeypatch.setenv("CODE_EXEC_DOCKER_RUNTIME", gvisor_runtime())
+    return Runner(Settings.from_env(backend="docker"))
+
+
+@pytest.mark.engine
+class TestDockerGvisorConformance(BackendConformance):
+    backend_name = "docker"
+
+    @pytest.fixture
+    def runner(self, engine: Any, monkeypatch: pytest.MonkeyPatch) -> Runner:
+        return gvisor_runner(monkeypatch)
+
+    @pytest.mark.xfail(strict=True, reason="under runsc 20221219 an exec's output past 64 KiB is cut (the docker CLI's "
+                                           "exec of the same command is not): not yet found where")
+    def test_output_cap_keeps_head_and_tail(self, kit: Kit) -> None:
+        super().test_output_cap_keeps_head_and_tail(kit)  # type: ignore[misc]
+
+    @pytest.mark.xfail(strict=True, reason="the Sentry counts a busy task's wall time as its CPU time, not the "
+                                           "host's measure: test_cpu_limit_holds_on_the_host takes that")
+    def test_cpu_limit_holds(self, kit: Kit) -> None:
+        super().test_cpu_limit_holds(kit)  # type: ignore[misc]
+
+
+# --- what gVisor changes in the docker backend's claims ---------------------------------------------------------
+
+
+@pytest.mark.engine
+def test_a_runc_container_claiming_gvisor_fails_the_kernel_checks(engine: Any) -> None:
+    """The kernel checks discriminate: the same hardened container on runc, claimed as gVisor, fails them."""
+    runner = Runner(Settings.from_env(backend="docker"))
+    kit = Kit.open(runner, "docker")
+    assert kit.caps.isolation == "container"
+    liar = Kit(runner, "docker", kit.caps.model_copy(update={"isolation": "gvisor"}), kit.verdict)
+    with pytest.raises(AssertionError, match=r"^isolation='gvisor' \(a kernel of its own\): expected a boot id other "
+                                             r"than this host's"):
+        CHECKS["own_kernel_not_the_hosts"].body(liar)
+    # execbox's seccomp profile refuses keyctl and bpf to runc too: the host kernel's own files give it away.
+    with pytest.raises(AssertionError, match=r"^isolation='gvisor' \(host kernel interfaces unreachable\): expected "
+                                             r"none of this host kernel's own files readable inside; saw the same "
+                                             r"/sys/kernel/notes"):
+        CHECKS["own_kernel_host_interfaces_unreachable"].body(liar)
+
+
+@pytest.mark.engine
+def test_what_gvisor_cannot_enforce_here_is_refused_naming_why(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = gvisor_runner(monkeypatch)
+    kit = Kit.open(runner, "docker")
+    assert kit.caps.isolation == "gvisor" and "pids" not in kit.caps.limits
+    with pytest.raises(UnsupportedPolicyError, match=r"cannot enforce the pids limit here \(pids: under gVisor the "
+                                                     r"host's pids cgroup counts the Sentry's threads"):
+        runner.run(["true"], backend="docker", network="none", limits=Limits(pids=32))
+    flags = h.runtime_flags(runner.aio.backend("docker").engine_facts()["Runtimes"][gvisor_runtime()].get(
+        "runtimeArgs") or [])
+    for mode, words in (("egress", "--network="), ("proxy", "--host-uds=open")):
+        if mode in kit.caps.network_modes:
+            continue  # this registration gives runsc what the mode needs: the kit proves it
+        with pytest.raises(UnsupportedPolicyError, match=f"cannot enforce network mode '{mode}' here: .*{words}"):
+            runner.run(["true"], backend="docker", network=mode)
+    assert ("egress" in kit.caps.network_modes) == (flags.get("network", "sandbox") == "sandbox")
+
+
+@pytest.mark.engine
+def test_cpu_limit_holds_on_the_host(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two busy processes for 2 s under a 0.5-CPU limit: the container's cgroup (the Sentry and its tasks) used
+    about 1 CPU-second as this host counts it, not the ~4 they would use unthrottled on two idle cores."""
+    runner = gvisor_runner(monkeypatch)
+    with runner.sandbox("docker", network="none", limits=Limits(cpus=0.5)) as sb:
+        usage = CPU_CGROUP / sb.aio._session._keeper_id / "cpuacct.usage"  # type: ignore[union-attr]
+        if not usage.exists():
+            engine_missing(f"no cgroup v1 cpuacct for the container here ({usage})")
+        before = int(usage.read_text())
+        started = time.monotonic()
+        result = sb.exec(["python3", "-c", CPU_BURN_PROBE], timeout=30)
+        wall = time.monotonic() - started
+        used = (int(usage.read_text()) - before) / 1e9
+    assert result.exit_code == 0 and result.stdout.startswith("CPU"), result
+    assert 0.2 <= used < 0.5 * wall + 0.6, f"{used:.2f} CPU-seconds on the host in {wall:.2f} s at 0.5 CPU"
+
+
+# --- the runtime's arguments, read --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, flags", [
+    (["--network=none"], {"network": "none"}),
+    (["-network", "none", "--oci-seccomp"], {"network": "none", "oci-seccomp": "true"}),
+    (["--host-uds=open", "--platform", "ptrace"], {"host-uds": "open", "platform": "ptrace"}),
+])
+def test_runtime_flags_reads_each_spelling(args: list[str], flags: dict[str, str]) -> None:
+    assert h.runtime_flags(args) == flags
+
+
+def test_gvisor_unenforced_names_the_argument() -> None:
+    plain = h.gvisor_unenforced([])
+    assert set(plain) == {"pids", "proxy"} and "--host-uds=none" in plain["proxy"]
+    nonet = h.gvisor_unenforced(["--network=none", "--host-uds=open"])
+    assert set(nonet) == {"pids", "egress"} and "--network=none" in nonet["egress"]
+    assert "proxy" in h.gvisor_unenforced(["--host-uds=all"])  # more than connecting: refused
