@@ -377,7 +377,8 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
                     # (a reload, facts from the probe cache) is then a refused contract, never another runtime.
                     runtime=self.settings.runtime or self._runtime, tmpfs_mb=self.settings.tmpfs_mb,
                     egress_network=self.settings.egress_network,
-                    disk=caps is not None and "disk" in caps.limits, mounts=spec.mounts, tmpfs=spec.tmpfs)
+                    disk=caps is not None and "disk" in caps.limits, mounts=spec.mounts, tmpfs=spec.tmpfs,
+                    gvisor=caps is not None and caps.isolation == "gvisor")
 
     async def open_session(self, spec: SessionSpec) -> DockerSession:
         if spec.network not in self.capabilities.network_modes:

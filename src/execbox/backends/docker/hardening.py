@@ -129,8 +129,11 @@ def runtime_problem(name: str, entry: dict[str, Any] | None) -> str | None:
 
 
 @functools.cache
-def seccomp_profile(machine: str | None = None) -> str:
-    """The profile as the JSON string ``--security-opt seccomp=`` takes (the engine stores it verbatim)."""
+def seccomp_profile(machine: str | None = None, gvisor: bool = False) -> str:
+    """The profile as the JSON string ``--security-opt seccomp=`` takes (the engine stores it verbatim). ``gvisor``:
+    without the clone3 rule. runsc (20221219, --oci-seccomp) answers every errno action with EPERM whatever its
+    errnoRet, so glibc, seeing EPERM and not ENOSYS, would not fall back to clone and no thread would start; and
+    the Sentry has no clone3 to deny (it answers ENOSYS itself), so nothing is opened."""
     deny = {"action": "SCMP_ACT_ERRNO", "errnoRet": SECCOMP_DENY_ERRNO}
     newuser = {"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}
     rules: list[dict[str, Any]] = [
@@ -138,15 +141,15 @@ def seccomp_profile(machine: str | None = None) -> str:
         {"names": sorted(DENIED_WITH_NEWUSER), **deny, "args": [newuser]},
         *({"names": ["socket"], **deny, "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]}
           for family in DENIED_SOCKET_FAMILIES),
-        {"names": sorted(ENOSYS_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+        *([] if gvisor else [{"names": sorted(ENOSYS_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS}]),
     ]
     profile = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": _ARCHES.get(machine or platform.machine(), []),
                "syscalls": rules}
     return json.dumps(profile, sort_keys=True, separators=(",", ":"))
 
 
-def security_opt() -> list[str]:
-    return ["no-new-privileges", f"seccomp={seccomp_profile()}"]
+def security_opt(gvisor: bool = False) -> list[str]:
+    return ["no-new-privileges", f"seccomp={seccomp_profile(gvisor=gvisor)}"]
 
 
 def _contains(outer: Path, inner: Path) -> bool:
@@ -154,7 +157,7 @@ def _contains(outer: Path, inner: Path) -> bool:
 
 
 def hardened(kw: dict[str, Any], *, socket_path: str | None,
-             user_mounts: Sequence[tuple[str, str, bool]] = ()) -> dict[str, Any]:
+             user_mounts: Sequence[tuple[str, str, bool]] = (), gvisor: bool = False) -> dict[str, Any]:
     """Refuse create arguments that break the hardening table. Returns ``kw`` unchanged. ``user_mounts``: the
     (source, target, writable) binds the guard admitted for this session (``execbox.Mount``); any other
     writable mount than the workspace is refused."""
@@ -165,7 +168,7 @@ def hardened(kw: dict[str, Any], *, socket_path: str | None,
         problems.append(f"added capabilities {kw['cap_add']}")
     if kw.get("cap_drop") != ["ALL"]:
         problems.append("capabilities not all dropped")
-    if sorted(kw.get("security_opt") or []) != sorted(security_opt()):
+    if sorted(kw.get("security_opt") or []) != sorted(security_opt(gvisor)):
         problems.append("security options other than no-new-privileges and execbox's seccomp profile")
     if not kw.get("read_only"):
         problems.append("a writable root filesystem")
@@ -226,6 +229,7 @@ class Contract:
     proxy_dir: str | None = None  # network mode proxy: the host directory bound read-only at PROXY_MOUNT_POINT
     mounts: tuple[tuple[str, str, bool], ...] = ()  # the caller's binds (execbox.Mount): source, target, writable
     tmpfs: tuple[str, ...] = ()  # the request's extra tmpfs paths, beside /tmp
+    gvisor: bool = False  # the runtime was judged gVisor: its seccomp profile (security_opt(gvisor=True))
 
 
 def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
@@ -260,9 +264,9 @@ def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
     want("HostConfig.PidsLimit", hc.get("PidsLimit"), c.pids)
     want("HostConfig.Tmpfs", sorted(hc.get("Tmpfs") or {}), sorted({TMPFS, *c.tmpfs}))
     options = sorted(hc.get("SecurityOpt") or [])
-    if options != sorted(security_opt()):
+    if options != sorted(security_opt(c.gvisor)):
         # A profile is a page of JSON: named, not printed.
-        shown = ["seccomp=<execbox's profile>" if o == f"seccomp={seccomp_profile()}" else
+        shown = ["seccomp=<execbox's profile>" if o == f"seccomp={seccomp_profile(gvisor=c.gvisor)}" else
                  "seccomp=<another profile>" if o.startswith("seccomp=") and len(o) > 40 else o for o in options]
         problems.append(f"HostConfig.SecurityOpt={shown} (the contract says no-new-privileges and execbox's "
                         "seccomp profile, nothing else)")
