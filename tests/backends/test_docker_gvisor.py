@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from execbox import Limits, Runner, Settings, UnsupportedPolicyError
+from execbox import Limits, Runner, SandboxError, Settings, UnsupportedPolicyError
 from execbox.backends.docker import hardening as h
 from execbox.testing import engine_missing
 from execbox.testing.checks import CHECKS, Kit
@@ -105,6 +105,19 @@ def test_cpu_limit_holds_on_the_host(engine: Any, monkeypatch: pytest.MonkeyPatc
         used = (int(usage.read_text()) - before) / 1e9
     assert result.exit_code == 0 and result.stdout.startswith("CPU"), result
     assert 0.2 <= used < 0.5 * wall + 0.6, f"{used:.2f} CPU-seconds on the host in {wall:.2f} s at 0.5 CPU"
+
+
+@pytest.mark.engine
+def test_a_memory_bomb_in_a_session_ends_the_sandbox_and_says_so(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under runc the kernel kills the one process (test_docker.py); under gVisor the container's cgroup holds the
+    Sentry too, so the limit ends the whole sandbox: an error naming the limit, not a stopped container unexplained."""
+    runner = gvisor_runner(monkeypatch)
+    bomb = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 * 1024))\n"
+    with runner.sandbox("docker", network="none", limits=Limits(memory_mb=128)) as sb:
+        assert sb.exec(["echo", "alive"]).stdout == "alive\n"
+        with pytest.raises(SandboxError, match=r"killed at its memory limit \(128 MiB\): the whole sandbox"):
+            # (Found: the engine keeps the exec's stream open when the Sentry dies, so this waits out its timeout.)
+            sb.run_code(bomb, timeout=8)
 
 
 # --- the runtime's arguments, read --------------------------------------------------------------------------------

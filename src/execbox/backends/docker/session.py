@@ -503,6 +503,12 @@ class DockerSession(Session):
                                f"{exc.explanation or exc}", backend="docker") from None
         except docker.errors.APIError as exc:
             if "is not running" in str(exc.explanation or exc):
+                if self._oom_killed():
+                    raise SandboxError(
+                        f"the session's container was killed at its memory limit ({self.plan.limits.memory_mb} MiB): "
+                        "the whole sandbox, not one process, as under gVisor, whose kernel the container's cgroup "
+                        "holds too. Open a new sandbox, with a higher limit (limits.memory_mb) or doing less per run",
+                        backend="docker") from None
                 raise SandboxError(f"the session's container has stopped: its lifetime of "
                                    f"{self.spec.lifetime_s:g} s is over, or it was stopped from outside. Open a "
                                    "new sandbox (lifetime_s sets how long one lives)", backend="docker") from None
@@ -510,6 +516,16 @@ class DockerSession(Session):
         finally:
             if door is not None and self.egress is not None:
                 self.egress.finish_run(door, settle_s=0)
+
+    def _oom_killed(self) -> bool:
+        """The session's container was killed by the kernel at its memory limit (docker inspect State.OOMKilled)."""
+        if self._keeper_id is None:
+            return False
+        try:
+            state = self.backend.call(lambda c: c.api.inspect_container(self._keeper_id)).get("State") or {}
+        except Exception:  # noqa: BLE001 - gone or unreachable: the caller reports the stopped container as it is
+            return False
+        return bool(state.get("OOMKilled"))
 
     def _command(self, request: ExecSpec, door: ProxyRun | None) -> tuple[list[str], dict[str, str]]:
         """The container's command (under the backstop; behind the proxy's forwarder in mode proxy) and env."""
