@@ -20,6 +20,7 @@ from execbox.kernel.client import CellParser
 from execbox.runner import run_blocking
 from execbox.testing import PeakRss, engine_missing
 from tests.backends.test_files_docker_bubblewrap import data_image  # noqa: F401 - a fixture, shared
+from tests.support.gvisor import DOCKER_GVISOR, backend_for
 
 # --- the host side's bounds, no engine --------------------------------------------------------------------------
 
@@ -118,12 +119,13 @@ def _usable(runner: Runner, name: str) -> None:
         engine_missing(f"{name} cannot run here: {exc}")
 
 
-@pytest.fixture(params=["docker", "bubblewrap"])
-def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+@pytest.fixture(params=["docker", DOCKER_GVISOR, "bubblewrap"])
+def sandbox(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox]:
     """A sandbox with network none (the default), its interpreter started by the first cell."""
+    name = backend_for(request, monkeypatch)
     with Runner(Settings.from_env()) as runner:
-        _usable(runner, request.param)
-        with runner.sandbox(request.param, network="none") as sb:
+        _usable(runner, name)
+        with runner.sandbox(name, network="none") as sb:
             yield sb
 
 

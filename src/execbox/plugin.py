@@ -180,7 +180,9 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # 2.2: SandboxLostError (the machine a sandbox ran on is gone: the ray backend's lost node); TransferTooLargeError
 # (a listing or transfer over its TransferLimits, for a backend that bounds one itself); tmpfs_path_mb (a tmpfs=
 # path's size: /tmp's, within the disk limit) and is_directory_error (what reading a directory as a file says).
-# 2.3: gvisor_record, GVISOR_RECORD (what the set-up probed and registered of gVisor on this host).
+# 2.3: gvisor_record, GVISOR_RECORD (what the set-up probed and registered of gVisor on this host);
+# ExecutionBackend.unenforced(what): why a network mode or limit the class claims is not enforced as check() found
+# the backend here (the guard's refusal says it).
 KIT_VERSION = "2.3"
 
 __all__ = [

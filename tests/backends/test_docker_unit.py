@@ -482,6 +482,19 @@ def test_a_gvisor_argument_that_weakens_it_or_is_unknown_is_refused_by_name(arg:
     assert judged.isolation is None and f"runtime runsc runs runsc with {words}" in (judged.problem or "")
 
 
+@pytest.mark.parametrize("path, args", [
+    (RUNSC, ["--log=/tmp/x --network=host"]),  # dockerd's wrapper script splits it: --network=host would apply
+    (RUNSC, ["--root=/r", "--log", "/tmp/x --debug --strace"]),
+    (RUNSC, ["--num-network-channels=1;touch /tmp/pwn;#"]),
+    (RUNSC, ["--log=$(id)"]),
+    (RUNSC, ["--log=/tmp/x\n--rootless"]),
+    ("/bin/sh -c /tmp/evil /usr/bin/runsc", []),
+])
+def test_a_registration_the_wrapper_shell_would_read_otherwise_is_refused(path: str, args: list[str]) -> None:
+    judged = h.judge_runtime("runsc", {"path": path, "runtimeArgs": ["--network=none", "--oci-seccomp", *args]})
+    assert judged.isolation is None and "is not one plain word" in (judged.problem or ""), judged
+
+
 @pytest.mark.parametrize("args", [[], ["--network=none"], ["--oci-seccomp=false"]])
 def test_a_gvisor_registration_that_ignores_the_seccomp_profile_is_refused(args: list[str]) -> None:
     problem = h.judge_runtime("runsc", {"path": RUNSC, "runtimeArgs": args}).problem or ""

@@ -26,6 +26,7 @@ from execbox import Mount, RefusedError, Runner, SecretFileError, Settings, Work
 from execbox.cli import main as cli
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
+from tests.support.gvisor import DOCKER_GVISOR, backend_for
 from tests.support.wheels import MODULE, NAME, VALUE, build_wheel, host_pip_uses, serve_index
 
 ROOT = os.geteuid() == 0
@@ -41,9 +42,9 @@ def _available(name: str) -> None:
         engine_missing(f"{name} cannot run here: {exc}")
 
 
-@pytest.fixture(params=["docker", "bubblewrap"])
-def backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
+@pytest.fixture(params=["docker", DOCKER_GVISOR, "bubblewrap"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    name = backend_for(request, monkeypatch)
     _available(name)
     return name
 
@@ -146,6 +147,7 @@ def test_a_writable_mount_is_written_on_the_host(backend: str, shared_dir: Path)
 # --- the package cache ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.not_gvisor("the package cache is host-side and the runtime adds nothing to it but 25 s of pip")
 def test_the_second_sessions_pip_install_hits_the_cache(backend: str, shared_dir: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     wheel = build_wheel(shared_dir)

@@ -12,6 +12,7 @@ is a real sandbox with one wall taken out, so that exactly one check fails on it
     liar_host_procs    the host's PID namespace and /proc
     liar_env_leak      the request's environment also set on the host-side launcher (``env K=V setpriv ...``)
     liar_proxy_open    claims network mode proxy, and gives the code the host's network instead
+    liar_gvisor        claims isolation gvisor (a kernel of its own), and runs the code on this host's kernel
 
 Two more lie about what they run rather than how they isolate it: ``liar_unlimited`` claims memory, cpu,
 pids and disk limits and enforces none; ``liar_broken`` claims everything and runs nothing (every command "exits
@@ -223,6 +224,15 @@ class ProxyOpen(Liar):
     needs = staticmethod(_bwrap)
 
 
+class Gvisor(Liar):
+    """The honest sandbox, claiming gVisor's user-space kernel: its walls hold, but the kernel is this host's."""
+
+    name = "liar_gvisor"
+    capabilities = CLAIMS.model_copy(update={"isolation": "gvisor"})
+    session = BwrapSession
+    needs = staticmethod(_bwrap)
+
+
 # --- a docker container without no-new-privileges -----------------------------------------------------------
 
 
@@ -260,7 +270,8 @@ class NoNnp(Liar):
 
 # --- limits claimed, not enforced; nothing run at all -------------------------------------------------------
 
-EVERYTHING = CLAIMS.model_copy(update={"limits": frozenset({"memory", "cpu", "pids", "disk", "wall_time"}),
+EVERYTHING = CLAIMS.model_copy(update={"isolation": "gvisor",
+                                      "limits": frozenset({"memory", "cpu", "pids", "disk", "wall_time"}),
                                       "network_modes": frozenset({"none", "proxy"}), "mounts": True, "streaming": True,
                                       "tmpfs": True})
 
@@ -303,7 +314,7 @@ class NoTmpfs(Liar):
 
 
 LIARS: list[type[Liar]] = [Honest, HostRoot, MappedRoot, Caps, NoNnp, Userns, HostFiles, HostProcs, EnvLeak, Unlimited,
-                           Broken, ProxyOpen, NoTmpfs]
+                           Broken, ProxyOpen, NoTmpfs, Gvisor]
 
 
 @plugin.hookimpl

@@ -3,6 +3,7 @@ naming the claim with what it expected and saw; a backend that runs nothing pass
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -127,6 +128,27 @@ def test_self_check_reports_each_broken_claim_of_host_root(liars: None) -> None:
     for name in SANDBOX_CHECKS:
         assert results[name].status == "fail", results[name]
         assert results[name].claim.startswith("sandbox=True: ")
+
+
+KERNEL_CHECKS = [name for name in CHECKS if name.startswith("own_kernel_")]
+
+
+def test_a_gvisor_claim_on_the_host_kernel_fails_naming_the_claim(liars: None) -> None:
+    assert len(KERNEL_CHECKS) == 2
+    results = {r.name: r for r in self_check("liar_gvisor", checks=KERNEL_CHECKS)}
+    if any(r.status == "skip" for r in results.values()):
+        engine_missing("; ".join(r.message for r in results.values()))
+    seen = {name: r.message for name, r in results.items()}
+    assert {r.status for r in results.values()} == {"fail"}, seen
+    assert re.match(r"isolation='gvisor' \(a kernel of its own\): expected a boot id other than this host's "
+                    r"\([0-9a-f-]{36}\); saw uname ", seen["own_kernel_not_the_hosts"]), seen
+    # No seccomp in the liar: the host kernel grants the keyring (a runc container is refused it, and fails on
+    # the host kernel's own files instead: tests/backends/test_docker_gvisor.py).
+    assert seen["own_kernel_host_interfaces_unreachable"].startswith(
+        "isolation='gvisor' (host kernel interfaces unreachable): expected raw keyctl (the user keyring) refused; "
+        "saw GRANTED"), seen
+    # The same sandbox claiming what it is (namespaces on this host's kernel) is not asked for a kernel of its own.
+    assert {r.status for r in self_check("kit_honest", checks=KERNEL_CHECKS)} == {"skip"}
 
 
 PROXY_CHECKS = [name for name in CHECKS if name.startswith("proxy_")]

@@ -353,6 +353,11 @@ class ExecutionBackend(ABC, Generic[S]):
             return Verdict(False, "network mode 'host' shares the host's network with the sandboxed code")
         return Verdict(True, f"isolation {self.capabilities.isolation}")
 
+    def unenforced(self, what: str) -> str | None:
+        """Why this backend, as ``check`` found it here, does not enforce ``what`` (a network mode or a limit) that
+        its class claims: the guard's refusal says it. None when there is nothing more to say than that."""
+        return None
+
     def notes(self) -> list[str]:
         """Facts every result of this backend carries (e.g. an attested sandbox)."""
         return []

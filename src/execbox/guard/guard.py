@@ -122,18 +122,22 @@ class Guard:
         network = request.network or self.settings.network
         if network not in caps.network_modes:
             modes = ", ".join(sorted(caps.network_modes)) or "none at all"
+            why = backend.unenforced(network)
             raise UnsupportedPolicyError(
-                f"refused: backend {backend.name!r} cannot enforce network mode {network!r} here (it enforces: "
-                f"{modes}). Ask for one of those (--network / CODE_EXEC_NETWORK) or use another backend",
+                f"refused: backend {backend.name!r} cannot enforce network mode {network!r} here"
+                + (f": {why}" if why else "") + f" (it enforces: {modes}). Ask for one of those (--network / "
+                "CODE_EXEC_NETWORK) or use another backend",
                 backend=backend.name,
                 env_var="CODE_EXEC_NETWORK",
             )
         missing = sorted(requested_limits - set(caps.limits))
         if missing:
             variables = [LIMIT_VARIABLES[m] for m in missing if m in LIMIT_VARIABLES]
+            why = "; ".join(f"{m}: {reason}" for m in missing if (reason := backend.unenforced(m)))
             raise UnsupportedPolicyError(
-                f"refused: backend {backend.name!r} cannot enforce the {', '.join(missing)} limit here (it enforces: "
-                f"{', '.join(sorted(caps.limits)) or 'none'}). Drop that limit from the request"
+                f"refused: backend {backend.name!r} cannot enforce the {', '.join(missing)} limit here"
+                + (f" ({why})" if why else "") + f" (it enforces: {', '.join(sorted(caps.limits)) or 'none'}). "
+                "Drop that limit from the request"
                 + (f" or unset {' / '.join(variables)}" if variables else "") + ", or use another backend",
                 backend=backend.name,
                 env_var=variables[0] if variables else None,

@@ -33,6 +33,9 @@ from execbox.plugin import NetworkMode, Verdict
 # How long past its timeout a run may take to come back (kill, clean-up, a slow shared machine).
 DEADLINE_SLACK_S = 20.0
 SANDBOX = "sandbox=True"
+# The isolations that put a kernel of their own between the code and this host's: a user-space kernel (gVisor's
+# Sentry) or a virtual machine's. Claiming one is claiming what the kernel checks prove.
+OWN_KERNEL = ("gvisor", "microvm")
 
 
 class NotClaimed(Exception):
@@ -108,10 +111,13 @@ class Kit:
 
     def require(self, *, sessions: bool = False, files: bool = False, network: str | None = None,
                 limit: str | None = None, sandbox: bool = False, local: bool = False, mounts: bool = False,
-                tmpfs: bool = False) -> None:
-        """Raise NotClaimed unless the backend claims all of these. ``local``: the code shares this host's
-        kernel (not ``remote``), so its identity there is this host's business."""
+                tmpfs: bool = False, own_kernel: bool = False) -> None:
+        """Raise NotClaimed unless the backend claims all of these. ``local``: the code runs on this machine (not
+        ``remote``), so its identity there is this host's business. ``own_kernel``: an isolation in OWN_KERNEL."""
         caps = self.caps
+        if own_kernel and caps.isolation not in OWN_KERNEL:
+            raise NotClaimed(f"the backend claims isolation {caps.isolation!r}, which runs the code on this host's "
+                             f"kernel (a kernel of its own is claimed by isolation {' or '.join(OWN_KERNEL)})")
         if sandbox and not caps.sandbox:
             raise NotClaimed(f"the backend does not claim {SANDBOX}")
         if sandbox and self.verdict is not None and not self.verdict.sandbox:

@@ -61,8 +61,14 @@ IDENTITY_PROBE = textwrap.dedent("""
                 return fh.read()
         except OSError as exc:
             return "unreadable: %s" % exc
+    try:  # prctl(PR_GET_NO_NEW_PRIVS): what a kernel says that does not show it in /proc/self/status (gVisor)
+        import ctypes
+        nnp = ctypes.CDLL(None, use_errno=True).prctl(39, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        nnp = None
     print(json.dumps({"pid": os.getpid(), "status": read("/proc/self/status"), "uid_map": read("/proc/self/uid_map"),
-                      "gid_map": read("/proc/self/gid_map"), "userns": read("/proc/self/ns/user", True)}), flush=True)
+                      "gid_map": read("/proc/self/gid_map"), "userns": read("/proc/self/ns/user", True),
+                      "nnp": nnp}), flush=True)
     end = time.monotonic() + float(sys.argv[2])
     while not seen and time.monotonic() < end:
         time.sleep(0.02)
@@ -248,3 +254,51 @@ HOSTILE_TREE = ("import os\n"
                 "p = 'deep'\n"
                 "for i in range(300): p += '/d'\n"
                 "os.makedirs(p)\n")
+
+# What kernel the code runs on, and which of the host kernel's interfaces it reaches: uname, /proc/version and
+# the boot id; raw keyctl and bpf (a real request each, that a host kernel grants an unprivileged process); a
+# /proc/sys/kernel file opened for writing (opened only: nothing is written); and the sha256 of each file named
+# in argv (the host kernel's own, e.g. its build notes), or why it could not be read.
+KERNEL_PROBE = textwrap.dedent("""
+    import ctypes, errno, hashlib, json, os, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    numbers = {"x86_64": (250, 321), "aarch64": (219, 280)}.get(os.uname().machine)
+    def outcome(rc):
+        if rc >= 0:
+            return "GRANTED %d" % rc
+        return "REFUSED " + errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+    def read(path):
+        try:
+            with open(path, "rb") as fh:
+                return fh.read()
+        except OSError as exc:
+            return "ERROR " + errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    out = {"release": os.uname().release, "version": os.uname().version, "proc_version": read("/proc/version"),
+           "boot_id": read("/proc/sys/kernel/random/boot_id")}
+    for key in ("proc_version", "boot_id"):
+        if isinstance(out[key], bytes):
+            out[key] = out[key].decode(errors="replace").strip()
+    if numbers is None:
+        out["keyctl"] = out["bpf"] = "UNKNOWN architecture " + os.uname().machine
+    else:
+        # keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING, create): the caller's user keyring, in the kernel.
+        out["keyctl"] = outcome(libc.syscall(numbers[0], 0, -4, 1))
+        # bpf(BPF_MAP_CREATE): a one-entry array map (type 2, 4-byte key and value).
+        attr = (ctypes.c_uint32 * 18)(2, 4, 4, 1)
+        rc = libc.syscall(numbers[1], 0, ctypes.byref(attr), ctypes.sizeof(attr))
+        out["bpf"] = outcome(rc)
+        if rc >= 0:
+            os.close(rc)
+    try:
+        os.close(os.open("/proc/sys/kernel/core_pattern", os.O_WRONLY))
+        out["sysctl_write"] = "OPENED"
+    except OSError as exc:
+        out["sysctl_write"] = "REFUSED " + errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    files = {}
+    for path in sys.argv[1:]:
+        data = read(path)
+        files[path] = hashlib.sha256(data).hexdigest() if isinstance(data, bytes) else data
+    out["files"] = files
+    print(json.dumps(out))
+""")

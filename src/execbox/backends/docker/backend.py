@@ -26,6 +26,7 @@ from execbox.backends.docker.engine import (
 from execbox.backends.docker.hardening import (
     Runtime,
     default_user,
+    gvisor_unenforced,
     judge_runtime,
     parse_user,
 )
@@ -203,6 +204,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         self._lock = threading.Lock()
         self._engine_key: list[object] | None = None  # the engine instance and docker-py, for the probe cache
         self._runtime: Runtime | None = None  # the runtime check() judged (named or the default), asked for by name
+        self._unenforced: dict[str, str] = {}  # what check() found the judged runtime cannot enforce, and why
 
     def present_here(self) -> str | None:
         return engine_here()
@@ -321,11 +323,14 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
                 limits.discard(limit)
         if sized_workspace_unavailable() is not None:
             limits.discard("disk")
-        modes = set(self.capabilities.network_modes)
-        if judged.network == "none":  # gVisor with no network stack: only loopback, whatever the engine wires up
-            modes.discard("egress")
-        return self.capabilities.model_copy(update={"isolation": judged.isolation, "limits": frozenset(limits),
-                                                    "network_modes": frozenset(modes)})
+        self._unenforced = gvisor_unenforced(judged) if judged.isolation == "gvisor" else {}
+        return self.capabilities.model_copy(update={
+            "isolation": judged.isolation, "limits": frozenset(limits - set(self._unenforced)),
+            "network_modes": self.capabilities.network_modes - set(self._unenforced)})
+
+    def unenforced(self, what: str) -> str | None:
+        reason = self._unenforced.get(what)
+        return f"{reason} ({_RUNTIME_VAR}={self._runtime.name})" if reason and self._runtime else None
 
     def details(self) -> dict[str, Any]:
         judged = self._runtime
@@ -405,7 +410,8 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
                     # (a reload, facts from the probe cache) is then a refused contract, never another runtime.
                     runtime=self._runtime.name if self._runtime else None, tmpfs_mb=self.settings.tmpfs_mb,
                     egress_network=self.settings.egress_network,
-                    disk=caps is not None and "disk" in caps.limits, mounts=spec.mounts, tmpfs=spec.tmpfs)
+                    disk=caps is not None and "disk" in caps.limits, mounts=spec.mounts, tmpfs=spec.tmpfs,
+                    gvisor=caps is not None and caps.isolation == "gvisor")
 
     async def open_session(self, spec: SessionSpec) -> DockerSession:
         if spec.network not in self.capabilities.network_modes:

@@ -22,6 +22,7 @@ import functools
 import json
 import os
 import platform
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ RUNTIME_BINARIES: dict[str, str] = {
 # The runtime arguments execbox admits, per kind: flag -> the values admitted (None: any value; a bool flag takes
 # "true"/"false"). Every other flag is refused (fail closed); runsc's in _WEAKENING with the reason it weakens gVisor.
 _ANY = None
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_./:=,+@-]+")  # what a shell reads as one word, unchanged
 _BOOL = frozenset({"true", "false"})
 _GVISOR_FLAGS: dict[str, frozenset[str] | None] = {
     "platform": frozenset({"ptrace", "kvm", "systrap"}),
@@ -106,6 +108,7 @@ class Runtime:
     args: tuple[str, ...] = ()
     platform: str | None = None  # gVisor: as given in its arguments, None for runsc's default
     network: str | None = None  # gVisor's network stack: "sandbox" (its own netstack) or "none" (loopback only)
+    host_uds: str = "none"  # gVisor: which host unix sockets the sandbox may reach ("open": connect to one it sees)
 
 
 def _boolean(admitted: frozenset[str] | None) -> bool:
@@ -136,10 +139,16 @@ def judge_runtime(name: str, entry: dict[str, Any] | None) -> Runtime:
     arguments it runs it with, whatever the name."""
     entry = entry or {}
     path = str(entry.get("path") or entry.get("runtimeType") or name)
+    args = tuple(str(a) for a in entry.get("runtimeArgs") or ())
+    # dockerd runs a runtime with arguments through a script it writes unquoted (`exec PATH ARGS "$@"`): the shell
+    # splits and expands each word again, so a word that is not one plain shell word is refused, not read
+    unplain = next((word for word in (path, *args) if not _PLAIN_WORD.fullmatch(word)), None)
+    if unplain is not None:
+        return Runtime(name, os.path.basename(path), None, f"runtime {name} is registered with {unplain!r}, which "
+                       "is not one plain word (dockerd passes its path and arguments through a shell unquoted)", args)
     if os.path.isabs(path) and os.path.exists(path):
         path = os.path.realpath(path)  # a link named runsc that points at a wrapper is the wrapper
     binary = os.path.basename(path)
-    args = tuple(str(a) for a in entry.get("runtimeArgs") or ())
     isolation = RUNTIME_BINARIES.get(binary)
 
     def refused(why: str) -> Runtime:
@@ -171,7 +180,33 @@ def judge_runtime(name: str, entry: dict[str, Any] | None) -> Runtime:
     if flags.get("oci-seccomp") != "true":
         return refused("runs runsc without --oci-seccomp: gVisor would ignore the container's seccomp profile, "
                        "execbox's deny list (user namespaces, ...), inside the sandbox")
-    return Runtime(name, binary, isolation, None, args, flags.get("platform"), flags.get("network", "sandbox"))
+    return Runtime(name, binary, isolation, None, args, flags.get("platform"), flags.get("network", "sandbox"),
+                   flags.get("host-uds", "none"))
+
+
+# What gVisor does not enforce under the docker backend, whatever its arguments: the code's processes live in the
+# Sentry, so the host's pids cgroup counts the Sentry's threads, not them (fork never fails at the limit, and a
+# low limit stops the sandbox from starting: seen with runsc 20221219 on cgroup v1). Memory, cpu and disk hold:
+# the cgroup bounds the Sentry's memory and CPU, and the workspace is the same sized bind.
+GVISOR_UNENFORCED = {
+    "pids": "under gVisor the host's pids cgroup counts the Sentry's threads, not the code's processes (fork never "
+            "fails at the limit)",
+}
+
+
+def gvisor_unenforced(runtime: Runtime) -> dict[str, str]:
+    """The network modes and limits the docker backend cannot enforce on the judged gVisor ``runtime``, and why:
+    what gVisor never enforces here, egress without runsc's own network stack, proxy without host unix sockets."""
+    found = dict(GVISOR_UNENFORCED)
+    if runtime.network != "sandbox":
+        found["egress"] = (f"the runtime runs runsc with --network={runtime.network}, so a container has no network "
+                           "stack but loopback (egress needs runsc's own, --network=sandbox)")
+    if runtime.host_uds != "open":
+        # open: connect to a host socket the sandbox can see through its mounts, as any runc container can; not
+        # create (host sockets made by the code) nor all.
+        found["proxy"] = ("proxy mode connects to a host unix socket bound into the sandbox, which runsc allows only "
+                          f"with --host-uds=open (the runtime runs it with --host-uds={runtime.host_uds})")
+    return found
 
 
 # Native architecture -> the seccomp architectures a process on it can issue system calls in.
@@ -195,8 +230,11 @@ def install_dir() -> Path:
 
 
 @functools.cache
-def seccomp_profile(machine: str | None = None) -> str:
-    """The profile as the JSON string ``--security-opt seccomp=`` takes (the engine stores it verbatim)."""
+def seccomp_profile(machine: str | None = None, gvisor: bool = False) -> str:
+    """The profile as the JSON string ``--security-opt seccomp=`` takes (the engine stores it verbatim). ``gvisor``:
+    without the clone3 rule. runsc (20221219, --oci-seccomp) answers every errno action with EPERM whatever its
+    errnoRet, so glibc, seeing EPERM and not ENOSYS, would not fall back to clone and no thread would start; and
+    the Sentry has no clone3 to deny (it answers ENOSYS itself), so nothing is opened."""
     deny = {"action": "SCMP_ACT_ERRNO", "errnoRet": SECCOMP_DENY_ERRNO}
     newuser = {"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}
     rules: list[dict[str, Any]] = [
@@ -204,15 +242,15 @@ def seccomp_profile(machine: str | None = None) -> str:
         {"names": sorted(DENIED_WITH_NEWUSER), **deny, "args": [newuser]},
         *({"names": ["socket"], **deny, "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]}
           for family in DENIED_SOCKET_FAMILIES),
-        {"names": sorted(ENOSYS_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+        *([] if gvisor else [{"names": sorted(ENOSYS_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS}]),
     ]
     profile = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": _ARCHES.get(machine or platform.machine(), []),
                "syscalls": rules}
     return json.dumps(profile, sort_keys=True, separators=(",", ":"))
 
 
-def security_opt() -> list[str]:
-    return ["no-new-privileges", f"seccomp={seccomp_profile()}"]
+def security_opt(gvisor: bool = False) -> list[str]:
+    return ["no-new-privileges", f"seccomp={seccomp_profile(gvisor=gvisor)}"]
 
 
 def _contains(outer: Path, inner: Path) -> bool:
@@ -220,7 +258,7 @@ def _contains(outer: Path, inner: Path) -> bool:
 
 
 def hardened(kw: dict[str, Any], *, socket_path: str | None,
-             user_mounts: Sequence[tuple[str, str, bool]] = ()) -> dict[str, Any]:
+             user_mounts: Sequence[tuple[str, str, bool]] = (), gvisor: bool = False) -> dict[str, Any]:
     """Refuse create arguments that break the hardening table. Returns ``kw`` unchanged. ``user_mounts``: the
     (source, target, writable) binds the guard admitted for this session (``execbox.Mount``); any other
     writable mount than the workspace is refused."""
@@ -231,7 +269,7 @@ def hardened(kw: dict[str, Any], *, socket_path: str | None,
         problems.append(f"added capabilities {kw['cap_add']}")
     if kw.get("cap_drop") != ["ALL"]:
         problems.append("capabilities not all dropped")
-    if sorted(kw.get("security_opt") or []) != sorted(security_opt()):
+    if sorted(kw.get("security_opt") or []) != sorted(security_opt(gvisor)):
         problems.append("security options other than no-new-privileges and execbox's seccomp profile")
     if not kw.get("read_only"):
         problems.append("a writable root filesystem")
@@ -292,6 +330,7 @@ class Contract:
     proxy_dir: str | None = None  # network mode proxy: the host directory bound read-only at PROXY_MOUNT_POINT
     mounts: tuple[tuple[str, str, bool], ...] = ()  # the caller's binds (execbox.Mount): source, target, writable
     tmpfs: tuple[str, ...] = ()  # the request's extra tmpfs paths, beside /tmp
+    gvisor: bool = False  # the runtime was judged gVisor: its seccomp profile (security_opt(gvisor=True))
 
 
 def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
@@ -326,9 +365,9 @@ def built_problems(attrs: dict[str, Any], c: Contract) -> list[str]:
     want("HostConfig.PidsLimit", hc.get("PidsLimit"), c.pids)
     want("HostConfig.Tmpfs", sorted(hc.get("Tmpfs") or {}), sorted({TMPFS, *c.tmpfs}))
     options = sorted(hc.get("SecurityOpt") or [])
-    if options != sorted(security_opt()):
+    if options != sorted(security_opt(c.gvisor)):
         # A profile is a page of JSON: named, not printed.
-        shown = ["seccomp=<execbox's profile>" if o == f"seccomp={seccomp_profile()}" else
+        shown = ["seccomp=<execbox's profile>" if o == f"seccomp={seccomp_profile(gvisor=c.gvisor)}" else
                  "seccomp=<another profile>" if o.startswith("seccomp=") and len(o) > 40 else o for o in options]
         problems.append(f"HostConfig.SecurityOpt={shown} (the contract says no-new-privileges and execbox's "
                         "seccomp profile, nothing else)")

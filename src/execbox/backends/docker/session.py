@@ -292,6 +292,7 @@ class Plan:
     disk: bool  # mount a size-limited workspace (limits.disk_mb)
     mounts: tuple[Mount, ...] = ()  # the caller's host paths (admitted by the guard; sources resolved)
     tmpfs: tuple[str, ...] = ()  # extra empty tmpfs paths (admitted by the guard), the sandbox user's
+    gvisor: bool = False  # the runtime was judged gVisor (its seccomp profile: hardening.seccomp_profile)
 
 
 class DockerSession(Session):
@@ -352,7 +353,7 @@ class DockerSession(Session):
             "image": p.image, "command": command, "user": user, "environment": env, "working_dir": workdir,
             "hostname": "sandbox", "labels": self._labels(expires_in),
             "name": f"execbox-{self.id}-{uuid.uuid4().hex[:6]}",
-            "cap_drop": ["ALL"], "security_opt": security_opt(), "read_only": True, "init": True,
+            "cap_drop": ["ALL"], "security_opt": security_opt(p.gvisor), "read_only": True, "init": True,
             "ipc_mode": "private", "cgroupns": "private",
             "tmpfs": {TMPFS: f"rw,exec,nosuid,nodev,size={p.tmpfs_mb}m,mode=1777", **self._extra_tmpfs()},
             "mounts": [Mount(WORKSPACE, self.host_workspace, type="bind", read_only=False)],
@@ -372,7 +373,7 @@ class DockerSession(Session):
             kw["mounts"].append(Mount(m.target, m.source, type="bind", read_only=not m.writable))
         if p.runtime:
             kw["runtime"] = p.runtime
-        return hardened(kw, socket_path=self.backend.socket_path, user_mounts=self._user_mounts())
+        return hardened(kw, socket_path=self.backend.socket_path, user_mounts=self._user_mounts(), gvisor=p.gvisor)
 
     def _extra_tmpfs(self) -> dict[str, str]:
         """The request's tmpfs paths: each sized as /tmp is, within the disk limit, and owned by the sandbox user."""
@@ -395,7 +396,7 @@ class DockerSession(Session):
         return Contract(user=user, network=network, proxy_dir=self._egress_dir() if p.network == "proxy" else None,
                         workspace=self.host_workspace, memory_bytes=(p.limits.memory_mb or 0) << 20,
                         nano_cpus=int((p.limits.cpus or 0) * 1e9), pids=p.limits.pids or 0, runtime=p.runtime,
-                        mounts=self._user_mounts(), tmpfs=self.plan.tmpfs)
+                        mounts=self._user_mounts(), tmpfs=self.plan.tmpfs, gvisor=p.gvisor)
 
     def _create(self, kw: dict[str, Any]) -> Any:
         container = self.backend.call(lambda c: c.containers.create(**kw))
@@ -502,6 +503,12 @@ class DockerSession(Session):
                                f"{exc.explanation or exc}", backend="docker") from None
         except docker.errors.APIError as exc:
             if "is not running" in str(exc.explanation or exc):
+                if self._oom_killed():
+                    raise SandboxError(
+                        f"the session's container was killed at its memory limit ({self.plan.limits.memory_mb} MiB): "
+                        "the whole sandbox, not one process, as under gVisor, whose kernel the container's cgroup "
+                        "holds too. Open a new sandbox, with a higher limit (limits.memory_mb) or doing less per run",
+                        backend="docker") from None
                 raise SandboxError(f"the session's container has stopped: its lifetime of "
                                    f"{self.spec.lifetime_s:g} s is over, or it was stopped from outside. Open a "
                                    "new sandbox (lifetime_s sets how long one lives)", backend="docker") from None
@@ -509,6 +516,16 @@ class DockerSession(Session):
         finally:
             if door is not None and self.egress is not None:
                 self.egress.finish_run(door, settle_s=0)
+
+    def _oom_killed(self) -> bool:
+        """The session's container was killed by the kernel at its memory limit (docker inspect State.OOMKilled)."""
+        if self._keeper_id is None:
+            return False
+        try:
+            state = self.backend.call(lambda c: c.api.inspect_container(self._keeper_id)).get("State") or {}
+        except Exception:  # noqa: BLE001 - gone or unreachable: the caller reports the stopped container as it is
+            return False
+        return bool(state.get("OOMKilled"))
 
     def _command(self, request: ExecSpec, door: ProxyRun | None) -> tuple[list[str], dict[str, str]]:
         """The container's command (under the backstop; behind the proxy's forwarder in mode proxy) and env."""

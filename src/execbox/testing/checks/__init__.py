@@ -16,6 +16,7 @@ from execbox.testing.checks import (
     environment,
     files,
     isolation,
+    kernel,
     limits,
     mounts,
     network,
@@ -42,7 +43,7 @@ from execbox.testing.probes import PROBE_CONNECT
 
 # The families in the order their checks run: the command and its output first, the boundary last.
 FAMILIES = (commands.family, output.family, timeouts.family, environment.family, files.family, transfer.family,
-            mounts.family, network.family, limits.family, isolation.family)
+            mounts.family, network.family, limits.family, isolation.family, kernel.family)
 CHECKS: dict[str, Check] = {one.name: one for family in FAMILIES for one in family.checks}
 
 __all__ = [
