@@ -272,16 +272,37 @@ def test_the_probe_key_follows_the_config_a_reload_reads(tmp_path: Path) -> None
         assert listener.stdout is not None and listener.stdout.readline()
         first = engine.engine_config(f"unix://{sock}")
         assert first is not None and engine.engine_config(f"unix://{sock}") == first
-        config.write_text('{"runtimes": {"runsc": {"path": "runsc"}}}')
+        declared = {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}
+        config.write_text(json.dumps({"runtimes": declared}))
         second = engine.engine_config(f"unix://{sock}")
-        assert second not in (None, first)
+        assert second is not None and second[0] != first[0] and second[1] == declared
+        # facts read before the reload took effect (the old entry, or none) are not kept; after it, they are
+        assert not engine.reload_done(declared, {"runc": {"path": "runc"}})
+        assert not engine.reload_done(declared, {"runsc": {"path": "/usr/bin/runsc"}})
+        assert engine.reload_done(declared, {"runc": {"path": "runc"}, **declared})
         config.unlink()  # dockerd runs without one: still a key, another one
-        assert engine.engine_config(f"unix://{sock}") not in (None, first, second)
+        third = engine.engine_config(f"unix://{sock}")
+        assert third is not None and third[0] not in (first[0], second[0])
     finally:
         listener.kill()
         listener.wait()
     assert engine.engine_config(f"unix://{sock}") is None
     assert engine.engine_config("tcp://127.0.0.1:2375") is None
+
+
+def test_a_fifo_planted_as_the_engine_config_is_no_key_and_holds_nothing(tmp_path: Path) -> None:
+    sock, config = tmp_path / "engine.sock", tmp_path / "daemon.json"
+    os.mkfifo(config)  # opened without O_NONBLOCK, it would block until a writer came
+    listener = subprocess.Popen(
+        [sys.executable, "-c", "import socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); "
+         "s.listen(); print(flush=True); time.sleep(60)", str(sock), f"--config-file={config}"],
+        stdout=subprocess.PIPE)
+    try:
+        assert listener.stdout is not None and listener.stdout.readline()
+        assert engine.engine_config(f"unix://{sock}") is None
+    finally:
+        listener.kill()
+        listener.wait()
 
 
 # --- the container as built, against the contract ------------------------------------------------------

@@ -367,9 +367,8 @@ class McpApp:
             assert sandbox.backend is not None
             return Plan(sandbox.backend.name, sandbox.workspace, timeout=timeout, sandbox=sandbox,
                         max_output_bytes=grant.limits.max_output_bytes)
-        name = backend or self.settings.backend
-        if name == "auto":
-            name = (await self.runner.select())[0].name
+        # checked first (cached): auto's pick, and a verdict on what the check found (ray judges its nodes)
+        name = (await self.runner.select(backend or self.settings.backend))[0].name
         grant.check_backend(name)
         mode = network or self.settings.network
         grant.check_network(mode)

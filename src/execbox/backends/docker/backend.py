@@ -21,6 +21,7 @@ from execbox.backends.docker.engine import (
     is_local,
     locate,
     open_client,
+    reload_done,
     unreachable,
 )
 from execbox.backends.docker.hardening import (
@@ -203,6 +204,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         self.socket_path: str | None = None
         self._lock = threading.Lock()
         self._engine_key: list[object] | None = None  # the engine instance and docker-py, for the probe cache
+        self._declared: dict[str, Any] = {}  # the runtimes the engine's config declares (engine_config)
         self._runtime: Runtime | None = None  # the runtime check() judged (named or the default), asked for by name
         self._unenforced: dict[str, str] = {}  # what check() found the judged runtime cannot enforce, and why
 
@@ -225,15 +227,20 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
                         f"the Docker engine at {endpoint} (from {origin}) is not on this machine, and the "
                         "docker backend bind-mounts a local workspace directory", backend="docker",
                         fix="use a local engine (unix socket), or a remote backend", env_var="DOCKER_HOST")
-                engine, config = instance(endpoint), engine_config(endpoint)
-                # A reload of the engine re-reads its config without a new socket: the key covers the config too.
-                self._engine_key = [*engine, config, _docker_version()] if engine and config else None
+                self._engine_key = self._key_of(endpoint)
                 known = self._kept_facts() or {}
                 self._client = open_client(endpoint, params, origin, known.get("api_version"))
                 self.endpoint, self.origin = endpoint, origin
                 if endpoint.startswith("unix://"):
                     self.socket_path = endpoint[len("unix://"):]
             return self._client
+
+    def _key_of(self, endpoint: str) -> list[object] | None:
+        """The probe cache's key for the engine at ``endpoint`` (and the runtimes its config declares, kept aside). A
+        reload re-reads the config without a new socket: the key covers the config too."""
+        engine, config = instance(endpoint), engine_config(endpoint)
+        self._declared = config[1] if config else {}
+        return [*engine, config[0], _docker_version()] if engine and config else None
 
     def _kept_facts(self) -> dict[str, Any] | None:
         """The probe cache's record for this engine, when it has one of the shape engine_facts stores."""
@@ -248,13 +255,18 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         """What ``check`` reads of ``docker info`` (runtimes, which limits the engine enforces) and the API
         version: from the probe cache when a process asked this engine lately, else asked now and kept."""
         self.client()
+        if self.endpoint:  # asked again each check: a reload since the client opened is seen at once
+            self._engine_key = self._key_of(self.endpoint)
         facts = self._kept_facts()
         if facts is None:
             info = self.call(lambda c: c.info())
             facts = {"api_version": self.call(lambda c: c.api.api_version),
                      "info": {k: info.get(k) for k in _INFO_FACTS}}
-            if self._engine_key is not None:
-                store_probe_facts("docker", self._engine_key, facts)
+            key = self._engine_key
+            # kept only once the engine runs what its config declares: facts read before a pending reload took
+            # effect would be kept under the new config's key, and judge runtimes the engine no longer runs
+            if key is not None and reload_done(self._declared, facts["info"].get("Runtimes") or {}):
+                store_probe_facts("docker", key, facts)
         info_facts: dict[str, Any] = facts["info"]
         return info_facts
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import pwd
 import re
 import socket
+import stat
 import struct
 from typing import Any
 
@@ -129,11 +131,12 @@ def instance(endpoint: str) -> list[object] | None:
 _MAX_CONFIG = 1 << 20
 
 
-def engine_config(endpoint: str) -> str | None:
+def engine_config(endpoint: str) -> tuple[str, dict[str, Any]] | None:
     """A digest of what a reload of the engine behind a unix-socket ``endpoint`` reads again (its daemon.json: the
     --config-file its command line names, else the default for its user) and of that command line, so facts kept
-    in the probe cache change the moment the runtimes or the default runtime may have. None when any of it cannot
-    be read: then nothing is kept."""
+    in the probe cache change the moment the runtimes or the default runtime may have; and the runtimes that config
+    declares (a reload not yet done shows other ones in ``docker info``). None when any of it cannot be read: then
+    nothing is kept."""
     if not endpoint.startswith("unix://"):
         return None
     try:
@@ -152,10 +155,29 @@ def engine_config(endpoint: str) -> str | None:
             config = "/etc/docker/daemon.json" if uid == 0 else os.path.join(
                 pwd.getpwuid(uid).pw_dir, ".config", "docker", "daemon.json")
         try:
-            with open(config, "rb") as fh:
+            # O_NONBLOCK: a FIFO planted there must not hold the check; only a regular file is read
+            fd = os.open(config, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with open(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None
                 content = fh.read(_MAX_CONFIG)
         except FileNotFoundError:
             content = b"(none)"
     except (OSError, KeyError, ValueError, struct.error):
         return None
-    return hashlib.sha256(cmdline + b"\0\0" + config.encode() + b"\0\0" + content).hexdigest()[:32]
+    try:
+        declared = json.loads(content) if content != b"(none)" else {}
+    except ValueError:
+        declared = {}
+    runtimes = declared.get("runtimes") if isinstance(declared, dict) else None
+    digest = hashlib.sha256(cmdline + b"\0\0" + config.encode() + b"\0\0" + content).hexdigest()[:32]
+    return digest, runtimes if isinstance(runtimes, dict) else {}
+
+
+def reload_done(declared: dict[str, Any], live: dict[str, Any]) -> bool:
+    """Does the engine run (``docker info`` Runtimes: ``live``) every runtime its config declares, as declared? Not
+    yet when a reload is pending: facts read then are not kept under the new config's key."""
+    def same(entry: Any, shown: Any) -> bool:
+        return isinstance(entry, dict) and isinstance(shown, dict) and entry.get("path") == shown.get("path") and \
+            list(entry.get("runtimeArgs") or []) == list(shown.get("runtimeArgs") or [])
+    return all(same(entry, live.get(name)) for name, entry in declared.items())

@@ -369,9 +369,9 @@ class RayBackend(ExecutionBackend[RaySettings]):
             self._cluster.job = job
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]
         for gone in set(self._nodes) - alive:
-            self._nodes.pop(gone)
+            self._nodes.pop(gone, None)  # lost() on the event loop may have popped it meanwhile
         for gone in set(self._cluster.handles) - alive:
-            self._cluster.handles.pop(gone)
+            self._cluster.handles.pop(gone, None)
         # per driver job (its actors die with it) and configuration (another runner may name another backend)
         prefix = f"{ACTOR_PREFIX}-{job}-{self.settings.node_backend}-" \
                  f"{self.settings.slots_per_node}"
@@ -383,7 +383,7 @@ class RayBackend(ExecutionBackend[RaySettings]):
                 max_concurrency=1000,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote(self.settings.node_backend, self.settings.slots_per_node)
-            self._cluster.handles.setdefault(node_id, actor)
+            self._cluster.handles[node_id] = actor  # the live one (a dead actor's handle is replaced)
             asked[node_id] = (actor, actor.survey.remote())
         # one deadline for every node's answer, not one per node in turn
         ready = set(ray.wait([ref for _, ref in asked.values()], num_returns=len(asked),
@@ -418,7 +418,7 @@ class RayBackend(ExecutionBackend[RaySettings]):
         return self._shared_capabilities()
 
     def _shared_capabilities(self) -> Capabilities:
-        caps = [node.capabilities for node in self._nodes.values()]
+        caps = [node.capabilities for node in list(self._nodes.values())]
         return Capabilities(
             sandbox=all(c.sandbox for c in caps),
             isolation=min((c.isolation for c in caps), key=_STRENGTH.index),
@@ -440,27 +440,27 @@ class RayBackend(ExecutionBackend[RaySettings]):
                                   "or any run) surveys them")
         network = request.network or "none"
         weak = [f"node {node.label}: {node.verdicts.get(network, (False, 'no verdict for ' + network))[1]}"
-                for node in self._nodes.values() if not node.verdicts.get(network, (False, ""))[0]]
+                for node in list(self._nodes.values()) if not node.verdicts.get(network, (False, ""))[0]]
         if weak:
             return Verdict(False, "not every node of the Ray cluster is a sandbox for this request: " + "; ".join(weak))
-        backends = sorted({f"{node.backend}" for node in self._nodes.values()})
+        backends = sorted({f"{node.backend}" for node in list(self._nodes.values())})
         return Verdict(True, f"every one of {len(self._nodes)} Ray node(s) runs a sandbox ({', '.join(backends)})")
 
     def details(self) -> dict[str, Any]:
         return {"nodes": {node.label: {"backend": node.backend, "slots": node.slots, "open": node.open,
-                                       "ran": node.ran, "pid": node.pid} for node in self._nodes.values()},
+                                       "ran": node.ran, "pid": node.pid} for node in list(self._nodes.values())},
                 "unusable": dict(self._unusable)}
 
     # --- placement and calls ---------------------------------------------------------------------------------
 
     async def place(self, exclude: Node | None = None) -> Node:
         """The node with the most free slots (ties in turn), never ``exclude``."""
-        nodes = [node for node in self._nodes.values() if node is not exclude and node.answering]
+        nodes = [node for node in list(self._nodes.values()) if node is not exclude and node.answering]
         if nodes:
             self._refresh_soon()
         else:
             await sdk_call(self._survey)  # a node may have joined since
-            nodes = [node for node in self._nodes.values() if node is not exclude and node.answering]
+            nodes = [node for node in list(self._nodes.values()) if node is not exclude and node.answering]
         if not nodes:
             raise SandboxLostError("no other Ray node is alive to run on", backend=self.name)
         turn = next(self._turn)
@@ -491,18 +491,22 @@ class RayBackend(ExecutionBackend[RaySettings]):
 
         node.answering = False
         deadline = anyio.current_time() + UNAVAILABLE_GRACE_S
-        while True:
-            try:
-                with anyio.fail_after(max(0.1, deadline - anyio.current_time())):
-                    await node.actor.live.remote()
-                node.answering = True
-                break
-            except ray.exceptions.ActorUnavailableError:
-                if anyio.current_time() >= deadline:
+        try:
+            while True:
+                try:
+                    with anyio.fail_after(max(0.1, deadline - anyio.current_time())):
+                        await node.actor.live.remote()
+                    break
+                except ray.exceptions.ActorUnavailableError:
+                    if anyio.current_time() >= deadline:
+                        return self.lost(node, exc)
+                    await anyio.sleep(0.25)
+                except ray.exceptions.RayActorError as died:  # ActorDiedError: the actor is gone for good
+                    return self.lost(node, died)
+                except TimeoutError:
                     return self.lost(node, exc)
-                await anyio.sleep(0.25)
-            except (ray.exceptions.RayActorError, TimeoutError):
-                return self.lost(node, exc)
+        finally:
+            node.answering = True  # answered, or lost (forgotten), or given up on (cancelled): never stuck aside
         return SandboxError(
             f"ray node {node.label} is temporarily unavailable ({type(exc).__name__}): the call may or may not have "
             "run there, and it was not run again. Retry once the node answers", backend=self.name, retryable=True)
