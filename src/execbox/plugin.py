@@ -48,6 +48,7 @@ each piece's contract.
                      new_run_marker, wrapped_argv, reap_argv / REAP_SCRIPT (the in-sandbox reaper),
                      SIGKILL_EXIT_CODE, TextCapture
     lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
+    state            state_dir (where execbox keeps its own files: a backend's caches and run state)
     probe cache      load_probe_facts / store_probe_facts: an engine's facts (never a verdict) kept across
                      processes for ``self.shared.probe_cache_sec``, keyed by what names the engine instance
     gc ownership     owner_id, owner_alive, pid_alive (host:pid:start-time; a reused pid is not the owner);
@@ -63,6 +64,7 @@ each piece's contract.
 
 from __future__ import annotations
 
+from execbox.config.paths import state_dir
 from execbox.config.settings import EnvSettings as BackendSettings
 from execbox.config.settings import Settings, comma_list, setting
 from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, SharedSettings, Verdict
@@ -176,7 +178,8 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # 2.2: SandboxLostError (the machine a sandbox ran on is gone: the ray backend's lost node); TransferTooLargeError
 # (a listing or transfer over its TransferLimits, for a backend that bounds one itself); tmpfs_path_mb (a tmpfs=
 # path's size: /tmp's, within the disk limit) and is_directory_error (what reading a directory as a file says).
-KIT_VERSION = "2.2"
+# 2.3: state_dir (execbox's own state directory: a backend's cached root filesystems and run state live under it).
+KIT_VERSION = "2.3"
 
 __all__ = [
     "ARMED",
@@ -276,6 +279,7 @@ __all__ = [
     "SIZED_IMAGE_SUFFIX",
     "sized_workspace_unavailable",
     "start_process",
+    "state_dir",
     "stop_process",
     "store_probe_facts",
     "sweep_orphaned_proxies",
