@@ -1,0 +1,27 @@
+"""gvisor: every sandbox a gVisor user-space kernel run directly by ``runsc``, with no daemon (as bubblewrap runs).
+
+The boundary of a sandbox (one per session; a one-shot is a session of one exec):
+
+    kernel         the code's system calls are served by gVisor's Sentry (platform ptrace, or kvm where it
+                   works: probed with a timeout), never by the host kernel; runsc's own seccomp filters confine
+                   the Sentry and its file proxy (the gofer)
+    network        none: an empty network stack (runsc --network=none); proxy and host are not offered
+    identity       65534:65534 inside (CODE_EXEC_GVISOR_USER) with no capabilities and no_new_privs; without
+                   root, runsc --rootless --ignore-cgroups as the caller's uid
+    filesystem     the root filesystem read-only (the sandbox image exported once: rootfs.py), /tmp a sized
+                   tmpfs, and one writable host path, the session's workspace, at /workspace
+    limits         rlimits (CPU seconds, 1 GiB files, no core dumps); memory and cpu through runsc's cgroup
+                   (linux.resources of the OCI spec) as root; the disk limit as a size-limited workspace as
+                   root. pids is not claimed: a host pids cgroup counts the Sentry's threads, not the code's
+                   processes (a limit of 64 killed the sandbox itself)
+    time           at a deadline every process of the sandbox user but init is SIGKILLed inside (kill -9 -1)
+    caller's death ``runsc run`` stays attached behind the kit's reaper, whose parent-death signal kills runsc
+                   and its sandbox when execbox dies, however it dies
+
+A session is a directory ``execbox-gvisor-PID-STARTTIME-*`` under ``state_dir()/gvisor/sessions`` holding its
+OCI bundle (``config.json`` built here), runsc's state (``--root``) and the workspace. What a killed execbox
+leaves is removed by the next process's first ``check`` and by `execbox gc`.
+
+Modules: ``settings`` (CODE_EXEC_GVISOR_*), ``rootfs`` (the cached root filesystem), ``session`` (the bundle,
+runsc run / exec / delete), ``backend`` (check, sessions, gc).
+"""

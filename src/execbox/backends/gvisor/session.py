@@ -1,0 +1,308 @@
+"""A gvisor session: one runsc sandbox over a private directory (its OCI bundle, runsc's state, the workspace),
+started attached behind the kit's reaper and joined by ``runsc exec`` for every command."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import math
+import os
+import platform
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from execbox.backends.gvisor.rootfs import base_dir
+from execbox.plugin import (
+    CLONE_NEWUSER,
+    DENIED_SOCKET_FAMILIES,
+    DENIED_SYSCALLS,
+    DENIED_WITH_NEWUSER,
+    ENOSYS_SYSCALLS,
+    OWNER_FILE,
+    SECCOMP_DENY_ERRNO,
+    ExecResult,
+    ExecSpec,
+    Limits,
+    SandboxError,
+    Session,
+    SessionSpec,
+    finish_process,
+    host_env,
+    mount_sized,
+    owner_id,
+    owner_tag,
+    reaped,
+    release_sized,
+    remove_tree,
+    safe_read,
+    safe_write,
+    sandbox_env,
+)
+
+SESSION_PREFIX = "execbox-gvisor-"
+WORKSPACE = "/workspace"
+FILE_SIZE_LIMIT = 1 << 30
+# The container's init: reaps every orphan (a session's background processes re-parent to it) and does nothing else.
+INIT = ("import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})\nwhile True:\n"
+        "    try:\n        while os.waitpid(-1, os.WNOHANG)[0]:\n            pass\n    except ChildProcessError:\n"
+        "        pass\n    signal.sigwait({signal.SIGCHLD})\n")
+# At a deadline: every process of the sandbox user but init (pid 1, which kill -1 spares) and this one.
+KILL_ALL = ["/bin/sh", "-c", "kill -9 -1"]
+
+# The shared deny list (the one bubblewrap loads and docker's profile holds), loaded by the Sentry for the code
+# (--oci-seccomp): gVisor serves these calls itself, so this is defence in depth and one policy for every backend.
+_DENY = {"action": "SCMP_ACT_ERRNO", "errnoRet": SECCOMP_DENY_ERRNO}
+SECCOMP = {
+    "defaultAction": "SCMP_ACT_ALLOW",
+    # Named, or runsc loads no filter at all. gVisor runs 64-bit code only: no compat ABI to cover.
+    "architectures": [{"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}.get(platform.machine(), "")],
+    "syscalls": [
+        {"names": sorted(DENIED_SYSCALLS), **_DENY},
+        {"names": sorted(DENIED_WITH_NEWUSER), **_DENY,
+         "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]},
+        *({"names": ["socket"], **_DENY, "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]}
+          for family in sorted(DENIED_SOCKET_FAMILIES)),
+        {"names": sorted(ENOSYS_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+    ],
+}
+
+
+@dataclass(frozen=True)
+class Host:
+    """What ``check`` found: the runsc binary, its flags, the root filesystem, and what is enforced here."""
+
+    runsc: str
+    version: str
+    platform: str
+    rootfs: str
+    user: tuple[int, int]
+    cgroups: bool  # memory and cpu through runsc's own cgroup (root only)
+    sized_workspace: bool
+    tmpfs_mb: int
+    start_timeout_s: float
+
+    def flags(self, root: str) -> list[str]:
+        flags = [self.runsc, "--root", root, "--network=none", f"--platform={self.platform}", "--oci-seccomp"]
+        return flags if os.geteuid() == 0 else flags + ["--rootless", "--ignore-cgroups"]
+
+
+def sessions_dir() -> str:
+    path = base_dir() / "sessions"
+    path.mkdir(parents=True, exist_ok=True, mode=0o711)
+    return str(path)
+
+
+class GvisorSession(Session):
+    workspace = WORKSPACE
+
+    def __init__(self, host: Host, spec: SessionSpec) -> None:
+        """The session's directory, workspace and bundle (in a worker thread); ``start`` runs the sandbox."""
+        self.host, self.spec = host, spec
+        self._closed = False
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.root = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-", dir=sessions_dir())
+        self.id = os.path.basename(self.root)
+        self.host_workspace = self._workspace = os.path.join(self.root, "workspace")
+        self.owner = host.user if os.geteuid() == 0 else None
+        try:
+            os.chmod(self.root, 0o700)
+            safe_write(self.root, OWNER_FILE, (owner_id() + "\n").encode(), mode=0o600)
+            os.mkdir(self.host_workspace, 0o700)
+            if self.owner is not None:
+                if spec.limits.disk_mb:
+                    mount_sized(self.host_workspace, spec.limits.disk_mb, self.owner)
+                os.chown(self.host_workspace, *self.owner)
+            os.mkdir(os.path.join(self.root, "runsc"), 0o700)
+            os.mkdir(os.path.join(self.root, "bundle"), 0o700)
+            self._write("bundle/config.json", json.dumps(self._config()))
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _write(self, name: str, data: str) -> str:
+        path = os.path.join(self.root, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(data)
+        return path
+
+    def _process(self, argv: list[str], env: dict[str, str], cwd: str, cpu_s: int) -> dict[str, Any]:
+        uid, gid = self.owner or (os.getuid(), os.getgid())
+        return {
+            "terminal": False, "user": {"uid": uid, "gid": gid}, "args": argv, "cwd": cwd,
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+            "rlimits": [{"type": "RLIMIT_CPU", "hard": cpu_s, "soft": cpu_s},
+                        {"type": "RLIMIT_FSIZE", "hard": FILE_SIZE_LIMIT, "soft": FILE_SIZE_LIMIT},
+                        {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},
+                        {"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}],
+            "noNewPrivileges": True,
+        }
+
+    def _config(self) -> dict[str, Any]:
+        """The OCI spec: read-only root, the workspace the only writable host path, a sized /tmp, no
+        capabilities, an empty network namespace, and the session's memory and cpu limits."""
+        init = self._process(["python3", "-I", "-S", "-c", INIT], {"PATH": "/usr/bin:/bin"}, "/", 1 << 30)
+        linux: dict[str, Any] = {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]}
+        linux["seccomp"] = SECCOMP
+        resources = _resources(self.spec.limits) if self.host.cgroups else {}
+        if resources:
+            linux["cgroupsPath"] = f"/{self.id}"
+            linux["resources"] = resources
+        return {
+            "ociVersion": "1.0.2", "process": init, "hostname": "execbox",
+            "root": {"path": self.host.rootfs, "readonly": True},
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                 "options": ["nosuid", "nodev", f"size={self.host.tmpfs_mb}m", "mode=1777"]},
+                {"destination": WORKSPACE, "type": "bind", "source": self.host_workspace, "options": ["rbind", "rw"]},
+            ],
+            "linux": linux,
+        }
+
+    def _runsc(self, *args: str) -> list[str]:
+        return [*self.host.flags(os.path.join(self.root, "runsc")), *args]
+
+    async def start(self) -> None:
+        """Run the sandbox attached to a reaper (started from the event loop's thread, which outlives it: the
+        reaper's parent-death signal follows the thread that forked it), and wait until runsc says it runs."""
+        log = open(os.path.join(self.root, "runsc.log"), "wb")  # noqa: SIM115 - the child holds it
+        with log:
+            self._proc = subprocess.Popen(reaped(self._runsc("run", "--bundle", os.path.join(self.root, "bundle"),
+                                                             self.id)),
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.root,
+                                          env=host_env(), start_new_session=True)
+        deadline = time.monotonic() + self.host.start_timeout_s
+        while await self._state() != "running":
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                with open(os.path.join(self.root, "runsc.log"), "rb") as fh:
+                    said = fh.read()[-500:].decode(errors="replace").strip()
+                why = "did not start" if self._proc.poll() is not None else \
+                    f"did not start within {self.host.start_timeout_s:g}s (CODE_EXEC_GVISOR_START_TIMEOUT_S)"
+                raise SandboxError(f"runsc {why}: {said}", backend="gvisor")
+            await anyio.sleep(0.02)
+
+    async def _state(self) -> str:
+        done = await anyio.run_process(self._runsc("state", self.id), check=False, env=host_env())
+        try:
+            return str(json.loads(done.stdout).get("status", ""))
+        except ValueError:
+            return ""
+
+    async def exec(self, request: ExecSpec) -> ExecResult:
+        if self._closed:
+            raise SandboxError("this gvisor session is closed; open a new sandbox", backend="gvisor")
+        env = sandbox_env(request.env, home=WORKSPACE)
+        process = self._process(request.argv, env, request.workdir, math.ceil(request.timeout) + 1)
+        path = await anyio.to_thread.run_sync(self._write, f"process-{uuid.uuid4().hex[:12]}.json",
+                                              json.dumps(process))
+        try:
+            # SIGKILL, not a forwarded SIGTERM: runsc exec would pass that to the command alone; the sandbox's
+            # own processes are killed below.
+            proc, writers = await _start_over_sockets(self._runsc("exec", "--process", path, self.id), self.root)
+            try:
+                outcome = await finish_process(proc, stdin=request.stdin, timeout=request.timeout,
+                                               max_output_bytes=request.max_output_bytes,
+                                               terminate_signal=signal.SIGKILL, on_output=request.on_output,
+                                               redactor=request.redactor)
+            finally:
+                for writer in writers:
+                    writer.close()
+            if outcome.timed_out:
+                with anyio.CancelScope(shield=True):
+                    await self._kill_all()
+        finally:
+            os.unlink(path)
+        if self._proc is not None and self._proc.poll() is not None:
+            raise SandboxError("the gVisor sandbox ended (out of memory, or killed); open a new sandbox",
+                               backend="gvisor")
+        return outcome.to_result()
+
+    async def _kill_all(self) -> None:
+        path = await anyio.to_thread.run_sync(self._write, f"kill-{uuid.uuid4().hex[:12]}.json",
+                                              json.dumps(self._process(KILL_ALL, {}, "/", 10)))
+        try:
+            with anyio.move_on_after(10):
+                await anyio.run_process(self._runsc("exec", "--process", path, self.id), check=False, env=host_env())
+        finally:
+            os.unlink(path)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await anyio.to_thread.run_sync(lambda: safe_write(self._workspace, path, data, owner=self.owner))
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        return await anyio.to_thread.run_sync(lambda: safe_read(self._workspace, path, max_bytes=max_bytes,
+                                                                owner=self.owner))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await anyio.to_thread.run_sync(self.destroy)
+
+    def destroy(self) -> None:
+        """The sandbox killed (the reaper takes runsc and everything it started), runsc's state deleted, the
+        workspace unmounted and the directory removed."""
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait()
+        release(self.root, self.host)
+
+
+def release(root: str, host: Host | None, runsc: str = "runsc") -> None:
+    """What a session directory holds, gone: runsc's record of the sandbox (and its cgroup), the sized
+    workspace, the directory."""
+    state = os.path.join(root, "runsc")
+    if os.path.isdir(state):
+        flags = host.flags(state) if host else [runsc, "--root", state]
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run([*flags, "delete", "--force", os.path.basename(root)], capture_output=True, timeout=30,
+                           env=host_env(), check=False)
+    release_sized(os.path.join(root, "workspace"))
+    remove_tree(root)
+
+
+async def _start_over_sockets(argv: list[str], cwd: str) -> tuple[asyncio.subprocess.Process,
+                                                                  list[asyncio.StreamWriter]]:
+    """``argv`` started as ``start_process`` would, but its stdout and stderr Unix sockets, not pipes: runsc hands
+    them to the sandbox, whose writes to a full host pipe come back short (after 64 KiB), and a writer that does
+    not retry (python -u's stdout) loses the rest; a socket takes the whole write."""
+    pairs = [socket.socketpair() for _ in range(2)]
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=pairs[0][1].fileno(),
+                                                    stderr=pairs[1][1].fileno(), env=host_env(), cwd=cwd,
+                                                    start_new_session=True)
+    except BaseException:
+        for ours, _ in pairs:
+            ours.close()
+        raise
+    finally:
+        for _, theirs in pairs:
+            theirs.close()
+    streams = [await asyncio.open_unix_connection(sock=ours, limit=1 << 16) for ours, _ in pairs]
+    proc.stdout, proc.stderr = streams[0][0], streams[1][0]
+    return proc, [writer for _, writer in streams]
+
+
+def _resources(limits: Limits) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if limits.memory_mb:
+        resources["memory"] = {"limit": limits.memory_mb << 20}
+    return resources
