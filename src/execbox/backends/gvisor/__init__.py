@@ -6,8 +6,10 @@ The boundary of a sandbox (one per session; a one-shot is a session of one exec)
                    works: probed with a timeout), never by the host kernel; runsc's own seccomp filters confine
                    the Sentry and its file proxy (the gofer)
     network        none: an empty network stack (runsc --network=none); proxy and host are not offered
-    identity       65534:65534 inside (CODE_EXEC_GVISOR_USER) with no capabilities and no_new_privs; without
-                   root, runsc --rootless --ignore-cgroups as the caller's uid
+    identity       65534:65534 inside (CODE_EXEC_GVISOR_USER) with no capabilities and no_new_privs. Without
+                   root: runsc --rootless --ignore-cgroups, whose user namespace maps only the caller's uid, to
+                   0 inside: the code runs as uid 0 of gVisor's kernel with no capabilities, the caller's uid on
+                   the host (the conformance kit's "not root" check says so); no memory or disk limit then
     filesystem     the root filesystem read-only (the sandbox image exported once: rootfs.py), /tmp a sized
                    tmpfs, and one writable host path, the session's workspace, at /workspace
     limits         rlimits (CPU seconds, 1 GiB files, no core dumps); memory and cpu through runsc's cgroup

@@ -136,7 +136,7 @@ async def _host(settings: GvisorSettings, limits: Any) -> tuple[Host, float]:
     root = os.geteuid() == 0
     uid, _, gid = settings.user.partition(":")
     host = Host(runsc=runsc, version=version.strip(), platform=settings.platform, rootfs=rootfs,
-                user=(int(uid), int(gid)) if root else (os.getuid(), os.getgid()), cgroups=root,
+                user=(int(uid), int(gid)) if root else (0, 0), cgroups=root,
                 sized_workspace=root and not sized_workspace_unavailable(), tmpfs_mb=settings.tmpfs_mb,
                 start_timeout_s=settings.start_timeout_s)
     # Prove it end to end: a real sandbox with the default limits must start and run `id -u`.

@@ -85,7 +85,7 @@ class Host:
     version: str
     platform: str
     rootfs: str
-    user: tuple[int, int]
+    user: tuple[int, int]  # the code's uid:gid inside; rootless, 0:0 (the only id runsc maps: the caller's)
     cgroups: bool  # memory and cpu through runsc's own cgroup (root only)
     sized_workspace: bool
     tmpfs_mb: int
@@ -137,7 +137,7 @@ class GvisorSession(Session):
         return path
 
     def _process(self, argv: list[str], env: dict[str, str], cwd: str, cpu_s: int) -> dict[str, Any]:
-        uid, gid = self.owner or (os.getuid(), os.getgid())
+        uid, gid = self.host.user
         return {
             "terminal": False, "user": {"uid": uid, "gid": gid}, "args": argv, "cwd": cwd,
             "env": [f"{k}={v}" for k, v in env.items()],
