@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from execbox import Runner, Settings
-from execbox.backends.gvisor.session import sessions_dir
+from execbox.backends.gvisor.session import cgroup_parents, sessions_dir
 from execbox.errors import BackendUnavailableError, ConfigError
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
@@ -91,6 +91,7 @@ def test_a_sigkilled_caller_leaves_nothing_running_and_gc_removes_its_directory(
     removed = run_blocking(runner.aio.backend("gvisor").gc)
     assert os.path.join(sessions_dir(), session) in removed
     assert not Path(sessions_dir(), session).exists()
+    assert [parent for parent in cgroup_parents() if os.path.exists(os.path.join(parent, session))] == []
 
 
 def test_missing_runsc_is_unavailable_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,15 @@ from typing import Any
 import anyio
 
 from execbox.backends.gvisor.rootfs import ensure_rootfs, sweep_partial_exports
-from execbox.backends.gvisor.session import SESSION_PREFIX, WORKSPACE, GvisorSession, Host, release, sessions_dir
+from execbox.backends.gvisor.session import (
+    SESSION_PREFIX,
+    WORKSPACE,
+    GvisorSession,
+    Host,
+    cgroup_parents,
+    release,
+    sessions_dir,
+)
 from execbox.backends.gvisor.settings import GvisorSettings
 from execbox.plugin import (
     BackendUnavailableError,
@@ -76,8 +84,8 @@ class GvisorBackend(ExecutionBackend[GvisorSettings]):
         return await _open(self.host, spec)
 
     async def gc(self) -> list[str]:
-        """Session directories of execbox processes that are gone (their sandbox, runsc state, sized workspace)
-        and half-made root filesystem exports; needs no ``check`` first."""
+        """Session directories of execbox processes that are gone (their sandbox, runsc state, sized workspace),
+        their empty cgroups and half-made root filesystem exports; needs no ``check`` first."""
         runsc = self.settings.runsc
 
         def sweep() -> list[str]:
@@ -86,6 +94,11 @@ class GvisorBackend(ExecutionBackend[GvisorSettings]):
                 for path in orphaned_dirs(SESSION_PREFIX, sessions_dir()):
                     release(path, None, runsc)
                     removed.append(path)
+            for parent in cgroup_parents():
+                for path in orphaned_dirs(SESSION_PREFIX, parent, owner_file=False):
+                    with contextlib.suppress(OSError):  # a cgroup with a process left in it stays
+                        os.rmdir(path)
+                        removed.append(path)
             return removed
 
         return await anyio.to_thread.run_sync(sweep)

@@ -277,6 +277,19 @@ def release(root: str, host: Host | None, runsc: str = "runsc") -> None:
                            env=host_env(), check=False)
     release_sized(os.path.join(root, "workspace"))
     remove_tree(root)
+    for parent in cgroup_parents():  # runsc leaves its cgroup when the sandbox was killed under it
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(parent, os.path.basename(root)))
+
+
+def cgroup_parents() -> list[str]:
+    """Where runsc makes a sandbox's cgroup (linux.cgroupsPath /NAME): each v1 controller, or the v2 root."""
+    base = "/sys/fs/cgroup"
+    if os.path.exists(os.path.join(base, "cgroup.controllers")):
+        return [base]
+    with contextlib.suppress(OSError), os.scandir(base) as entries:
+        return [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+    return []
 
 
 async def _start_over_sockets(argv: list[str], cwd: str) -> tuple[asyncio.subprocess.Process,
