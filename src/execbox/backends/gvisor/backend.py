@@ -92,7 +92,7 @@ class GvisorBackend(ExecutionBackend[GvisorSettings]):
             removed = sweep_partial_exports()
             with contextlib.suppress(OSError):
                 for path in orphaned_dirs(SESSION_PREFIX, sessions_dir()):
-                    release(path, None, runsc)
+                    release(path, [runsc, "--root", os.path.join(path, "runsc")])
                     removed.append(path)
             for parent in cgroup_parents():
                 for path in orphaned_dirs(SESSION_PREFIX, parent, owner_file=False):

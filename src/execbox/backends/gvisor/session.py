@@ -52,10 +52,19 @@ from execbox.plugin import (
 SESSION_PREFIX = "execbox-gvisor-"
 WORKSPACE = "/workspace"
 FILE_SIZE_LIMIT = 1 << 30
-# The container's init: reaps every orphan (a session's background processes re-parent to it) and does nothing else.
-INIT = ("import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})\nwhile True:\n"
-        "    try:\n        while os.waitpid(-1, os.WNOHANG)[0]:\n            pass\n    except ChildProcessError:\n"
-        "        pass\n    signal.sigwait({signal.SIGCHLD})\n")
+# The container's init: says it runs (start waits for that line), then reaps every orphan (a session's background
+# processes re-parent to it) and does nothing else.
+INIT = """import os, signal
+print('ready', flush=True)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+while True:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    signal.sigwait({signal.SIGCHLD})
+"""
 # At a deadline: every process of the sandbox user but init (pid 1, which kill -1 spares) and this one.
 KILL_ALL = ["/bin/sh", "-c", "kill -9 -1"]
 
@@ -176,29 +185,41 @@ class GvisorSession(Session):
 
     async def start(self) -> None:
         """Run the sandbox attached to a reaper (started from the event loop's thread, which outlives it: the
-        reaper's parent-death signal follows the thread that forked it), and wait until runsc says it runs."""
-        log = open(os.path.join(self.root, "runsc.log"), "wb")  # noqa: SIM115 - the child holds it
-        with log:
-            self._proc = subprocess.Popen(reaped(self._runsc("run", "--bundle", os.path.join(self.root, "bundle"),
-                                                             self.id)),
-                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.root,
-                                          env=host_env(), start_new_session=True)
+        reaper's parent-death signal follows the thread that forked it), and wait for its init's first line."""
+        ours, theirs = os.pipe()
+        try:
+            os.set_blocking(ours, False)
+            with open(os.path.join(self.root, "runsc.log"), "wb") as log:
+                self._proc = subprocess.Popen(
+                    reaped(self._runsc("run", "--bundle", os.path.join(self.root, "bundle"), self.id)),
+                    stdin=subprocess.DEVNULL, stdout=theirs, stderr=log, cwd=self.root, env=host_env(),
+                    start_new_session=True)
+            os.close(theirs)
+            theirs = -1
+            await self._until_ready(ours)
+        finally:
+            os.close(ours)
+            if theirs >= 0:
+                os.close(theirs)
+
+    async def _until_ready(self, fd: int) -> None:
+        """Polled, not a blocking read in a thread: a cancelled start must not leave a reader behind."""
+        assert self._proc is not None
         deadline = time.monotonic() + self.host.start_timeout_s
-        while await self._state() != "running":
-            if self._proc.poll() is not None or time.monotonic() > deadline:
+        said = b""
+        while not said.endswith(b"\n"):
+            with contextlib.suppress(BlockingIOError):
+                chunk = os.read(fd, 64)
+                said += chunk
+                if chunk:
+                    continue
+            if self._proc.poll() is not None or time.monotonic() > deadline or len(said) > 64:
                 with open(os.path.join(self.root, "runsc.log"), "rb") as fh:
-                    said = fh.read()[-500:].decode(errors="replace").strip()
+                    log = fh.read()[-500:].decode(errors="replace").strip()
                 why = "did not start" if self._proc.poll() is not None else \
                     f"did not start within {self.host.start_timeout_s:g}s (CODE_EXEC_GVISOR_START_TIMEOUT_S)"
-                raise SandboxError(f"runsc {why}: {said}", backend="gvisor")
-            await anyio.sleep(0.02)
-
-    async def _state(self) -> str:
-        done = await anyio.run_process(self._runsc("state", self.id), check=False, env=host_env())
-        try:
-            return str(json.loads(done.stdout).get("status", ""))
-        except ValueError:
-            return ""
+                raise SandboxError(f"runsc {why}: {log}", backend="gvisor")
+            await anyio.sleep(0.01)
 
     async def exec(self, request: ExecSpec) -> ExecResult:
         if self._closed:
@@ -252,32 +273,33 @@ class GvisorSession(Session):
         await anyio.to_thread.run_sync(self.destroy)
 
     def destroy(self) -> None:
-        """The sandbox killed (the reaper takes runsc and everything it started), runsc's state deleted, the
-        workspace unmounted and the directory removed."""
+        """The sandbox killed (the reaper takes runsc and everything it started), the workspace unmounted, the
+        directory and the cgroups removed. runsc's record goes with the directory: ``runsc delete`` (one more
+        Go start) only when the reaper did not end in time."""
+        lingering = False
         if self._proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.send_signal(signal.SIGTERM)
             try:
                 self._proc.wait(10)
             except subprocess.TimeoutExpired:
+                lingering = True
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self._proc.pid, signal.SIGKILL)
                 self._proc.wait()
-        release(self.root, self.host)
+        release(self.root, self.host.flags(os.path.join(self.root, "runsc")) if lingering else None)
 
 
-def release(root: str, host: Host | None, runsc: str = "runsc") -> None:
-    """What a session directory holds, gone: runsc's record of the sandbox (and its cgroup), the sized
-    workspace, the directory."""
-    state = os.path.join(root, "runsc")
-    if os.path.isdir(state):
-        flags = host.flags(state) if host else [runsc, "--root", state]
+def release(root: str, runsc: list[str] | None) -> None:
+    """What a session directory holds, gone: with ``runsc`` (its flags), the sandbox runsc knows of first; the
+    sized workspace, the directory, and the cgroups runsc leaves when a sandbox is killed under it."""
+    if runsc is not None and os.path.isdir(os.path.join(root, "runsc")):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run([*flags, "delete", "--force", os.path.basename(root)], capture_output=True, timeout=30,
+            subprocess.run([*runsc, "delete", "--force", os.path.basename(root)], capture_output=True, timeout=30,
                            env=host_env(), check=False)
     release_sized(os.path.join(root, "workspace"))
     remove_tree(root)
-    for parent in cgroup_parents():  # runsc leaves its cgroup when the sandbox was killed under it
+    for parent in cgroup_parents():
         with contextlib.suppress(OSError):
             os.rmdir(os.path.join(parent, os.path.basename(root)))
 
