@@ -5,7 +5,10 @@ The boundary of a sandbox (one per session; a one-shot is a session of one exec)
     kernel         the code's system calls are served by gVisor's Sentry (platform ptrace, or kvm where it
                    works: probed with a timeout), never by the host kernel; runsc's own seccomp filters confine
                    the Sentry and its file proxy (the gofer)
-    network        none: an empty network stack (runsc --network=none); proxy and host are not offered
+    network        none: a loopback-only network stack (runsc --network=none); proxy: the egress proxy's
+                   directory (kit/proxy/server.py) bound read-only at /run/execbox and its Unix socket opened
+                   through runsc --host-uds=open, a forwarder run by the image's python3 in front of the command
+                   relaying to it (as bubblewrap does); host is not offered
     identity       65534:65534 inside (CODE_EXEC_GVISOR_USER) with no capabilities and no_new_privs. Without
                    root: runsc --rootless --ignore-cgroups, whose user namespace maps only the caller's uid, to
                    0 inside: the code runs as uid 0 of gVisor's kernel with no capabilities, the caller's uid on

@@ -28,6 +28,7 @@ from execbox.plugin import (
     ExecutionBackend,
     SandboxError,
     SessionSpec,
+    SharedSettings,
     create_cleanly,
     host_env,
     orphaned_dirs,
@@ -48,7 +49,7 @@ class GvisorBackend(ExecutionBackend[GvisorSettings]):
     capabilities = Capabilities(
         sandbox=True,
         isolation="gvisor",
-        network_modes=frozenset({"none"}),
+        network_modes=frozenset({"none", "proxy"}),
         persistent_sessions=True,
         file_transfer=True,
         limits=frozenset({"memory", "disk", "wall_time"}),
@@ -63,7 +64,7 @@ class GvisorBackend(ExecutionBackend[GvisorSettings]):
         self.export_s = 0.0
 
     async def probe(self) -> Capabilities:
-        self.host, self.export_s = await _host(self.settings, self.shared.default_limits)
+        self.host, self.export_s = await _host(self.settings, self.shared)
         limits = {"wall_time"} | ({"memory"} if self.host.cgroups else set()) | (
             {"disk"} if self.host.sized_workspace else set())
         return self.capabilities.model_copy(update={"limits": frozenset(limits)})
@@ -81,7 +82,7 @@ class GvisorBackend(ExecutionBackend[GvisorSettings]):
         if self.host is None:
             await self.check()
         assert self.host is not None
-        return await _open(self.host, spec)
+        return await _open(self.host, spec, self.shared)
 
     async def gc(self) -> list[str]:
         """Session directories of execbox processes that are gone (their sandbox, runsc state, sized workspace),
@@ -104,9 +105,9 @@ class GvisorBackend(ExecutionBackend[GvisorSettings]):
         return await anyio.to_thread.run_sync(sweep)
 
 
-async def _open(host: Host, spec: SessionSpec) -> GvisorSession:
+async def _open(host: Host, spec: SessionSpec, shared: SharedSettings) -> GvisorSession:
     def create(made: list[GvisorSession]) -> None:
-        made.append(GvisorSession(host, spec))
+        made.append(GvisorSession(host, spec, shared))
 
     session = await create_cleanly(create, GvisorSession.destroy)
     try:
@@ -118,7 +119,7 @@ async def _open(host: Host, spec: SessionSpec) -> GvisorSession:
     return session
 
 
-async def _host(settings: GvisorSettings, limits: Any) -> tuple[Host, float]:
+async def _host(settings: GvisorSettings, shared: SharedSettings) -> tuple[Host, float]:
     """Decide once per configuration what runs here; raises BackendUnavailableError with the fix."""
     key = f"{settings.model_dump_json()}:{os.geteuid()}"
     if key in _HOSTS:
@@ -155,7 +156,8 @@ async def _host(settings: GvisorSettings, limits: Any) -> tuple[Host, float]:
     # Prove it end to end: a real sandbox with the default limits must start and run `id -u`.
     try:
         with anyio.fail_after(settings.start_timeout_s + 20):
-            probe = await _open(host, SessionSpec("none", limits, True, 60.0))
+            limits = shared.default_limits
+            probe = await _open(host, SessionSpec("none", limits, True, 60.0), shared)
             try:
                 result = await probe.exec(ExecSpec(argv=["/bin/sh", "-c", "id -u"], timeout=20, max_output_bytes=4096,
                                                    network="none", limits=limits, workdir=WORKSPACE))

@@ -29,13 +29,17 @@ from execbox.plugin import (
     DENIED_WITH_NEWUSER,
     ENOSYS_SYSCALLS,
     OWNER_FILE,
+    PROXY_MOUNT_POINT,
     SECCOMP_DENY_ERRNO,
+    EgressProxy,
     ExecResult,
     ExecSpec,
     Limits,
+    ProxyRun,
     SandboxError,
     Session,
     SessionSpec,
+    SharedSettings,
     finish_process,
     host_env,
     mount_sized,
@@ -47,6 +51,7 @@ from execbox.plugin import (
     safe_read,
     safe_write,
     sandbox_env,
+    with_egress,
 )
 
 SESSION_PREFIX = "execbox-gvisor-"
@@ -114,7 +119,10 @@ def sessions_dir() -> str:
 class GvisorSession(Session):
     workspace = WORKSPACE
 
-    def __init__(self, host: Host, spec: SessionSpec) -> None:
+    #: Network mode proxy: the session's egress proxy (its directory bound in, one socket per exec).
+    egress: EgressProxy | None = None
+
+    def __init__(self, host: Host, spec: SessionSpec, shared: SharedSettings) -> None:
         """The session's directory, workspace and bundle (in a worker thread); ``start`` runs the sandbox."""
         self.host, self.spec = host, spec
         self._closed = False
@@ -124,6 +132,8 @@ class GvisorSession(Session):
         self.host_workspace = self._workspace = os.path.join(self.root, "workspace")
         self.owner = host.user if os.geteuid() == 0 else None
         try:
+            if spec.network == "proxy":
+                self.egress = EgressProxy(shared.egress_policy(), owner=self.owner, ca_bundle=shared.ca_bundle)
             os.chmod(self.root, 0o700)
             safe_write(self.root, OWNER_FILE, (owner_id() + "\n").encode(), mode=0o600)
             os.mkdir(self.host_workspace, 0o700)
@@ -176,12 +186,16 @@ class GvisorSession(Session):
                 {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                  "options": ["nosuid", "nodev", f"size={self.host.tmpfs_mb}m", "mode=1777"]},
                 {"destination": WORKSPACE, "type": "bind", "source": self.host_workspace, "options": ["rbind", "rw"]},
+                # network mode proxy: the proxy's sockets, the only way out of the loopback-only network stack
+                *([{"destination": PROXY_MOUNT_POINT, "type": "bind", "source": self.egress.directory,
+                    "options": ["rbind", "ro"]}] if self.egress else []),
             ],
             "linux": linux,
         }
 
     def _runsc(self, *args: str) -> list[str]:
-        return [*self.host.flags(os.path.join(self.root, "runsc")), *args]
+        flags = self.host.flags(os.path.join(self.root, "runsc"))
+        return [*flags, *(["--host-uds=open"] if self.egress else []), *args]
 
     async def start(self) -> None:
         """Run the sandbox attached to a reaper (started from the event loop's thread, which outlives it: the
@@ -224,8 +238,22 @@ class GvisorSession(Session):
     async def exec(self, request: ExecSpec) -> ExecResult:
         if self._closed:
             raise SandboxError("this gvisor session is closed; open a new sandbox", backend="gvisor")
+        if self.egress is None:
+            return await self._exec(request, None)
+        run = await anyio.to_thread.run_sync(self.egress.start_run, request.egress)
+        try:
+            result = await self._exec(request, run)
+        finally:
+            with anyio.CancelScope(shield=True):
+                attempts, dropped = await anyio.to_thread.run_sync(self.egress.finish_run, run)
+        return with_egress(result, attempts, dropped)
+
+    async def _exec(self, request: ExecSpec, run: ProxyRun | None) -> ExecResult:
         env = sandbox_env(request.env, home=WORKSPACE)
-        process = self._process(request.argv, env, request.workdir, math.ceil(request.timeout) + 1)
+        if self.egress is not None:
+            env.update(self.egress.env(request.egress))
+        argv = EgressProxy.command(run, request.argv) if run else request.argv
+        process = self._process(argv, env, request.workdir, math.ceil(request.timeout) + 1)
         path = await anyio.to_thread.run_sync(self._write, f"process-{uuid.uuid4().hex[:12]}.json",
                                               json.dumps(process))
         try:
@@ -276,6 +304,8 @@ class GvisorSession(Session):
         """The sandbox killed (the reaper takes runsc and everything it started), the workspace unmounted, the
         directory and the cgroups removed. runsc's record goes with the directory: ``runsc delete`` (one more
         Go start) only when the reaper did not end in time."""
+        if self.egress is not None:
+            self.egress.close()
         lingering = False
         if self._proc is not None:
             with contextlib.suppress(ProcessLookupError):
