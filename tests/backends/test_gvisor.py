@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from execbox import Runner, Settings
+from execbox import Limits, Runner, SandboxError, Settings
 from execbox.backends.gvisor.session import cgroup_parents, sessions_dir
 from execbox.errors import BackendUnavailableError, ConfigError
 from execbox.runner import run_blocking
@@ -106,3 +106,12 @@ def test_root_or_garbage_sandbox_user_is_a_config_error(monkeypatch: pytest.Monk
     monkeypatch.setenv("CODE_EXEC_GVISOR_USER", value)
     with pytest.raises(ConfigError):
         _ = Runner(Settings.from_env(backend="gvisor")).aio.backend("gvisor").settings
+
+
+def test_a_memory_bomb_ends_its_command_and_then_its_session_with_the_reason(runner: Runner) -> None:
+    # Over the limit the memory cgroup's OOM killer takes the whole Sentry: the command's result, then a refusal.
+    with runner.sandbox(backend="gvisor", limits=Limits(memory_mb=128)) as sb:
+        result = sb.run_code("print('allocating', flush=True)\nb = bytearray(768 << 20)\nprint('survived')")
+        assert "survived" not in result.stdout and result.exit_code == 137
+        with pytest.raises(SandboxError, match="memory limit is 128 MiB"):
+            sb.exec(["true"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import json
 import math
@@ -57,6 +58,8 @@ from execbox.plugin import (
 SESSION_PREFIX = "execbox-gvisor-"
 WORKSPACE = "/workspace"
 FILE_SIZE_LIMIT = 1 << 30
+RUNSC_FAILED = 128  # runsc exec's own failure (the sandbox gone), not the command's status
+SIGKILLED = 137
 # The container's init: says it runs (start waits for that line), then reaps every orphan (a session's background
 # processes re-parent to it) and does nothing else.
 INIT = """import os, signal
@@ -126,6 +129,7 @@ class GvisorSession(Session):
         """The session's directory, workspace and bundle (in a worker thread); ``start`` runs the sandbox."""
         self.host, self.spec = host, spec
         self._closed = False
+        self._lost = ""  # why the sandbox ended under a command, when it did
         self._proc: subprocess.Popen[bytes] | None = None
         self.root = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-", dir=sessions_dir())
         self.id = os.path.basename(self.root)
@@ -236,8 +240,9 @@ class GvisorSession(Session):
             await anyio.sleep(0.01)
 
     async def exec(self, request: ExecSpec) -> ExecResult:
-        if self._closed:
-            raise SandboxError("this gvisor session is closed; open a new sandbox", backend="gvisor")
+        if self._closed or self._lost:
+            raise SandboxError(f"this gvisor session is {'closed' if self._closed else 'gone: ' + self._lost}; "
+                               "open a new sandbox", backend="gvisor")
         if self.egress is None:
             return await self._exec(request, None)
         run = await anyio.to_thread.run_sync(self.egress.start_run, request.egress)
@@ -273,10 +278,23 @@ class GvisorSession(Session):
                     await self._kill_all()
         finally:
             os.unlink(path)
-        if self._proc is not None and self._proc.poll() is not None:
-            raise SandboxError("the gVisor sandbox ended (out of memory, or killed); open a new sandbox",
-                               backend="gvisor")
+        if outcome.exit_code == RUNSC_FAILED and not outcome.timed_out and await self._ended():
+            # The sandbox died under the command, most often the memory cgroup's OOM killer taking the whole
+            # Sentry (runsc removes the cgroup with the sandbox, its OOM count too): the command was killed, a
+            # result; the session is gone.
+            limit = self.spec.limits.memory_mb
+            self._lost = "the sandbox ended under a command" + (f" (its memory limit is {limit} MiB)" if limit else "")
+            return dataclasses.replace(outcome, exit_code=SIGKILLED).to_result()
         return outcome.to_result()
+
+    async def _ended(self) -> bool:
+        """Whether the sandbox is gone (runsc run exits just after it): given a moment to say so."""
+        assert self._proc is not None
+        for _ in range(100):
+            if self._proc.poll() is not None:
+                return True
+            await anyio.sleep(0.02)
+        return False
 
     async def _kill_all(self) -> None:
         path = await anyio.to_thread.run_sync(self._write, f"kill-{uuid.uuid4().hex[:12]}.json",
