@@ -56,7 +56,9 @@ def ensure_rootfs(image: str) -> tuple[str, float]:
     """The root filesystem of ``image`` (exported now if it is not cached yet) and the seconds the export took
     (0 when cached)."""
     fix = ("build the sandbox image on a host with a docker engine (`execbox image build`), or set "
-           "CODE_EXEC_GVISOR_ROOTFS to a prepared root filesystem directory")
+           "CODE_EXEC_GVISOR_ROOTFS to a prepared root filesystem directory, e.g. made as root by `debootstrap "
+           "--variant=minbase --include=python3,ca-certificates bookworm /var/lib/execbox/rootfs` and `mkdir "
+           "/var/lib/execbox/rootfs/workspace`")
     try:
         image_id = _docker("image", "inspect", "--format", "{{.Id}}", image, timeout=30)
     except FileNotFoundError:
