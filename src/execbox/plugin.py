@@ -8,10 +8,11 @@ each piece's contract.
     the contract     ExecutionBackend[S], Session, SessionSpec, ExecSpec (what Session.exec runs), Verdict,
                      Capabilities, ExecRequest, ExecResult, Limits, hookimpl and Register (the one hook:
                      ``execbox_register_backends(register: Register)``)
-    settings         BackendSettings (pydantic-settings, one variable per field), setting, comma_list: a backend's
-                     own knobs, its ``self.settings`` (an instance of S); SharedSettings, its ``self.shared``: what
-                     it reads of execbox's own settings (default limits, probe cache age, the egress allowlist, the
-                     runner's bounds); Settings (execbox's, what the constructor is given and keeps only that view of)
+    settings         BackendSettings (pydantic-settings, one variable per field), setting, comma_list, uid_gid (a
+                     sandbox user's validator): a backend's own knobs, its ``self.settings`` (an instance of S);
+                     SharedSettings, its ``self.shared``: what it reads of execbox's own settings (default limits,
+                     probe cache age, the egress allowlist, the runner's bounds); Settings (execbox's, what the
+                     constructor is given and keeps only that view of)
     sessions         HostWorkspaceSession (a local launcher in front of the command: override ``launcher``; its
                      directory names its owner: sweep_orphaned_workspaces(prefix) in gc),
                      RemoteSession (a provider's sandbox: supply its exec, small command, file calls)
@@ -66,7 +67,7 @@ from __future__ import annotations
 
 from execbox.config.paths import state_dir
 from execbox.config.settings import EnvSettings as BackendSettings
-from execbox.config.settings import Settings, comma_list, setting
+from execbox.config.settings import Settings, comma_list, setting, uid_gid
 from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, SharedSettings, Verdict
 from execbox.contract.hookspecs import PluginWarning, Register, hookimpl
 from execbox.contract.models import (
@@ -178,7 +179,8 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # 2.2: SandboxLostError (the machine a sandbox ran on is gone: the ray backend's lost node); TransferTooLargeError
 # (a listing or transfer over its TransferLimits, for a backend that bounds one itself); tmpfs_path_mb (a tmpfs=
 # path's size: /tmp's, within the disk limit) and is_directory_error (what reading a directory as a file says).
-# 2.3: state_dir (execbox's own state directory: a backend's cached root filesystems and run state live under it).
+# 2.3: state_dir (execbox's own state directory: a backend's cached root filesystems and run state live under it);
+# uid_gid (a sandbox-user setting's validator).
 KIT_VERSION = "2.3"
 
 __all__ = [
@@ -290,6 +292,7 @@ __all__ = [
     "Transfer",
     "TransferLimits",
     "TransferTooLargeError",
+    "uid_gid",
     "UnsupportedPolicyError",
     "Verdict",
     "with_egress",

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import field_validator
 
-from execbox.plugin import BackendSettings, setting
-
-_DIGITS = re.compile(r"[0-9]{1,10}")
+from execbox.plugin import BackendSettings, setting, uid_gid
 
 
 class GvisorSettings(BackendSettings):
@@ -44,15 +41,4 @@ class GvisorSettings(BackendSettings):
             raise ValueError("give the root filesystem as an absolute directory path")
         return value
 
-    @field_validator("user")
-    @classmethod
-    def _uid_gid(cls, value: str) -> str:
-        uid, sep, gid = value.partition(":")
-        if not (_DIGITS.fullmatch(uid) and (not sep or _DIGITS.fullmatch(gid))):
-            raise ValueError("give uid:gid as numbers, e.g. 65534:65534")
-        ids = (int(uid), int(gid or uid))
-        if 0 in ids:
-            raise ValueError("the sandbox must not run as root (uid or gid 0)")
-        if max(ids) >= (1 << 32) - 1:
-            raise ValueError("uid and gid must be below 4294967295")
-        return f"{ids[0]}:{ids[1]}"
+    _user = field_validator("user")(uid_gid)
