@@ -42,8 +42,9 @@ each piece's contract.
                      SECCOMP_DENY_ERRNO
     egress proxy     EgressProxy (the host-side proxy of network mode proxy, one per sandbox, built from
                      ``self.shared.egress_policy()``; a Unix socket bound in at PROXY_MOUNT_POINT), ProxyRun,
-                     with_egress (a result with its run's attempts), sweep_orphaned_proxies (for gc); a remote
-                     provider takes ``self.shared.provider_allowlist(name)`` instead
+                     with_egress (a result with its run's attempts), through_egress (an exec given its run's
+                     socket, its attempts put on its result), sweep_orphaned_proxies (for gc); a remote provider
+                     takes ``self.shared.provider_allowlist(name)`` instead
     remote helpers   sdk_call (a blocking SDK call in a thread, abandoned on cancellation), missing_credentials,
                      REMOTE_LABELS (the providers' spelling of OwnerLabels), RUN_MARKER,
                      new_run_marker, wrapped_argv, reap_argv / REAP_SCRIPT (the in-sandbox reaper),
@@ -133,7 +134,7 @@ from execbox.kit.processes import (
     stop_process,
 )
 from execbox.kit.proxy.server import MOUNT_POINT as PROXY_MOUNT_POINT
-from execbox.kit.proxy.server import EgressProxy, ProxyRun, with_egress
+from execbox.kit.proxy.server import EgressProxy, ProxyRun, through_egress, with_egress
 from execbox.kit.proxy.server import sweep_orphans as sweep_orphaned_proxies
 from execbox.kit.sessions.host import HostWorkspaceSession, sweep_orphaned_workspaces
 from execbox.kit.sessions.remote import (
@@ -180,7 +181,7 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # (a listing or transfer over its TransferLimits, for a backend that bounds one itself); tmpfs_path_mb (a tmpfs=
 # path's size: /tmp's, within the disk limit) and is_directory_error (what reading a directory as a file says).
 # 2.3: state_dir (execbox's own state directory: a backend's cached root filesystems and run state live under it);
-# uid_gid (a sandbox-user setting's validator).
+# uid_gid (a sandbox-user setting's validator); through_egress (a local exec in network mode proxy).
 KIT_VERSION = "2.3"
 
 __all__ = [
@@ -287,6 +288,7 @@ __all__ = [
     "sweep_orphaned_proxies",
     "sweep_orphaned_workspaces",
     "TextCapture",
+    "through_egress",
     "TIMEOUT_EXIT_CODE",
     "tmpfs_path_mb",
     "Transfer",

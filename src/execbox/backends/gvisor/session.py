@@ -52,7 +52,7 @@ from execbox.plugin import (
     safe_read,
     safe_write,
     sandbox_env,
-    with_egress,
+    through_egress,
 )
 
 SESSION_PREFIX = "execbox-gvisor-"
@@ -243,15 +243,7 @@ class GvisorSession(Session):
         if self._closed or self._lost:
             raise SandboxError(f"this gvisor session is {'closed' if self._closed else 'gone: ' + self._lost}; "
                                "open a new sandbox", backend="gvisor")
-        if self.egress is None:
-            return await self._exec(request, None)
-        run = await anyio.to_thread.run_sync(self.egress.start_run, request.egress)
-        try:
-            result = await self._exec(request, run)
-        finally:
-            with anyio.CancelScope(shield=True):
-                attempts, dropped = await anyio.to_thread.run_sync(self.egress.finish_run, run)
-        return with_egress(result, attempts, dropped)
+        return await through_egress(self.egress, request.egress, lambda run: self._exec(request, run))
 
     async def _exec(self, request: ExecSpec, run: ProxyRun | None) -> ExecResult:
         env = sandbox_env(request.env, home=WORKSPACE)
