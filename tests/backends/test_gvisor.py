@@ -115,3 +115,10 @@ def test_a_memory_bomb_ends_its_command_and_then_its_session_with_the_reason(run
         assert "survived" not in result.stdout and result.exit_code == 137
         with pytest.raises(SandboxError, match="memory limit is 128 MiB"):
             sb.exec(["true"])
+
+
+def test_a_command_that_cannot_run_is_126_or_127_with_the_reason(runner: Runner) -> None:
+    with runner.sandbox(backend="gvisor") as sb:
+        not_executable, missing = sb.exec(["/etc/passwd"]), sb.exec(["no-such-command"])
+    assert (not_executable.exit_code, missing.exit_code) == (126, 127)
+    assert "Permission denied" in not_executable.stderr and "not found" in missing.stderr

@@ -59,6 +59,10 @@ SESSION_PREFIX = "execbox-gvisor-"
 WORKSPACE = "/workspace"
 FILE_SIZE_LIMIT = 1 << 30
 RUNSC_FAILED = 128  # runsc exec's own failure (the sandbox gone), not the command's status
+# Every command is exec'd by a shell: a file that cannot be run is then the shell's 126/127 with its message.
+# runsc's own exec of it would fail after the sandbox shut the output socket down, and runsc die of SIGPIPE
+# writing why (exit 141, no message).
+EXEC = ["/bin/sh", "-c", 'exec "$@"', "sh"]
 SIGKILLED = 137
 # The container's init: says it runs (start waits for that line), then reaps every orphan (a session's background
 # processes re-parent to it) and does nothing else.
@@ -250,7 +254,7 @@ class GvisorSession(Session):
         if self.egress is not None:
             env.update(self.egress.env(request.egress))
         argv = EgressProxy.command(run, request.argv) if run else request.argv
-        process = self._process(argv, env, request.workdir, math.ceil(request.timeout) + 1)
+        process = self._process([*EXEC, *argv], env, request.workdir, math.ceil(request.timeout) + 1)
         path = await anyio.to_thread.run_sync(self._write, f"process-{uuid.uuid4().hex[:12]}.json",
                                               json.dumps(process))
         try:
