@@ -17,6 +17,7 @@ each piece's contract.
                      directory names its owner: sweep_orphaned_workspaces(prefix) in gc),
                      RemoteSession (a provider's sandbox: supply its exec, small command, file calls)
     processes        run_process + reaped (output cap, deadline, whole-tree kill), ProcessOutcome, CommandEnv;
+                     untrusted_binary (a launcher binary that whoever can replace it would own the sandbox by);
                      start_process / finish_process / stop_process (run_process in halves, for a process started
                      ahead); ARMED + armed_script (a process that waits for its command on stdin)
                      (the request env reaches only the final command, never a host-side launcher)
@@ -132,6 +133,7 @@ from execbox.kit.processes import (
     run_process,
     start_process,
     stop_process,
+    untrusted_binary,
 )
 from execbox.kit.proxy.server import MOUNT_POINT as PROXY_MOUNT_POINT
 from execbox.kit.proxy.server import EgressProxy, ProxyRun, through_egress, with_egress
@@ -181,7 +183,8 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # (a listing or transfer over its TransferLimits, for a backend that bounds one itself); tmpfs_path_mb (a tmpfs=
 # path's size: /tmp's, within the disk limit) and is_directory_error (what reading a directory as a file says).
 # 2.3: state_dir (execbox's own state directory: a backend's cached root filesystems and run state live under it);
-# uid_gid (a sandbox-user setting's validator); through_egress (a local exec in network mode proxy).
+# uid_gid (a sandbox-user setting's validator); through_egress (a local exec in network mode proxy); untrusted_binary
+# (why a launcher binary cannot be trusted, as root).
 KIT_VERSION = "2.3"
 
 __all__ = [
@@ -296,6 +299,7 @@ __all__ = [
     "TransferTooLargeError",
     "uid_gid",
     "UnsupportedPolicyError",
+    "untrusted_binary",
     "Verdict",
     "with_egress",
     "WorkspacePathError",

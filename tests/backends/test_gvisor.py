@@ -101,6 +101,15 @@ def test_missing_runsc_is_unavailable_with_the_fix(monkeypatch: pytest.MonkeyPat
     assert info.value.env_var == "CODE_EXEC_GVISOR_RUNSC"
 
 
+def test_a_runsc_others_can_replace_is_unavailable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    planted = tmp_path / "runsc"
+    planted.write_bytes(b"#!/bin/sh\n")
+    planted.chmod(0o777)
+    monkeypatch.setenv("CODE_EXEC_GVISOR_RUNSC", str(planted))
+    with pytest.raises(BackendUnavailableError, match="cannot be trusted"):
+        run_blocking(Runner(Settings.from_env(backend="gvisor")).aio.backend("gvisor").check)
+
+
 @pytest.mark.parametrize("value", ["0:0", "1000:0", "nobody"])
 def test_root_or_garbage_sandbox_user_is_a_config_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("CODE_EXEC_GVISOR_USER", value)

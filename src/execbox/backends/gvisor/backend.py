@@ -33,6 +33,7 @@ from execbox.plugin import (
     host_env,
     orphaned_dirs,
     sized_workspace_unavailable,
+    untrusted_binary,
 )
 
 _HOSTS: dict[str, tuple[Host, float]] = {}
@@ -130,7 +131,11 @@ async def _host(settings: GvisorSettings, shared: SharedSettings) -> tuple[Host,
     if not runsc:
         raise _unavailable(f"{settings.runsc!r} not found", "apt-get install runsc (or gVisor's release binary) or "
                            "set CODE_EXEC_GVISOR_RUNSC", "CODE_EXEC_GVISOR_RUNSC")
-    runsc = os.path.realpath(runsc)
+    runsc = os.path.realpath(runsc)  # exec the file itself: a link on the way may change after this check
+    untrusted = untrusted_binary(runsc)
+    if untrusted:
+        raise _unavailable(f"{runsc} cannot be trusted to be the sandbox: {untrusted}", "point CODE_EXEC_GVISOR_RUNSC "
+                           "at the distribution's runsc (e.g. /usr/bin/runsc)", "CODE_EXEC_GVISOR_RUNSC")
     done = await anyio.run_process([runsc, "--version"], check=False, env=host_env())
     version = done.stdout.decode(errors="replace").splitlines()[0] if done.stdout else ""
     if done.returncode != 0 or not version.startswith("runsc version"):
