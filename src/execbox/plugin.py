@@ -40,7 +40,8 @@ each piece's contract.
                      (from what PYTHON_TARGET_PROBE prints), check_requirements, read_requirements, pip_download
     policy           the one syscall deny list, for a backend that installs a filter: DENIED_SYSCALLS,
                      DENIED_WITH_NEWUSER (with CLONE_NEWUSER), DENIED_SOCKET_FAMILIES, ENOSYS_SYSCALLS,
-                     SECCOMP_DENY_ERRNO
+                     SECCOMP_DENY_ERRNO; compiled_filter (all of it as a BPF program, through libseccomp;
+                     SeccompUnavailable when it cannot be built)
     egress proxy     EgressProxy (the host-side proxy of network mode proxy, one per sandbox, built from
                      ``self.shared.egress_policy()``; a Unix socket bound in at PROXY_MOUNT_POINT), ProxyRun,
                      with_egress (a result with its run's attempts), through_egress (an exec given its run's
@@ -138,6 +139,7 @@ from execbox.kit.processes import (
 from execbox.kit.proxy.server import MOUNT_POINT as PROXY_MOUNT_POINT
 from execbox.kit.proxy.server import EgressProxy, ProxyRun, through_egress, with_egress
 from execbox.kit.proxy.server import sweep_orphans as sweep_orphaned_proxies
+from execbox.kit.seccomp import SeccompUnavailable, compiled_filter
 from execbox.kit.sessions.host import HostWorkspaceSession, sweep_orphaned_workspaces
 from execbox.kit.sessions.remote import (
     REAP_SCRIPT,
@@ -184,7 +186,8 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # path's size: /tmp's, within the disk limit) and is_directory_error (what reading a directory as a file says).
 # 2.3: state_dir (execbox's own state directory: a backend's cached root filesystems and run state live under it);
 # uid_gid (a sandbox-user setting's validator); through_egress (a local exec in network mode proxy); untrusted_binary
-# (why a launcher binary cannot be trusted, as root).
+# (why a launcher binary cannot be trusted, as root); compiled_filter, SeccompUnavailable (the deny list as a BPF
+# program, moved from the bubblewrap backend).
 KIT_VERSION = "2.3"
 
 __all__ = [
@@ -202,6 +205,7 @@ __all__ = [
     "CLONE_NEWUSER",
     "comma_list",
     "CommandEnv",
+    "compiled_filter",
     "ConfigError",
     "create_cleanly",
     "DENIED_SOCKET_FAMILIES",
@@ -275,6 +279,7 @@ __all__ = [
     "SandboxLostError",
     "SandboxPermissionError",
     "sdk_call",
+    "SeccompUnavailable",
     "SECCOMP_DENY_ERRNO",
     "Session",
     "SessionSpec",

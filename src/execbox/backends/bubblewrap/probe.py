@@ -18,7 +18,6 @@ from execbox.backends.bubblewrap.cgroups import CgroupPlan, plan_cgroups
 from execbox.backends.bubblewrap.filesystem import WORKSPACE
 from execbox.backends.bubblewrap.launcher import LAUNCH_TOOLS, TOOLS_PATH, ULIMIT_UNITS
 from execbox.backends.bubblewrap.report import HostReport
-from execbox.backends.bubblewrap.seccomp import SeccompUnavailable, compiled_filter
 from execbox.backends.bubblewrap.session import SANDBOX_UID, SESSION_PREFIX, BubblewrapSession
 from execbox.backends.bubblewrap.settings import BubblewrapSettings
 from execbox.plugin import (
@@ -29,7 +28,9 @@ from execbox.plugin import (
     ExecSpec,
     Limits,
     SandboxError,
+    SeccompUnavailable,
     SessionSpec,
+    compiled_filter,
     mount_sized,
     owner_tag,
     release_sized,

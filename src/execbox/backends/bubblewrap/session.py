@@ -20,7 +20,6 @@ from execbox.backends.bubblewrap.cgroups import RunCgroup
 from execbox.backends.bubblewrap.filesystem import WORKSPACE, masks, system_binds, unsafe_bind
 from execbox.backends.bubblewrap.launcher import GATE, TOOLS_PATH, launch_argv
 from execbox.backends.bubblewrap.report import HostReport
-from execbox.backends.bubblewrap.seccomp import compiled_filter
 from execbox.backends.bubblewrap.settings import BubblewrapSettings
 from execbox.plugin import (
     ARMED,
@@ -40,6 +39,7 @@ from execbox.plugin import (
     Transfer,
     TransferLimits,
     armed_script,
+    compiled_filter,
     finish_process,
     mount_sized_soon,
     mount_tmpfs,

@@ -1,6 +1,7 @@
-"""The seccomp filter the bubblewrap backend hands to ``bwrap --seccomp FD``.
+"""The seccomp filter as a compiled BPF program: bubblewrap hands it to ``bwrap --seccomp FD``; gvisor's commands
+load it themselves inside the sandbox (runsc exec does not apply the container's OCI filter to them).
 
-Why this shape: bwrap wants a compiled classic-BPF program. Compiling one by hand means owning the
+Why this shape: both want a compiled classic-BPF program. Compiling one by hand means owning the
 per-architecture syscall numbers, the x32 and compat ABIs and argument checks; libseccomp (the C
 library behind docker/runc, systemd and flatpak, ``libseccomp2`` on every Debian/Ubuntu/Fedora) does
 all of that and is maintained. Its Python bindings are not usable from a virtualenv: Debian's
@@ -22,14 +23,14 @@ import errno
 import functools
 import os
 
-from execbox.plugin import (
+from execbox.policy.seccomp import (
     CLONE_NEWUSER,
     DENIED_SOCKET_FAMILIES,
     DENIED_SYSCALLS,
     DENIED_WITH_NEWUSER,
     ENOSYS_SYSCALLS,
-    SECCOMP_DENY_ERRNO,
 )
+from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 
 # libseccomp's constants (seccomp.h); stable across libseccomp 2.x.
 _ACT_ALLOW = 0x7FFF0000
@@ -79,8 +80,9 @@ def _load() -> ctypes.CDLL:
 
 
 @functools.cache
-def compiled_filter() -> bytes:
-    """The filter as the BPF program bwrap loads; built once per process."""
+def compiled_filter(also_enosys: tuple[str, ...] = ()) -> bytes:
+    """The filter as a BPF program; built once per process. ``also_enosys``: calls to fail with ENOSYS as well, so
+    that libc falls back to older ones (gvisor: ``statx``, which Debian's runsc refuses with AT_NO_AUTOMOUNT)."""
     lib = _load()
     ctx = lib.seccomp_init(_ACT_ALLOW)
     if not ctx:
@@ -104,7 +106,7 @@ def compiled_filter() -> bytes:
             add(name, deny, newuser)
         for family in DENIED_SOCKET_FAMILIES:
             add("socket", deny, _ArgCmp(0, _CMP_EQ, family, 0))
-        for name in ENOSYS_SYSCALLS:
+        for name in (*ENOSYS_SYSCALLS, *also_enosys):
             add(name, _act_errno(errno.ENOSYS))
 
         fd = os.memfd_create("execbox-seccomp")
