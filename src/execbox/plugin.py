@@ -187,7 +187,7 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # 2.3: state_dir (execbox's own state directory: a backend's cached root filesystems and run state live under it);
 # uid_gid (a sandbox-user setting's validator); through_egress (a local exec in network mode proxy); untrusted_binary
 # (why a launcher binary cannot be trusted, as root); compiled_filter, SeccompUnavailable (the deny list as a BPF
-# program, moved from the bubblewrap backend).
+# program, moved from the bubblewrap backend: gvisor's commands load it too).
 KIT_VERSION = "2.3"
 
 __all__ = [

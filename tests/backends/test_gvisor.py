@@ -37,13 +37,6 @@ class TestGvisorConformance(BackendConformance):
     def test_sandbox_no_new_privileges(self, kit: Kit) -> None:
         super().test_sandbox_no_new_privileges(kit)
 
-    # runsc exec (20221219) does not load the container's OCI seccomp filter into an exec'd process (the init gets
-    # it). A user namespace made there is the Sentry's own: the host kernel never sees the call.
-    @pytest.mark.xfail(strict=True, raises=AssertionError,
-                       reason="runsc exec does not apply the OCI seccomp filter to exec'd processes")
-    def test_sandbox_no_new_user_namespaces(self, kit: Kit) -> None:
-        super().test_sandbox_no_new_user_namespaces(kit)
-
 
 @pytest.fixture(scope="module")
 def runner() -> Runner:

@@ -80,9 +80,8 @@ def _load() -> ctypes.CDLL:
 
 
 @functools.cache
-def compiled_filter(also_enosys: tuple[str, ...] = ()) -> bytes:
-    """The filter as a BPF program; built once per process. ``also_enosys``: calls to fail with ENOSYS as well, so
-    that libc falls back to older ones (gvisor: ``statx``, which Debian's runsc refuses with AT_NO_AUTOMOUNT)."""
+def compiled_filter() -> bytes:
+    """The filter as a BPF program; built once per process."""
     lib = _load()
     ctx = lib.seccomp_init(_ACT_ALLOW)
     if not ctx:
@@ -106,7 +105,7 @@ def compiled_filter(also_enosys: tuple[str, ...] = ()) -> bytes:
             add(name, deny, newuser)
         for family in DENIED_SOCKET_FAMILIES:
             add("socket", deny, _ArgCmp(0, _CMP_EQ, family, 0))
-        for name in (*ENOSYS_SYSCALLS, *also_enosys):
+        for name in ENOSYS_SYSCALLS:
             add(name, _act_errno(errno.ENOSYS))
 
         fd = os.memfd_create("execbox-seccomp")

@@ -4,9 +4,9 @@ The boundary of a sandbox (one per session; a one-shot is a session of one exec)
 
     kernel         the code's system calls are served by gVisor's Sentry (platform ptrace; kvm or systrap by
                    CODE_EXEC_GVISOR_PLATFORM, a start that hangs given up after CODE_EXEC_GVISOR_START_TIMEOUT_S),
-                   never by the host kernel; runsc's own seccomp filters confine the Sentry and its gofer; the
-                   shared deny list (policy/seccomp) is the container's OCI filter, which runsc 20221219 loads
-                   into the init and not into exec'd processes
+                   never by the host kernel; runsc's own seccomp filters confine the Sentry and its gofer; every
+                   command first loads the shared deny list (the kit's compiled_filter, bound in read-only):
+                   runsc 20221219's exec does not apply a container's OCI filter to an exec'd process
     network        none: a loopback-only network stack (runsc --network=none); proxy: the egress proxy's
                    directory (kit/proxy/server.py) bound read-only at /run/execbox and its Unix socket opened
                    through runsc --host-uds=open, a forwarder run by the image's python3 in front of the command

@@ -27,8 +27,10 @@ from execbox.plugin import (
     ExecSpec,
     ExecutionBackend,
     SandboxError,
+    SeccompUnavailable,
     SessionSpec,
     SharedSettings,
+    compiled_filter,
     create_cleanly,
     host_env,
     orphaned_dirs,
@@ -141,6 +143,10 @@ async def _host(settings: GvisorSettings, shared: SharedSettings) -> tuple[Host,
     if done.returncode != 0 or not version.startswith("runsc version"):
         raise _unavailable(f"{runsc} --version says {version[:100]!r}", "point CODE_EXEC_GVISOR_RUNSC at runsc",
                            "CODE_EXEC_GVISOR_RUNSC")
+    try:
+        compiled_filter()
+    except SeccompUnavailable as exc:
+        raise _unavailable(str(exc), "apt-get install libseccomp2 (Fedora: dnf install libseccomp)") from None
     if settings.platform == "kvm" and not os.access("/dev/kvm", os.R_OK | os.W_OK):
         raise _unavailable("platform kvm needs /dev/kvm, which is not usable here", "use CODE_EXEC_GVISOR_PLATFORM="
                            "ptrace", "CODE_EXEC_GVISOR_PLATFORM")

@@ -6,11 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import errno
 import json
 import math
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -24,14 +22,8 @@ import anyio
 
 from execbox.backends.gvisor.rootfs import base_dir
 from execbox.plugin import (
-    CLONE_NEWUSER,
-    DENIED_SOCKET_FAMILIES,
-    DENIED_SYSCALLS,
-    DENIED_WITH_NEWUSER,
-    ENOSYS_SYSCALLS,
     OWNER_FILE,
     PROXY_MOUNT_POINT,
-    SECCOMP_DENY_ERRNO,
     EgressProxy,
     ExecResult,
     ExecSpec,
@@ -41,6 +33,7 @@ from execbox.plugin import (
     Session,
     SessionSpec,
     SharedSettings,
+    compiled_filter,
     finish_process,
     host_env,
     mount_sized,
@@ -59,10 +52,20 @@ SESSION_PREFIX = "execbox-gvisor-"
 WORKSPACE = "/workspace"
 FILE_SIZE_LIMIT = 1 << 30
 RUNSC_FAILED = 128  # runsc exec's own failure (the sandbox gone), not the command's status
-# Every command is exec'd by a shell: a file that cannot be run is then the shell's 126/127 with its message.
-# runsc's own exec of it would fail after the sandbox shut the output socket down, and runsc die of SIGPIPE
-# writing why (exit 141, no message).
-EXEC = ["/bin/sh", "-c", 'exec "$@"', "sh"]
+SECCOMP_DIR = "/run/execbox-seccomp"  # the compiled filter, bound in read-only
+# Every command starts behind this: it loads the shared seccomp deny list (runsc 20221219's exec does not apply
+# the container's OCI filter to an exec'd process), then a shell execs the command, so that a file that cannot
+# run is the shell's 126/127 with its reason (runsc's own failed exec died of SIGPIPE on the output socket the
+# sandbox had shut down: 141, no message). ~25 ms a command: python3's start in gVisor.
+LOADER = """import ctypes, os, sys
+prog = open(sys.argv[1], "rb").read()
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+if ctypes.CDLL(None, use_errno=True).prctl(22, 2, ctypes.byref(Prog(len(prog) // 8, prog)), 0, 0):
+    sys.exit("execbox: the seccomp filter did not load: " + os.strerror(ctypes.get_errno()))
+os.execv("/bin/sh", ["sh", "-c", 'exec "$@"', "sh", *sys.argv[2:]])
+"""
+EXEC = ["python3", "-I", "-S", "-c", LOADER, f"{SECCOMP_DIR}/filter.bpf"]
 SIGKILLED = 137
 # The container's init: says it runs (start waits for that line), then reaps every orphan (a session's background
 # processes re-parent to it) and does nothing else.
@@ -80,24 +83,6 @@ while True:
 # At a deadline: every process of the sandbox user but init (pid 1, which kill -1 spares) and this one.
 KILL_ALL = ["/bin/sh", "-c", "kill -9 -1"]
 
-# The shared deny list (the one bubblewrap loads and docker's profile holds), loaded by the Sentry for the code
-# (--oci-seccomp): gVisor serves these calls itself, so this is defence in depth and one policy for every backend.
-_DENY = {"action": "SCMP_ACT_ERRNO", "errnoRet": SECCOMP_DENY_ERRNO}
-SECCOMP = {
-    "defaultAction": "SCMP_ACT_ALLOW",
-    # Named, or runsc loads no filter at all. gVisor runs 64-bit code only: no compat ABI to cover.
-    "architectures": [{"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}.get(platform.machine(), "")],
-    "syscalls": [
-        {"names": sorted(DENIED_SYSCALLS), **_DENY},
-        {"names": sorted(DENIED_WITH_NEWUSER), **_DENY,
-         "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]},
-        *({"names": ["socket"], **_DENY, "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]}
-          for family in sorted(DENIED_SOCKET_FAMILIES)),
-        {"names": sorted(ENOSYS_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
-    ],
-}
-
-
 @dataclass(frozen=True)
 class Host:
     """What ``check`` found: the runsc binary, its flags, the root filesystem, and what is enforced here."""
@@ -113,7 +98,7 @@ class Host:
     start_timeout_s: float
 
     def flags(self, root: str) -> list[str]:
-        flags = [self.runsc, "--root", root, "--network=none", f"--platform={self.platform}", "--oci-seccomp"]
+        flags = [self.runsc, "--root", root, "--network=none", f"--platform={self.platform}"]
         return flags if os.geteuid() == 0 else flags + ["--rootless", "--ignore-cgroups"]
 
 
@@ -151,16 +136,18 @@ class GvisorSession(Session):
                 os.chown(self.host_workspace, *self.owner)
             os.mkdir(os.path.join(self.root, "runsc"), 0o700)
             os.mkdir(os.path.join(self.root, "bundle"), 0o700)
+            os.mkdir(os.path.join(self.root, "seccomp"), 0o755)
+            self._write("seccomp/filter.bpf", compiled_filter(), 0o644)
             self._write("bundle/config.json", json.dumps(self._config()))
         except BaseException:
             self.destroy()
             raise
 
-    def _write(self, name: str, data: str) -> str:
+    def _write(self, name: str, data: str | bytes, mode: int = 0o600) -> str:
         path = os.path.join(self.root, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(data)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
         return path
 
     def _process(self, argv: list[str], env: dict[str, str], cwd: str, cpu_s: int) -> dict[str, Any]:
@@ -181,7 +168,6 @@ class GvisorSession(Session):
         capabilities, an empty network namespace, and the session's memory and cpu limits."""
         init = self._process(["python3", "-I", "-S", "-c", INIT], {"PATH": "/usr/bin:/bin"}, "/", 1 << 30)
         linux: dict[str, Any] = {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]}
-        linux["seccomp"] = SECCOMP
         resources = _resources(self.spec.limits) if self.host.cgroups else {}
         if resources:
             linux["cgroupsPath"] = f"/{self.id}"
@@ -194,6 +180,8 @@ class GvisorSession(Session):
                 {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                  "options": ["nosuid", "nodev", f"size={self.host.tmpfs_mb}m", "mode=1777"]},
                 {"destination": WORKSPACE, "type": "bind", "source": self.host_workspace, "options": ["rbind", "rw"]},
+                {"destination": SECCOMP_DIR, "type": "bind", "source": os.path.join(self.root, "seccomp"),
+                 "options": ["rbind", "ro"]},
                 # network mode proxy: the proxy's sockets, the only way out of the loopback-only network stack
                 *([{"destination": PROXY_MOUNT_POINT, "type": "bind", "source": self.egress.directory,
                     "options": ["rbind", "ro"]}] if self.egress else []),
