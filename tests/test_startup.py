@@ -26,12 +26,13 @@ from execbox.testing import engine_missing
 from tests.support.fixtures import FakeDistributions, fake_dists, fresh_registry, home, local_mode  # noqa: F401 (fixtures)
 
 EXECBOX_SCRIPT = Path(sys.executable).with_name("execbox")
-BUILTINS = ["bubblewrap", "daytona", "docker", "local_subprocess", "modal", "ray", "singularity", "ssh",
+BUILTINS = ["bubblewrap", "daytona", "docker", "gvisor", "local_subprocess", "modal", "ray", "singularity", "ssh",
             "vercel_sandbox"]
 # Never needed to run a command on a local backend, or to start the CLI.
 HEAVY = ["docker", "paramiko", "cryptography", "invoke", "execbox.backends.ssh", "execbox.backends.bubblewrap",
          "execbox.backends.modal", "execbox.backends.daytona", "execbox.backends.vercel_sandbox",
-         "execbox.backends.singularity", "execbox.kernel.client", "execbox.mcp", "ray", "execbox.backends.ray"]
+         "execbox.backends.singularity", "execbox.backends.gvisor", "execbox.kernel.client", "execbox.mcp", "ray",
+         "execbox.backends.ray"]
 
 
 def _fresh(code: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> list[str]:

@@ -8,14 +8,16 @@ each piece's contract.
     the contract     ExecutionBackend[S], Session, SessionSpec, ExecSpec (what Session.exec runs), Verdict,
                      Capabilities, ExecRequest, ExecResult, Limits, hookimpl and Register (the one hook:
                      ``execbox_register_backends(register: Register)``)
-    settings         BackendSettings (pydantic-settings, one variable per field), setting, comma_list: a backend's
-                     own knobs, its ``self.settings`` (an instance of S); SharedSettings, its ``self.shared``: what
-                     it reads of execbox's own settings (default limits, probe cache age, the egress allowlist, the
-                     runner's bounds); Settings (execbox's, what the constructor is given and keeps only that view of)
+    settings         BackendSettings (pydantic-settings, one variable per field), setting, comma_list, uid_gid (a
+                     sandbox user's validator): a backend's own knobs, its ``self.settings`` (an instance of S);
+                     SharedSettings, its ``self.shared``: what it reads of execbox's own settings (default limits,
+                     probe cache age, the egress allowlist, the runner's bounds); Settings (execbox's, what the
+                     constructor is given and keeps only that view of)
     sessions         HostWorkspaceSession (a local launcher in front of the command: override ``launcher``; its
                      directory names its owner: sweep_orphaned_workspaces(prefix) in gc),
                      RemoteSession (a provider's sandbox: supply its exec, small command, file calls)
     processes        run_process + reaped (output cap, deadline, whole-tree kill), ProcessOutcome, CommandEnv;
+                     untrusted_binary (a launcher binary that whoever can replace it would own the sandbox by);
                      start_process / finish_process / stop_process (run_process in halves, for a process started
                      ahead); ARMED + armed_script (a process that waits for its command on stdin)
                      (the request env reaches only the final command, never a host-side launcher)
@@ -38,16 +40,19 @@ each piece's contract.
                      (from what PYTHON_TARGET_PROBE prints), check_requirements, read_requirements, pip_download
     policy           the one syscall deny list, for a backend that installs a filter: DENIED_SYSCALLS,
                      DENIED_WITH_NEWUSER (with CLONE_NEWUSER), DENIED_SOCKET_FAMILIES, ENOSYS_SYSCALLS,
-                     SECCOMP_DENY_ERRNO
+                     SECCOMP_DENY_ERRNO; compiled_filter (all of it as a BPF program, through libseccomp;
+                     SeccompUnavailable when it cannot be built)
     egress proxy     EgressProxy (the host-side proxy of network mode proxy, one per sandbox, built from
                      ``self.shared.egress_policy()``; a Unix socket bound in at PROXY_MOUNT_POINT), ProxyRun,
-                     with_egress (a result with its run's attempts), sweep_orphaned_proxies (for gc); a remote
-                     provider takes ``self.shared.provider_allowlist(name)`` instead
+                     with_egress (a result with its run's attempts), through_egress (an exec given its run's
+                     socket, its attempts put on its result), sweep_orphaned_proxies (for gc); a remote provider
+                     takes ``self.shared.provider_allowlist(name)`` instead
     remote helpers   sdk_call (a blocking SDK call in a thread, abandoned on cancellation), missing_credentials,
                      REMOTE_LABELS (the providers' spelling of OwnerLabels), RUN_MARKER,
                      new_run_marker, wrapped_argv, reap_argv / REAP_SCRIPT (the in-sandbox reaper),
                      SIGKILL_EXIT_CODE, TextCapture
     lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
+    state            state_dir (where execbox keeps its own files: a backend's caches and run state)
     probe cache      load_probe_facts / store_probe_facts: an engine's facts (never a verdict) kept across
                      processes for ``self.shared.probe_cache_sec``, keyed by what names the engine instance
     gVisor           gvisor_record (what the set-up probed: platform, network stack, the runtime it registered),
@@ -65,8 +70,9 @@ each piece's contract.
 
 from __future__ import annotations
 
+from execbox.config.paths import state_dir
 from execbox.config.settings import EnvSettings as BackendSettings
-from execbox.config.settings import Settings, comma_list, setting
+from execbox.config.settings import Settings, comma_list, setting, uid_gid
 from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, SharedSettings, Verdict
 from execbox.contract.hookspecs import PluginWarning, Register, hookimpl
 from execbox.contract.models import (
@@ -132,10 +138,12 @@ from execbox.kit.processes import (
     run_process,
     start_process,
     stop_process,
+    untrusted_binary,
 )
 from execbox.kit.proxy.server import MOUNT_POINT as PROXY_MOUNT_POINT
-from execbox.kit.proxy.server import EgressProxy, ProxyRun, with_egress
+from execbox.kit.proxy.server import EgressProxy, ProxyRun, through_egress, with_egress
 from execbox.kit.proxy.server import sweep_orphans as sweep_orphaned_proxies
+from execbox.kit.seccomp import SeccompUnavailable, compiled_filter
 from execbox.kit.sessions.host import HostWorkspaceSession, sweep_orphaned_workspaces
 from execbox.kit.sessions.remote import (
     REAP_SCRIPT,
@@ -182,7 +190,11 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # path's size: /tmp's, within the disk limit) and is_directory_error (what reading a directory as a file says).
 # 2.3: gvisor_record, GVISOR_RECORD (what the set-up probed and registered of gVisor on this host);
 # ExecutionBackend.unenforced(what): why a network mode or limit the class claims is not enforced as check() found
-# the backend here (the guard's refusal says it).
+# the backend here (the guard's refusal says it);
+# state_dir (execbox's own state directory: a backend's cached root filesystems and run state live under it);
+# uid_gid (a sandbox-user setting's validator); through_egress (a local exec in network mode proxy); untrusted_binary
+# (why a launcher binary cannot be trusted, as root); compiled_filter, SeccompUnavailable (the deny list as a BPF
+# program, moved from the bubblewrap backend: gvisor's commands load it too).
 KIT_VERSION = "2.3"
 
 __all__ = [
@@ -200,6 +212,7 @@ __all__ = [
     "CLONE_NEWUSER",
     "comma_list",
     "CommandEnv",
+    "compiled_filter",
     "ConfigError",
     "create_cleanly",
     "DENIED_SOCKET_FAMILIES",
@@ -276,6 +289,7 @@ __all__ = [
     "SandboxLostError",
     "SandboxPermissionError",
     "sdk_call",
+    "SeccompUnavailable",
     "SECCOMP_DENY_ERRNO",
     "Session",
     "SessionSpec",
@@ -286,17 +300,21 @@ __all__ = [
     "SIZED_IMAGE_SUFFIX",
     "sized_workspace_unavailable",
     "start_process",
+    "state_dir",
     "stop_process",
     "store_probe_facts",
     "sweep_orphaned_proxies",
     "sweep_orphaned_workspaces",
     "TextCapture",
+    "through_egress",
     "TIMEOUT_EXIT_CODE",
     "tmpfs_path_mb",
     "Transfer",
     "TransferLimits",
     "TransferTooLargeError",
+    "uid_gid",
     "UnsupportedPolicyError",
+    "untrusted_binary",
     "Verdict",
     "with_egress",
     "WorkspacePathError",

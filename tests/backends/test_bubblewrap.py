@@ -306,7 +306,7 @@ def test_seccomp_blocks_what_sandboxed_code_has_no_business_with(runner: Runner,
 
 
 def test_filter_denies_the_listed_syscalls() -> None:
-    from execbox.backends.bubblewrap import seccomp as sc
+    from execbox.kit import seccomp as sc
     from execbox.policy import seccomp as policy
 
     try:

@@ -16,6 +16,7 @@ BUILTIN_BACKENDS = [
     "ssh = execbox.backends.ssh:SshBackend",
     "singularity = execbox.backends.singularity:SingularityBackend",
     "bubblewrap = execbox.backends.bubblewrap.backend:BubblewrapBackend",
+    "gvisor = execbox.backends.gvisor.backend:GvisorBackend",
     "ray = execbox.backends.ray.backend:RayBackend",
 ]
 

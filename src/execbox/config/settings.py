@@ -10,6 +10,7 @@ their own declare a subclass (``execbox.plugin.BackendSettings``) as their ``set
 
 from __future__ import annotations
 
+import re
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -36,6 +37,23 @@ def comma_list(value: Any) -> Any:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+_ID_DIGITS = re.compile(r"[0-9]{1,10}")
+_MAX_ID = (1 << 32) - 1
+
+
+def uid_gid(value: str) -> str:
+    """A validator body for a sandbox user: "uid[:gid]" as numbers, never 0, below (uid_t)-1 -> "uid:gid"."""
+    uid, sep, gid = value.partition(":")
+    if not (_ID_DIGITS.fullmatch(uid) and (not sep or _ID_DIGITS.fullmatch(gid))):
+        raise ValueError("give uid:gid as numbers, e.g. 65534:65534")
+    ids = (int(uid), int(gid or uid))
+    if 0 in ids:
+        raise ValueError("the sandbox must not run as root (uid or gid 0)")
+    if max(ids) >= _MAX_ID:  # (uid_t)-1 means "unchanged" to setresuid; above it does not fit
+        raise ValueError(f"uid and gid must be below {_MAX_ID}")
+    return f"{ids[0]}:{ids[1]}"
 
 
 class EnvSettings(BaseSettings):

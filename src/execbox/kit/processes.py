@@ -17,6 +17,7 @@ import json
 import os
 import shlex
 import signal
+import stat
 import sys
 import time
 from collections.abc import Mapping
@@ -233,3 +234,24 @@ async def _kill(proc: asyncio.subprocess.Process, first: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
+
+
+def untrusted_binary(path: str) -> str | None:
+    """Why the binary at ``path`` (a sandbox launcher: bwrap, runsc) may not be what it claims, or None. As root,
+    execbox would hand every sandbox to whoever can replace the file: it and each directory above it must be
+    root's and writable by nobody else (a sticky directory protects root's file). Not as root: root's or the
+    caller's."""
+    allowed = {0} if os.geteuid() == 0 else {0, os.geteuid()}
+    current = path
+    while True:
+        try:
+            st = os.stat(current)
+        except OSError as exc:
+            return f"cannot stat {current}: {exc.strerror}"
+        if st.st_uid not in allowed:
+            return f"{current} belongs to uid {st.st_uid}"
+        if st.st_mode & 0o022 and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+            return f"{current} is writable by its group or by others"
+        if current == "/":
+            return None
+        current = os.path.dirname(current)

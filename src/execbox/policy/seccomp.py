@@ -1,8 +1,8 @@
 """The one list of system calls every execbox sandbox denies, whatever enforces it.
 
-bubblewrap compiles it into a BPF filter with libseccomp (``backends/bubblewrap/seccomp.py``); docker hands
-it to the engine as a seccomp profile (``backends/docker``). Both read these tuples, so a call added here is
-denied on both. The list is names, not numbers: libseccomp resolves them for each architecture.
+The kit compiles it into a BPF filter with libseccomp (``kit/seccomp.py``: bwrap loads it, gvisor's commands
+too); docker hands it to the engine as a seccomp profile (``backends/docker``). All read these tuples, so a call
+added here is denied on every one. The list is names, not numbers: libseccomp resolves them for each architecture.
 
 Denied calls fail with EPERM. Two need more than a name:
 

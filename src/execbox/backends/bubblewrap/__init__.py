@@ -18,7 +18,7 @@ The boundary, on every exec:
                    path, the session workspace, at /workspace. Never /home, /root, /run, host sockets
                    or the execbox install directory (masked when it lies under /usr)
     seccomp        ptrace, mounts, setns, keyrings, bpf, perf, userfaultfd, io_uring, new user
-                   namespaces and kernel-module/kexec calls fail (seccomp.py)
+                   namespaces and kernel-module/kexec calls fail (kit/seccomp.py)
     limits         rlimits always (ulimit: no core dumps, 1 GiB files, CPU seconds); memory, pids and cpu
                    through a cgroup per exec where the host lets execbox create one (v1 or v2),
                    decided by ``check``: the capabilities report only what is enforced here; as
@@ -38,8 +38,8 @@ kit.ownership) holding the workspace; it lives until ``close``; each exec is a n
 is removed by the first ``check`` of the next process that uses bubblewrap, and by `execbox gc`.
 
 Modules: ``settings`` (CODE_EXEC_BWRAP_*), ``filesystem`` (what of the host is bound in, what never is),
-``cgroups`` (a cgroup per exec: the plan, the run's, the sweep), ``seccomp`` (the filter, through libseccomp),
-``launcher`` (the shell watcher and setpriv in front of bwrap), ``report`` (what ``check`` found),
-``probe`` (how it found it), ``session`` (the workspace and each exec's sandbox), ``backend`` (check, sessions,
-the mounts, gc).
+``cgroups`` (a cgroup per exec: the plan, the run's, the sweep), ``launcher`` (the shell watcher and setpriv in
+front of bwrap), ``report`` (what ``check`` found), ``probe`` (how it found it), ``session`` (the workspace and
+each exec's sandbox), ``backend`` (check, sessions, the mounts, gc). The seccomp filter is the kit's
+(``compiled_filter``).
 """

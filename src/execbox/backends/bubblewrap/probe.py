@@ -18,7 +18,6 @@ from execbox.backends.bubblewrap.cgroups import CgroupPlan, plan_cgroups
 from execbox.backends.bubblewrap.filesystem import WORKSPACE
 from execbox.backends.bubblewrap.launcher import LAUNCH_TOOLS, TOOLS_PATH, ULIMIT_UNITS
 from execbox.backends.bubblewrap.report import HostReport
-from execbox.backends.bubblewrap.seccomp import SeccompUnavailable, compiled_filter
 from execbox.backends.bubblewrap.session import SANDBOX_UID, SESSION_PREFIX, BubblewrapSession
 from execbox.backends.bubblewrap.settings import BubblewrapSettings
 from execbox.plugin import (
@@ -29,12 +28,15 @@ from execbox.plugin import (
     ExecSpec,
     Limits,
     SandboxError,
+    SeccompUnavailable,
     SessionSpec,
+    compiled_filter,
     mount_sized,
     owner_tag,
     release_sized,
     remove_tree,
     sized_workspace_unavailable,
+    untrusted_binary,
 )
 
 _REPORTS: dict[tuple[Any, ...], HostReport] = {}
@@ -73,7 +75,7 @@ async def host_report(settings: BubblewrapSettings, core_limits: Limits, claims:
                            "CODE_EXEC_BWRAP_PATH")
     # Exec the file itself: a symlink on the way (PATH entries) may change after this check.
     bwrap = os.path.realpath(bwrap)
-    untrusted = _untrusted_binary(bwrap)
+    untrusted = untrusted_binary(bwrap)
     if untrusted:
         raise unavailable(f"{bwrap} cannot be trusted to be the sandbox: {untrusted}",
                            "point CODE_EXEC_BWRAP_PATH at the distribution's bwrap (e.g. /usr/bin/bwrap)",
@@ -128,7 +130,7 @@ async def _launch_tools() -> dict[str, str]:
             raise unavailable(f"{name} not found (the launcher needs sh and setpriv)",
                                "apt-get install util-linux (Fedora: dnf install util-linux-core)")
         path = os.path.realpath(found)
-        untrusted = _untrusted_binary(path)
+        untrusted = untrusted_binary(path)
         if untrusted:
             raise unavailable(f"{path} cannot be trusted to start the sandbox: {untrusted}",
                                "reinstall it from the distribution (util-linux, dash or bash)")
@@ -183,26 +185,6 @@ def _capabilities(claims: Capabilities, plan: CgroupPlan | None, sized_workspace
     limits = frozenset({"wall_time"}) | (plan.limits if plan else frozenset())
     return claims.model_copy(
         update={"limits": limits | ({"disk"} if sized_workspace else set())})
-
-
-def _untrusted_binary(path: str) -> str | None:
-    """Why the bwrap at ``path`` may not be what it claims, or None. As root, execbox would hand every sandbox
-    to whoever can replace the file: it and each directory above it must be root's and writable by nobody
-    else (a sticky directory protects root's file). Not as root: root's or the caller's."""
-    allowed = {0} if os.geteuid() == 0 else {0, os.geteuid()}
-    current = path
-    while True:
-        try:
-            st = os.stat(current)
-        except OSError as exc:
-            return f"cannot stat {current}: {exc.strerror}"
-        if st.st_uid not in allowed:
-            return f"{current} belongs to uid {st.st_uid}"
-        if st.st_mode & 0o022 and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
-            return f"{current} is writable by its group or by others"
-        if current == "/":
-            return None
-        current = os.path.dirname(current)
 
 
 def _disk_reason(owner: tuple[int, int] | None) -> str:

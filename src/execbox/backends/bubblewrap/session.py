@@ -20,7 +20,6 @@ from execbox.backends.bubblewrap.cgroups import RunCgroup
 from execbox.backends.bubblewrap.filesystem import WORKSPACE, masks, system_binds, unsafe_bind
 from execbox.backends.bubblewrap.launcher import GATE, TOOLS_PATH, launch_argv
 from execbox.backends.bubblewrap.report import HostReport
-from execbox.backends.bubblewrap.seccomp import compiled_filter
 from execbox.backends.bubblewrap.settings import BubblewrapSettings
 from execbox.plugin import (
     ARMED,
@@ -40,6 +39,7 @@ from execbox.plugin import (
     Transfer,
     TransferLimits,
     armed_script,
+    compiled_filter,
     finish_process,
     mount_sized_soon,
     mount_tmpfs,
@@ -52,8 +52,8 @@ from execbox.plugin import (
     sandbox_env,
     start_process,
     stop_process,
+    through_egress,
     tmpfs_path_mb,
-    with_egress,
 )
 
 SANDBOX_UID = SANDBOX_GID = 1000
@@ -252,15 +252,7 @@ class BubblewrapSession(Session):
         return rlimits
 
     async def exec(self, request: ExecSpec) -> ExecResult:
-        if self.egress is None:
-            return await self._exec(request, None)
-        run = await anyio.to_thread.run_sync(self.egress.start_run, request.egress)
-        try:
-            result = await self._exec(request, run)
-        finally:
-            with anyio.CancelScope(shield=True):
-                attempts, dropped = await anyio.to_thread.run_sync(self.egress.finish_run, run)
-        return with_egress(result, attempts, dropped)
+        return await through_egress(self.egress, request.egress, lambda run: self._exec(request, run))
 
     async def arm(self) -> None:
         """Start the first exec's sandbox now, waiting in ARMED for its command (as docker arms a session's first

@@ -10,10 +10,8 @@ from pydantic import field_validator
 from pydantic_settings import NoDecode
 
 from execbox.backends.bubblewrap.filesystem import MAX_PATH, unsafe_bind
-from execbox.plugin import BackendSettings, comma_list, setting
+from execbox.plugin import BackendSettings, comma_list, setting, uid_gid
 
-MAX_ID = (1 << 32) - 1
-_DIGITS = re.compile(r"[0-9]{1,10}")
 _CGROUP_NAME = re.compile(r"[A-Za-z0-9._@:+/-]*")
 
 
@@ -48,18 +46,7 @@ class BubblewrapSettings(BackendSettings):
             raise ValueError(f"{value!r} is neither a name on PATH nor an absolute path")
         return value
 
-    @field_validator("user")
-    @classmethod
-    def _uid_gid(cls, value: str) -> str:
-        uid, sep, gid = value.partition(":")
-        if not (_DIGITS.fullmatch(uid) and (not sep or _DIGITS.fullmatch(gid))):
-            raise ValueError("give uid:gid as numbers, e.g. 65534:65534")
-        ids = (int(uid), int(gid or uid))
-        if 0 in ids:
-            raise ValueError("the sandbox must not run as root (uid or gid 0)")
-        if max(ids) >= MAX_ID:  # (uid_t)-1 means "unchanged" to setresuid; above it does not fit
-            raise ValueError(f"uid and gid must be below {MAX_ID}")
-        return f"{ids[0]}:{ids[1]}"
+    _user = field_validator("user")(uid_gid)
 
     @field_validator("cgroup_parent")
     @classmethod

@@ -49,11 +49,13 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
+
+import anyio
 
 from execbox.contract.models import EgressAttempt, ExecResult
 from execbox.errors import ConfigError, SandboxError
@@ -709,6 +711,21 @@ def _release() -> None:
     global _process_open
     with _process_lock:
         _process_open -= 1
+
+
+async def through_egress(egress: EgressProxy | None, secrets: RunSecrets | None,
+                         run: Callable[[ProxyRun | None], Awaitable[ExecResult]]) -> ExecResult:
+    """``run`` given a fresh socket of ``egress`` (None without one), its attempts then put on its result: a local
+    backend's exec in network mode proxy. ``secrets``: the spec's ``egress``."""
+    if egress is None:
+        return await run(None)
+    started = await anyio.to_thread.run_sync(egress.start_run, secrets)
+    try:
+        result = await run(started)
+    finally:
+        with anyio.CancelScope(shield=True):
+            attempts, dropped = await anyio.to_thread.run_sync(egress.finish_run, started)
+    return with_egress(result, attempts, dropped)
 
 
 def with_egress(result: ExecResult, attempts: list[EgressAttempt], dropped: int) -> ExecResult:

@@ -1,6 +1,7 @@
-"""The seccomp filter the bubblewrap backend hands to ``bwrap --seccomp FD``.
+"""The seccomp filter as a compiled BPF program: bubblewrap hands it to ``bwrap --seccomp FD``; gvisor's commands
+load it themselves inside the sandbox (runsc exec does not apply the container's OCI filter to them).
 
-Why this shape: bwrap wants a compiled classic-BPF program. Compiling one by hand means owning the
+Why this shape: both want a compiled classic-BPF program. Compiling one by hand means owning the
 per-architecture syscall numbers, the x32 and compat ABIs and argument checks; libseccomp (the C
 library behind docker/runc, systemd and flatpak, ``libseccomp2`` on every Debian/Ubuntu/Fedora) does
 all of that and is maintained. Its Python bindings are not usable from a virtualenv: Debian's
@@ -22,14 +23,14 @@ import errno
 import functools
 import os
 
-from execbox.plugin import (
+from execbox.policy.seccomp import (
     CLONE_NEWUSER,
     DENIED_SOCKET_FAMILIES,
     DENIED_SYSCALLS,
     DENIED_WITH_NEWUSER,
     ENOSYS_SYSCALLS,
-    SECCOMP_DENY_ERRNO,
 )
+from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 
 # libseccomp's constants (seccomp.h); stable across libseccomp 2.x.
 _ACT_ALLOW = 0x7FFF0000
@@ -80,7 +81,7 @@ def _load() -> ctypes.CDLL:
 
 @functools.cache
 def compiled_filter() -> bytes:
-    """The filter as the BPF program bwrap loads; built once per process."""
+    """The filter as a BPF program; built once per process."""
     lib = _load()
     ctx = lib.seccomp_init(_ACT_ALLOW)
     if not ctx:
