@@ -23,6 +23,8 @@ registered for an engine not running yet), 2 when it cannot be here (not root, n
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import http.client
 import json
 import os
@@ -60,7 +62,8 @@ def probe(runsc: str, *flags: str, wait_s: float) -> str | None:
         _, err = proc.communicate(timeout=wait_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the sandbox and gofer it started are in its session
-        proc.communicate()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a process outside the session may hold stderr
+            proc.communicate(timeout=5)
         return f"no answer within {wait_s:g} s"
     if proc.returncode == 0:
         return None
@@ -105,7 +108,9 @@ def load_json(path: str) -> dict[str, Any]:
 
 
 def write_json(path: str, data: dict[str, Any], mode: int) -> None:
-    """Whole or not at all; an existing file keeps its mode and owner."""
+    """Whole or not at all, on disk before it replaces the old; an existing file keeps its mode and owner, and a
+    symlink stays one (its target is written)."""
+    path = os.path.realpath(path)
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o755, exist_ok=True)
     try:
@@ -118,6 +123,8 @@ def write_json(path: str, data: dict[str, Any], mode: int) -> None:
         with os.fdopen(fd, "w") as fh:
             json.dump(data, fh, indent=2, sort_keys=True)
             fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
         os.chmod(temp, mode)
         os.chown(temp, *owner)
         os.replace(temp, path)
@@ -250,7 +257,8 @@ def main(argv: list[str]) -> None:
         apply(argv[1], {"path": runsc, "runtimeArgs": argv[2:]})
     elif argv[:1] == ["--unregister"] and len(argv) == 2:
         current = load_json(DAEMON_JSON).get("runtimes", {}).get(argv[1])
-        if current is not None and os.path.basename(str(current.get("path"))) != "runsc":
+        if current is not None and (not isinstance(current, dict)
+                                    or os.path.basename(str(current.get("path"))) != "runsc"):
             cannot(f"runtime {argv[1]} does not run runsc; this script removes only its own kind")
         apply(argv[1], None)
     elif not argv:
@@ -260,4 +268,8 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # one set-up at a time: two at once could each merge daemon.json from the same old copy and lose an entry
+    os.makedirs(os.path.dirname(RECORD), mode=0o755, exist_ok=True)
+    with open(RECORD + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        main(sys.argv[1:])
