@@ -124,3 +124,18 @@ def test_a_command_that_cannot_run_is_126_or_127_with_the_reason(runner: Runner)
         not_executable, missing = sb.exec(["/etc/passwd"]), sb.exec(["no-such-command"])
     assert (not_executable.exit_code, missing.exit_code) == (126, 127)
     assert "Permission denied" in not_executable.stderr and "not found" in missing.stderr
+
+
+@pytest.mark.engine
+def test_auto_runs_on_gvisor_and_passes_it_over_for_egress_it_cannot_give() -> None:
+    with Runner(Settings.from_env(backend="auto", network="none")) as runner:
+        try:
+            plain = runner.run(["true"])
+        except BackendUnavailableError as exc:
+            engine_missing(f"no sandbox backend runs here: {exc}")
+        if plain.backend != "gvisor":
+            engine_missing(f"auto did not find the gvisor backend here: {runner.aio.auto_passed_over}")
+        egress = runner.run(["true"], network="egress")
+    assert egress.backend not in ("gvisor", None) and egress.ok, egress
+    assert any(line.startswith("gvisor: it does not offer network mode 'egress'")
+               for line in runner.aio.auto_passed_over), runner.aio.auto_passed_over

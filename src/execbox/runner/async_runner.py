@@ -143,15 +143,16 @@ class AsyncRunner:
             self._backends[key] = self.registry.get(name).cls(self.settings, merged)
         return self._backends[key]
 
-    async def select(self, name: str | None = None, *, session: bool = False) -> tuple[ExecutionBackend, Capabilities]:
-        """The backend to use and what it enforces here; ``auto`` picks the strongest sandbox that runs here for the
-        configured network (CODE_EXEC_NETWORK; the request's own is judged when it is admitted)."""
+    async def select(self, name: str | None = None, *, session: bool = False,
+                     network: NetworkMode | None = None) -> tuple[ExecutionBackend, Capabilities]:
+        """The backend to use and what it enforces here; ``auto`` picks the strongest sandbox that runs here and
+        offers ``network`` (default: CODE_EXEC_NETWORK): gVisor with no network stack is passed over for egress."""
         name = name or (self.settings.session_backend if session else self.settings.backend)
         if name != "auto":
             backend = self.backend(name)
             return backend, await _check(backend)
         tried: list[str] = []
-        probe = self.default_configuration()
+        probe = self.default_configuration(network)
         for candidate in self.auto_candidates():
             try:
                 backend = self.backend(candidate)
@@ -160,6 +161,9 @@ class AsyncRunner:
                     tried.append(f"- {candidate}: configured here, it is not a sandbox ({verdict.reason})")
                     continue
                 caps = await _check(backend)
+                if probe.network not in caps.network_modes and candidate != LOCAL_FALLBACK:
+                    tried.append(f"- {candidate}: it does not offer network mode {probe.network!r} here")
+                    continue
                 self.auto_passed_over = [line.removeprefix("- ") for line in tried]
                 return backend, caps
             except BackendUnavailableError as exc:

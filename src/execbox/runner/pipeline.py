@@ -77,7 +77,8 @@ class Host(Protocol):
 
     def backend(self, name: str, options: Mapping[str, Any] | None = None) -> ExecutionBackend: ...
 
-    async def select(self, name: str | None = None, *, session: bool = False) -> tuple[ExecutionBackend, Capabilities]:
+    async def select(self, name: str | None = None, *, session: bool = False,
+                     network: NetworkMode | None = None) -> tuple[ExecutionBackend, Capabilities]:
         ...
 
     def state_places(self) -> list[str]: ...
@@ -323,7 +324,8 @@ async def _choose(runner: Host, backend: str | None, resolved: ExecRequest, dema
     if name == "auto" and options:
         raise ConfigError("backend options were given without a backend: name the backend they are for, e.g. "
                           "execbox.sandbox('docker', image=...)", env_var="CODE_EXEC_BACKEND")
-    impl = (await runner.select("auto"))[0] if name == "auto" else runner.backend(name, options)
+    impl = (await runner.select("auto", network=resolved.network))[0] if name == "auto" \
+        else runner.backend(name, options)
     if impl.verdict_needs_check:  # its verdict is on what the check found
         with backend_errors(impl.name):
             await _check(impl)
