@@ -18,7 +18,7 @@ from execbox.backends.gvisor.session import cgroup_parents, sessions_dir
 from execbox.errors import BackendUnavailableError, ConfigError
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
-from execbox.testing.conformance import BackendConformance, Kit
+from execbox.testing.conformance import BackendConformance
 from execbox.testing.host import host_processes
 
 pytestmark = pytest.mark.engine
@@ -30,12 +30,6 @@ class TestGvisorConformance(BackendConformance):
     @pytest.fixture
     def runner(self) -> Runner:
         return Runner(Settings.from_env(backend="gvisor"))
-
-    # The check reads /proc/self/status, whose NoNewPrivs line gVisor (20221219) does not print; prctl says it
-    # is set: test_no_new_privs_is_set below.
-    @pytest.mark.xfail(strict=True, raises=AssertionError, reason="gVisor's /proc/self/status has no NoNewPrivs line")
-    def test_sandbox_no_new_privileges(self, kit: Kit) -> None:
-        super().test_sandbox_no_new_privileges(kit)
 
 
 @pytest.fixture(scope="module")
