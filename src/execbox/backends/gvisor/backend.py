@@ -78,7 +78,7 @@ class GvisorBackend(ExecutionBackend[GvisorSettings]):
         if host is None:
             return {}
         return {"runsc": host.runsc, "version": host.version, "platform": host.platform, "rootfs": host.rootfs,
-                "rootfs_export_s": round(self.export_s, 1), "user": "%d:%d" % host.user,
+                "user": "%d:%d" % host.user,
                 "rootless": os.geteuid() != 0, "memory_cgroup": host.cgroups, "sized_workspace": host.sized_workspace}
 
     async def open_session(self, spec: SessionSpec) -> GvisorSession:
