@@ -383,7 +383,9 @@ class RayBackend(ExecutionBackend[RaySettings]):
                 max_concurrency=1000,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             ).remote(self.settings.node_backend, self.settings.slots_per_node)
-            self._cluster.handles[node_id] = actor  # the live one (a dead actor's handle is replaced)
+            # the creating handle keeps a non-detached actor alive (one got back by name does not): kept first; a
+            # dead actor's is dropped by lost()
+            self._cluster.handles.setdefault(node_id, actor)
             asked[node_id] = (actor, actor.survey.remote())
         # one deadline for every node's answer, not one per node in turn
         ready = set(ray.wait([ref for _, ref in asked.values()], num_returns=len(asked),
