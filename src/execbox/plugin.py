@@ -52,6 +52,9 @@ each piece's contract.
                      new_run_marker, wrapped_argv, reap_argv / REAP_SCRIPT (the in-sandbox reaper),
                      SIGKILL_EXIT_CODE, TextCapture
     lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
+    snapshots        Capabilities(snapshot=, memory_snapshot=); Session.snapshot(place, memory=) writes a live
+                     sandbox's state into SnapshotPlace.directory and returns SnapshotParts; open_session starts from
+                     SessionSpec.restore (a SnapshotRestore); ExecutionBackend.delete_snapshot removes its refs
     state            state_dir (where execbox keeps its own files: a backend's caches and run state)
     probe cache      load_probe_facts / store_probe_facts: an engine's facts (never a verdict) kept across
                      processes for ``self.shared.probe_cache_sec``, keyed by what names the engine instance
@@ -90,6 +93,7 @@ from execbox.contract.models import (
 )
 from execbox.contract.output import BoundedCapture, OnOutput, OutputEvent
 from execbox.contract.results import TIMEOUT_EXIT_CODE, build_result, failed_to_start
+from execbox.contract.snapshots import SnapshotParts, SnapshotPlace, SnapshotRestore
 from execbox.errors import (
     BackendTimeoutError,
     BackendUnavailableError,
@@ -195,7 +199,9 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # uid_gid (a sandbox-user setting's validator); through_egress (a local exec in network mode proxy); untrusted_binary
 # (why a launcher binary cannot be trusted, as root); compiled_filter, SeccompUnavailable (the deny list as a BPF
 # program, moved from the bubblewrap backend: gvisor's commands load it too).
-KIT_VERSION = "2.3"
+# 2.4: snapshots: Capabilities.snapshot and memory_snapshot, Session.snapshot, SessionSpec.restore, SnapshotPlace,
+# SnapshotParts, SnapshotRestore, ExecutionBackend.delete_snapshot.
+KIT_VERSION = "2.4"
 
 __all__ = [
     "ARMED",
@@ -293,6 +299,9 @@ __all__ = [
     "SECCOMP_DENY_ERRNO",
     "Session",
     "SessionSpec",
+    "SnapshotParts",
+    "SnapshotPlace",
+    "SnapshotRestore",
     "setting",
     "SharedSettings",
     "Settings",

@@ -27,6 +27,7 @@ from typing_extensions import TypeVar as DefaultedTypeVar
 
 from execbox.config.settings import EnvSettings, Settings
 from execbox.contract.models import Capabilities, ExecRequest, ExecResult, ExecSpec, Limits, Mount, NetworkMode
+from execbox.contract.snapshots import SnapshotParts, SnapshotPlace, SnapshotRestore
 from execbox.errors import (
     BackendTimeoutError,
     ConfigError,
@@ -119,6 +120,8 @@ class SessionSpec:
     # Absolute sandbox paths that get an empty writable tmpfs each (admitted by the guard); only for backends
     # claiming ``tmpfs``. Sized like the sandbox's /tmp, within the disk limit.
     tmpfs: tuple[str, ...] = ()
+    # Start in a snapshot's state (only for backends claiming ``snapshot``): the snapshot's files, checked.
+    restore: SnapshotRestore | None = None
 
 
 class Session(ABC):
@@ -158,6 +161,13 @@ class Session(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Remove everything the session created. Must be safe to call twice."""
+
+    async def snapshot(self, place: SnapshotPlace, *, memory: bool) -> SnapshotParts:
+        """Write this live sandbox's state into ``place.directory``: the workspace and what the code changed outside
+        it (packages installed with pip or apt count), and with ``memory`` its processes and their memory. The
+        sandbox goes on running afterwards, unchanged. Only for backends claiming ``snapshot`` (``memory``: claiming
+        ``memory_snapshot``); the runner never calls it otherwise."""
+        raise UnsupportedPolicyError("this backend does not claim the capability 'snapshot'")
 
     async def arm(self) -> None:
         """Start ahead what the first exec needs, while nothing waits for it: the warm pool calls this on each
@@ -370,6 +380,10 @@ class ExecutionBackend(ABC, Generic[S]):
     async def open_session(self, spec: SessionSpec) -> Session:
         """Start a sandbox for ``spec`` (network, limits, lifetime; ``spec.oneshot`` when it will serve exactly
         one exec) and return its session."""
+
+    async def delete_snapshot(self, place: SnapshotPlace, parts: SnapshotParts) -> None:  # noqa: B027 - optional
+        """Remove what a snapshot keeps outside its directory (``parts.refs``); the runner removes the directory.
+        Must be safe to call twice and for a snapshot whose refs are already gone."""
 
     async def gc(self) -> list[str]:
         """Remove expired or orphaned resources this backend created (only its own). Returns what was removed."""

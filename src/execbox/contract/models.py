@@ -60,6 +60,10 @@ class Capabilities(BaseModel):
     streaming: bool = False
     # An empty writable tmpfs can be put at an absolute path the request names (``ExecRequest.tmpfs``).
     tmpfs: bool = False
+    # A live sandbox's filesystem (the workspace and what the code changed outside it) can be snapshotted and
+    # restored (``Session.snapshot``, ``SessionSpec.restore``); ``memory_snapshot``: its processes and memory too.
+    snapshot: bool = False
+    memory_snapshot: bool = False
 
     @field_serializer("network_modes", "limits")
     def _sorted(self, value: frozenset[str]) -> list[str]:
