@@ -42,25 +42,43 @@ def test_run_ends_with_the_typed_error(env: dict[str, str], tmp_path: Path) -> N
 
 def test_doctor_self_check_streams_each_verdict_and_names_the_failed_claims(env: dict[str, str],
                                                                             tmp_path: Path) -> None:
-    proc = subprocess.Popen([str(SCRIPT), "doctor", "--self-check", "--backend", "stuck_exec", "--check-timeout",
-                             "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    # The checks named, not all of the kit's (each stuck exec costs its bound, ~2 s): enough to see the first
+    # verdict printed while the others still run, and a claim that holds passing between the failed ones.
+    claims = ("exit_codes_are_data", "escaping_paths_refused", "timeout_ends_the_run",
+              "endless_output_ends_a_session_exec")
+    proc = subprocess.Popen([str(SCRIPT), "doctor", "--self-check", "--backend", "stuck_exec", "--check-timeout", "60",
+                             *(f"--check={name}" for name in claims)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
         assert proc.stdout is not None
-        first = ""
-        while not first.startswith("self-check stuck_exec: fail"):
-            first = proc.stdout.readline()
-            assert first, proc.stderr.read() if proc.stderr else ""
+        read: list[str] = []
+        while not read or not read[-1].startswith("self-check stuck_exec: fail"):
+            read.append(proc.stdout.readline())
+            assert read[-1], proc.stderr.read() if proc.stderr else ""
         streamed = proc.poll() is None  # a verdict printed while the other checks still run
         rest, _ = proc.communicate(timeout=DOCTOR_LIVENESS_S)
     finally:
         proc.kill()
         proc.wait()
     assert streamed
-    lines = [first, *rest.splitlines()]
-    failed = {line.split()[3].rstrip(":") for line in lines if line.startswith("self-check stuck_exec: fail")}
-    assert {"exit_codes_are_data", "timeout_ends_the_run", "endless_output_ends_a_session_exec"} <= failed
+    lines = [line.rstrip("\n") for line in read] + rest.splitlines()
+    assert "self-check stuck_exec: 4 checks, each within 60 s" in lines
+    verdicts = [line.split()[2:4] for line in lines
+                if line.startswith("self-check stuck_exec: ") and " checks, " not in line]
+    assert sorted(name.rstrip(":") for _, name in verdicts) == sorted(claims)  # only the checks named ran
+    failed = {name.rstrip(":") for status, name in verdicts if status == "fail"}
+    assert failed == {"exit_codes_are_data", "timeout_ends_the_run", "endless_output_ends_a_session_exec"}
     assert all("did not return from exec" in line for line in lines if line.startswith("self-check stuck_exec: fail"))
+    assert ["pass", "escaping_paths_refused:"] in verdicts
     assert proc.returncode == 1
+
+
+def test_doctor_refuses_a_check_the_kit_does_not_have(env: dict[str, str], tmp_path: Path) -> None:
+    done = subprocess.run([str(SCRIPT), "doctor", "--self-check", "--backend", "stuck_exec", "--check", "no_such",
+                           "--check=--json"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=RUN_LIVENESS_S)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "no such check: --json, no_such" in done.stderr
 
 
 def test_a_check_past_its_time_box_fails_and_is_left_behind() -> None:

@@ -17,7 +17,14 @@ from execbox.cli.common import fail, load_settings
 from execbox.config.settings import EnvSettings, Settings
 from execbox.contract.backend import bounded
 from execbox.contract.models import Capabilities
-from execbox.errors import BackendTimeoutError, BackendUnavailableError, ExecboxError, MissingExtraError, RefusedError
+from execbox.errors import (
+    BackendTimeoutError,
+    BackendUnavailableError,
+    ConfigError,
+    ExecboxError,
+    MissingExtraError,
+    RefusedError,
+)
 from execbox.runner import AsyncRunner, run_blocking
 
 if TYPE_CHECKING:
@@ -122,8 +129,10 @@ def _variables(model: type[EnvSettings] | None) -> list[dict[str, Any]]:
             for var, default, meaning in model.env_vars()]
 
 
-def _self_check(runner: AsyncRunner, name: str | None, as_json: bool, time_box_s: float) -> list[dict[str, Any]]:
-    """The kit's checks, each under ``time_box_s``; in text mode each verdict is printed as soon as it is reached."""
+def _self_check(runner: AsyncRunner, name: str | None, as_json: bool, time_box_s: float,
+                only: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The kit's checks (``only`` these when given), each under ``time_box_s``; in text mode each verdict is printed
+    as soon as it is reached."""
     from execbox.testing.checks import CHECKS, CheckResult, self_check  # the kit's checks, run outside pytest
 
     if name is None:
@@ -137,8 +146,9 @@ def _self_check(runner: AsyncRunner, name: str | None, as_json: bool, time_box_s
         click.echo(f"self-check {backend}: {check.status:<4} {check.name}: {check.message}")
 
     if not as_json:
-        click.echo(f"self-check {backend}: {len(CHECKS)} checks, each within {time_box_s:g} s")
-    found = self_check(backend, runner.settings, time_box_s=time_box_s, on_result=None if as_json else say)
+        click.echo(f"self-check {backend}: {len(only or CHECKS)} checks, each within {time_box_s:g} s")
+    found = self_check(backend, runner.settings, checks=only or None, time_box_s=time_box_s,
+                       on_result=None if as_json else say)
     return [{"backend": backend, **dataclasses.asdict(r)} for r in found]
 
 
@@ -150,7 +160,10 @@ def _self_check(runner: AsyncRunner, name: str | None, as_json: bool, time_box_s
 @click.option("--check-timeout", "check_timeout", type=click.FloatRange(min=0, min_open=True), default=CHECK_BOX_S,
               show_default=True, help="--self-check: the time box of each check, seconds; one still running then "
               "fails and is left behind.")
-def doctor(as_json: bool, run_self_check: bool, check_backend: str | None, check_timeout: float) -> None:
+@click.option("--check", "only", multiple=True, metavar="NAME",
+              help="--self-check: run only this check (repeatable); default: every check of the kit.")
+def doctor(as_json: bool, run_self_check: bool, check_backend: str | None, check_timeout: float,
+           only: tuple[str, ...]) -> None:
     """Check every backend here: can it run, what it enforces, the guard's verdict, how to fix what is missing,
     and which variables configure it.
 
@@ -158,6 +171,13 @@ def doctor(as_json: bool, run_self_check: bool, check_backend: str | None, check
     passed), 1 otherwise.
     """
     runner = AsyncRunner(load_settings(as_json))
+    if only:
+        from execbox.testing.checks import CHECKS  # the kit's checks: imported only for --self-check
+
+        unknown = sorted(set(only) - set(CHECKS))
+        if unknown:
+            fail(ConfigError(f"no such check: {', '.join(unknown)}; the kit's checks are {', '.join(CHECKS)}"),
+                 as_json)
     rows = _probe_all(runner)
     for row in rows:
         row["settings"] = _variables(runner.registry.get(row["name"]).cls.settings_model)
@@ -173,7 +193,7 @@ def doctor(as_json: bool, run_self_check: bool, check_backend: str | None, check
     except ExecboxError:
         auto = None
     passed_over = runner.auto_passed_over if runner.settings.backend == "auto" and auto else []
-    checks = _self_check(runner, check_backend, as_json, check_timeout) if run_self_check else []
+    checks = _self_check(runner, check_backend, as_json, check_timeout, only) if run_self_check else []
     core_settings = _variables(Settings)
     audit_health = audit_log.health(runner.audit)
     ok = any(r["sandbox_here"] for r in rows) and not any(c["status"] == "fail" for c in checks)
