@@ -182,6 +182,28 @@ def test_pump_feeds_stdin_and_stops_at_the_deadline() -> None:
     ours.close()
 
 
+def test_pump_asks_whether_the_container_lives_only_in_silence_and_ends_when_it_does_not() -> None:
+    """The engine keeps an exec's stream open when its container dies under it: a silent stream is not EOF."""
+    import time
+
+    ours, theirs = socket.socketpair()
+    asked: list[float] = []
+
+    def alive() -> bool:
+        asked.append(time.monotonic())
+        return len(asked) < 3
+
+    theirs.sendall(frame(1, b"out"))
+    out, err = BoundedCapture(100), BoundedCapture(100)
+    started = time.monotonic()
+    timed_out = stream.pump(ours, b"", None, started + 60, out, err, alive)
+    assert not timed_out and out.getvalue() == b"out"
+    assert len(asked) == 3 and asked[0] - started >= stream.ALIVE_EVERY_S * 0.9, "asked in silence only"
+    assert time.monotonic() - started < 30, "ended when the container did, not at the deadline"
+    theirs.close()
+    ours.close()
+
+
 def test_settings_user_must_be_numeric(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CODE_EXEC_DOCKER_USER", "nobody")
     with pytest.raises(ConfigError, match="CODE_EXEC_DOCKER_USER"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import subprocess
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -116,10 +117,28 @@ def test_with_code_execution_off_the_server_says_so_and_offers_nothing() -> None
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}},
     ]
-    served = subprocess.run(SERVER, input="".join(json.dumps(m) + "\n" for m in messages), capture_output=True,
-                            text=True, timeout=60, env=env(CODE_EXEC_ENABLED="false"))
-    assert "code execution is off" in served.stderr and "CODE_EXEC_ENABLED=true" in served.stderr
-    answers = {a["id"]: a["result"] for a in map(json.loads, served.stdout.splitlines()) if "id" in a}
+    # stdin stays open until the last answer: a server whose input ends may drop a request still in flight
+    served = subprocess.Popen(SERVER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env(CODE_EXEC_ENABLED="false"))
+    watchdog = threading.Timer(60, served.kill)
+    watchdog.start()
+    try:
+        assert served.stdin is not None and served.stdout is not None and served.stderr is not None
+        served.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
+        served.stdin.flush()
+        answers: dict[int, Any] = {}
+        for line in served.stdout:
+            answer = json.loads(line)
+            answers[answer["id"]] = answer["result"]
+            if len(answers) == 2:
+                break
+        served.stdin.close()
+        stderr = served.stderr.read()
+        assert served.wait(timeout=60) == 0
+    finally:
+        watchdog.cancel()
+        served.kill()
+    assert "code execution is off" in stderr and "CODE_EXEC_ENABLED=true" in stderr
     said = answers[1]["instructions"]
     assert "code execution is off" in said
     assert not any(tool in said for tool in ("run_code", "run_command", "shell", "python", "write_file"))

@@ -425,7 +425,7 @@ class DockerSession(Session):
             self._containers.discard(container_id)
 
     def _stream(self, sock_io: Any, stdin: bytes, deadline: float, out: BoundedCapture, err: BoundedCapture,
-                kill: Callable[[], object]) -> bool:
+                kill: Callable[[], object], alive: Callable[[], bool] | None = None) -> bool:
         """Feed stdin and capture the output of a hijacked attach/exec socket until EOF or the deadline; True if
         the deadline came first, and then the socket is closed before ``kill`` runs.
 
@@ -437,7 +437,7 @@ class DockerSession(Session):
         with self._lock:
             self._streams.add(sock)
         try:
-            timed_out = pump(sock, leftover, stdin, deadline, out, err)
+            timed_out = pump(sock, leftover, stdin, deadline, out, err, alive)
         finally:
             with self._lock:
                 self._streams.discard(sock)
@@ -503,29 +503,32 @@ class DockerSession(Session):
                                f"{exc.explanation or exc}", backend="docker") from None
         except docker.errors.APIError as exc:
             if "is not running" in str(exc.explanation or exc):
-                if self._oom_killed():
-                    raise SandboxError(
-                        f"the session's container was killed at its memory limit ({self.plan.limits.memory_mb} MiB): "
-                        "the whole sandbox, not one process, as under gVisor, whose kernel the container's cgroup "
-                        "holds too. Open a new sandbox, with a higher limit (limits.memory_mb) or doing less per run",
-                        backend="docker") from None
-                raise SandboxError(f"the session's container has stopped: its lifetime of "
-                                   f"{self.spec.lifetime_s:g} s is over, or it was stopped from outside. Open a "
-                                   "new sandbox (lifetime_s sets how long one lives)", backend="docker") from None
+                raise self._stopped_error() from None
             raise SandboxError(f"the Docker engine refused: {exc.explanation or exc}", backend="docker") from None
         finally:
             if door is not None and self.egress is not None:
                 self.egress.finish_run(door, settle_s=0)
 
-    def _oom_killed(self) -> bool:
-        """The session's container was killed by the kernel at its memory limit (docker inspect State.OOMKilled)."""
+    def _stopped_error(self) -> SandboxError:
+        """Why the session's container is no longer running, as the caller should read it."""
+        if self._state().get("OOMKilled"):  # killed by the kernel at its memory limit
+            return SandboxError(
+                f"the session's container was killed at its memory limit ({self.plan.limits.memory_mb} MiB): "
+                "the whole sandbox, not one process, as under gVisor, whose kernel the container's cgroup "
+                "holds too. Open a new sandbox, with a higher limit (limits.memory_mb) or doing less per run",
+                backend="docker")
+        return SandboxError(f"the session's container has stopped: its lifetime of {self.spec.lifetime_s:g} s is "
+                            "over, or it was stopped from outside. Open a new sandbox (lifetime_s sets how long "
+                            "one lives)", backend="docker")
+
+    def _state(self) -> dict[str, Any]:
+        """The session container's State as docker inspect reports it; {} when it is gone or unreachable."""
         if self._keeper_id is None:
-            return False
+            return {}
         try:
-            state = self.backend.call(lambda c: c.api.inspect_container(self._keeper_id)).get("State") or {}
+            return self.backend.call(lambda c: c.api.inspect_container(self._keeper_id)).get("State") or {}
         except Exception:  # noqa: BLE001 - gone or unreachable: the caller reports the stopped container as it is
-            return False
-        return bool(state.get("OOMKilled"))
+            return {}
 
     def _command(self, request: ExecSpec, door: ProxyRun | None) -> tuple[list[str], dict[str, str]]:
         """The container's command (under the backstop; behind the proxy's forwarder in mode proxy) and env."""
@@ -603,7 +606,16 @@ class DockerSession(Session):
             exec_id, sock_io = self._start_exec(command, env, request.workdir, self.plan.user)
             stdin = request.stdin or b""
         started = time.monotonic()
-        timed_out = self._stream(sock_io, stdin, started + request.timeout, out, err, self._kill_sandbox_user)
+        stopped = False
+
+        def alive() -> bool:  # asked in silences: a container dead under its exec leaves the exec's stream open
+            nonlocal stopped
+            stopped = self._state().get("Running") is False
+            return not stopped
+
+        timed_out = self._stream(sock_io, stdin, started + request.timeout, out, err, self._kill_sandbox_user, alive)
+        if stopped:
+            raise self._stopped_error()
         exit_code = None if timed_out else self._exec_exit_code(exec_id)  # a timed-out result has its own code
         duration = time.monotonic() - started
         oom = exit_code == 137 and not timed_out and self._new_oom_kills()

@@ -8,11 +8,13 @@ import selectors
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from execbox.plugin import BoundedCapture
 
 _CHUNK = 1 << 18
+ALIVE_EVERY_S = 1.0
 
 
 class Demux:
@@ -67,9 +69,13 @@ def close(sock_io: Any, sock: socket.socket) -> None:
 
 
 def pump(sock: socket.socket, leftover: bytes, stdin: bytes | None, deadline: float,
-          out: BoundedCapture, err: BoundedCapture) -> bool:
+          out: BoundedCapture, err: BoundedCapture, alive: Callable[[], bool] | None = None) -> bool:
     """Feed stdin and read output until EOF; True if the deadline came first. Memory stays flat: one
-    read buffer and the two bounded captures, however much the program writes."""
+    read buffer and the two bounded captures, however much the program writes.
+
+    ``alive`` is asked after each ALIVE_EVERY_S of silence: the engine keeps an exec's stream open when its
+    container dies under it (gVisor's Sentry killed at the memory limit), so EOF alone would wait out the
+    deadline. False ends the pump as EOF would."""
     demux = Demux(out, err)
     if leftover:
         demux.feed(memoryview(leftover))
@@ -89,7 +95,10 @@ def pump(sock: socket.socket, leftover: bytes, stdin: bytes | None, deadline: fl
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return True
-            for _, mask in sel.select(remaining):
+            events = sel.select(remaining if alive is None else min(remaining, ALIVE_EVERY_S))
+            if not events and alive is not None and time.monotonic() < deadline and not alive():
+                return False
+            for _, mask in events:
                 if mask & selectors.EVENT_WRITE:
                     try:
                         sent += sock.send(data[sent:sent + _CHUNK])
