@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         SandboxLostError,
         SandboxPermissionError,
         SecretFileError,
+        SnapshotError,
         TransferTooLargeError,
         UnsupportedPolicyError,
         WorkspacePathError,
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from execbox.runner import AsyncRunner, AsyncSandbox, Runner, Sandbox, run_blocking
     from execbox.runner.batch import AsyncBatch, Batch, BatchItem, BatchSummary
     from execbox.runner.pipeline import Uploads
+    from execbox.runner.snapshots import Snapshot
     from execbox.secrets.egress import Given
     from execbox.secrets.values import Secret
 
@@ -69,8 +71,8 @@ _LAZY = {
     **dict.fromkeys(["BackendTimeoutError", "BackendUnavailableError", "BusyError", "ConfigError", "ExecboxError",
                      "FileTooLargeError", "MissingExtraError", "NotASandboxError", "PluginError", "RefusedError",
                      "SandboxError", "SandboxFileNotFoundError", "SandboxIsADirectoryError", "SandboxLostError",
-                     "SandboxPermissionError", "SecretFileError", "TransferTooLargeError", "UnsupportedPolicyError",
-                     "WorkspacePathError"],
+                     "SandboxPermissionError", "SecretFileError", "SnapshotError", "TransferTooLargeError",
+                     "UnsupportedPolicyError", "WorkspacePathError"],
                     "execbox.errors"),
     **dict.fromkeys(["PluginWarning", "hookimpl"], "execbox.contract.hookspecs"),
     **dict.fromkeys(["Capabilities", "CellError", "CellResult", "DisplayData", "EgressAttempt", "ExecRequest",
@@ -81,6 +83,7 @@ _LAZY = {
     "Settings": "execbox.config.settings",
     **dict.fromkeys(["AsyncRunner", "AsyncSandbox", "Runner", "Sandbox", "run_blocking"], "execbox.runner"),
     **dict.fromkeys(["AsyncBatch", "Batch", "BatchItem", "BatchSummary"], "execbox.runner.batch"),
+    "Snapshot": "execbox.runner.snapshots",
 }
 
 if not TYPE_CHECKING:  # hidden from mypy, so a misspelt name is still an error there rather than Any
@@ -145,6 +148,8 @@ __all__ = [
     "Session",
     "SessionSpec",
     "Settings",
+    "Snapshot",
+    "SnapshotError",
     "Transfer",
     "TransferTooLargeError",
     "UnsupportedPolicyError",
@@ -209,7 +214,7 @@ def sandbox(backend: str | None = None, *, network: NetworkMode | None = None, l
             tmpfs: Sequence[str] | None = None,
             package_cache: bool = False, pip: Sequence[str] | None = None,
             secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
-            **options: Any) -> Sandbox:
+            from_snapshot: Snapshot | None = None, **options: Any) -> Sandbox:
     """A persistent sandbox: ``with execbox.sandbox() as sb: sb.exec(...)``; backend options as keywords
     (``execbox.sandbox("docker", image="my-image")``). See AsyncRunner.sandbox."""
     from execbox.runner import AsyncRunner, Sandbox
@@ -218,7 +223,7 @@ def sandbox(backend: str | None = None, *, network: NetworkMode | None = None, l
         backend,
         network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts,
         tmpfs=tmpfs, package_cache=package_cache,
-        pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress, **options)
+        pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress, from_snapshot=from_snapshot, **options)
     inner.owns_runner = True
     return Sandbox(inner)
 
@@ -273,7 +278,7 @@ def asandbox(backend: str | None = None, *, network: NetworkMode | None = None, 
              tmpfs: Sequence[str] | None = None,
              package_cache: bool = False, pip: Sequence[str] | None = None,
              secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
-             **options: Any) -> AsyncSandbox:
+             from_snapshot: Snapshot | None = None, **options: Any) -> AsyncSandbox:
     """``async with execbox.asandbox() as sb: await sb.exec(...)``. See AsyncRunner.sandbox."""
     from execbox.runner import AsyncRunner
 
@@ -281,6 +286,6 @@ def asandbox(backend: str | None = None, *, network: NetworkMode | None = None, 
         backend,
         network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts,
         tmpfs=tmpfs, package_cache=package_cache,
-        pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress, **options)
+        pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress, from_snapshot=from_snapshot, **options)
     inner.owns_runner = True
     return inner

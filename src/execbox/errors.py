@@ -131,6 +131,11 @@ class SandboxLostError(SandboxError):
     retryable = False
 
 
+class SnapshotError(ExecboxError):
+    """A snapshot that cannot be made or used: over the snapshot store's size bound, unknown, expired, or no
+    longer what was written (corrupted or truncated: refused whole, never restored half-way)."""
+
+
 class BackendTimeoutError(SandboxError):
     """A backend call (open, exec, a file call, close) did not return within its bound: the runner gave up on it,
     closed its sandbox (itself bounded) and marked it broken. Names the backend and the call; retrying may help

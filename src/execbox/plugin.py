@@ -54,7 +54,9 @@ each piece's contract.
     lifecycle        create_cleanly (create in a worker thread without leaking on cancellation)
     snapshots        Capabilities(snapshot=, memory_snapshot=); Session.snapshot(place, memory=) writes a live
                      sandbox's state into SnapshotPlace.directory and returns SnapshotParts; open_session starts from
-                     SessionSpec.restore (a SnapshotRestore); ExecutionBackend.delete_snapshot removes its refs
+                     SessionSpec.restore (a SnapshotRestore); ExecutionBackend.delete_snapshot removes its refs;
+                     pack_sandbox_paths / restore_sandbox_paths keep sandbox paths besides the workspace (the
+                     runner keeps the workspace itself)
     state            state_dir (where execbox keeps its own files: a backend's caches and run state)
     probe cache      load_probe_facts / store_probe_facts: an engine's facts (never a verdict) kept across
                      processes for ``self.shared.probe_cache_sec``, keyed by what names the engine instance
@@ -162,6 +164,7 @@ from execbox.kit.sessions.remote import (
     sdk_call,
     wrapped_argv,
 )
+from execbox.kit.snapshots import pack_sandbox_paths, restore_sandbox_paths, snapshot_limits
 from execbox.policy.env import filter_env, host_env, sandbox_env
 from execbox.policy.seccomp import (
     CLONE_NEWUSER,
@@ -200,7 +203,8 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # (why a launcher binary cannot be trusted, as root); compiled_filter, SeccompUnavailable (the deny list as a BPF
 # program, moved from the bubblewrap backend: gvisor's commands load it too).
 # 2.4: snapshots: Capabilities.snapshot and memory_snapshot, Session.snapshot, SessionSpec.restore, SnapshotPlace,
-# SnapshotParts, SnapshotRestore, ExecutionBackend.delete_snapshot.
+# SnapshotParts, SnapshotRestore, ExecutionBackend.delete_snapshot, pack_sandbox_paths, restore_sandbox_paths,
+# snapshot_limits.
 KIT_VERSION = "2.4"
 
 __all__ = [
@@ -300,6 +304,9 @@ __all__ = [
     "Session",
     "SessionSpec",
     "SnapshotParts",
+    "pack_sandbox_paths",
+    "restore_sandbox_paths",
+    "snapshot_limits",
     "SnapshotPlace",
     "SnapshotRestore",
     "setting",

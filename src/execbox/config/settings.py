@@ -217,6 +217,12 @@ class Settings(EnvSettings):
     max_transfer_files: int = setting(
         "CODE_EXEC_MAX_TRANSFER_FILES", 100_000, "most entries an upload, download or listing walks; more is "
         "refused (trees deeper than 256 levels are refused too)", gt=0, le=1 << 24)
+    snapshot_max_total_mb: int = setting(
+        "CODE_EXEC_SNAPSHOT_MAX_TOTAL_MB", 20480, "all snapshots of this user together (their files and the engine "
+        "images they keep), MiB; a snapshot past it is refused and removed", gt=0, le=1 << 30)
+    snapshot_max_age_sec: float = setting(
+        "CODE_EXEC_SNAPSHOT_MAX_AGE_SEC", 7 * 86400.0, "how long a snapshot is kept: an older one is refused and "
+        "`execbox snapshot gc` removes it, seconds", gt=0, le=366 * 86400, allow_inf_nan=False)
     package_cache: Path | None = setting(
         "CODE_EXEC_PACKAGE_CACHE", None, "per-user wheel cache that `pip_install` fills on the host and sandboxes "
         "see read-only (every sandbox whose backend takes mounts); (none) = /var/cache/execbox/pip as root, else "

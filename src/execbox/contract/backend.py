@@ -67,6 +67,9 @@ class SharedSettings:
     open_timeout_sec: float
     backend_grace_sec: float
     max_timeout_sec: float
+    #: The bounds of packing a snapshot's part (CODE_EXEC_SNAPSHOT_MAX_TOTAL_MB in bytes, _MAX_TRANSFER_FILES).
+    snapshot_max_bytes: int = 20480 << 20
+    max_transfer_files: int = 100_000
 
     @classmethod
     def of(cls, settings: Settings) -> SharedSettings:
@@ -75,7 +78,8 @@ class SharedSettings:
             probe_cache_sec=settings.probe_cache_sec, egress_allow=tuple(settings.egress_allow),
             egress_defaults=settings.egress_defaults, ca_bundle=settings.ca_bundle,
             open_timeout_sec=settings.open_timeout_sec, backend_grace_sec=settings.backend_grace_sec,
-            max_timeout_sec=settings.max_timeout_sec)
+            max_timeout_sec=settings.max_timeout_sec, snapshot_max_bytes=settings.snapshot_max_total_mb << 20,
+            max_transfer_files=settings.max_transfer_files)
 
     def egress_policy(self) -> EgressPolicy:
         """The allowlist of network mode proxy, for the host-side proxy (``EgressProxy``)."""
@@ -163,8 +167,9 @@ class Session(ABC):
         """Remove everything the session created. Must be safe to call twice."""
 
     async def snapshot(self, place: SnapshotPlace, *, memory: bool) -> SnapshotParts:
-        """Write this live sandbox's state into ``place.directory``: the workspace and what the code changed outside
-        it (packages installed with pip or apt count), and with ``memory`` its processes and their memory. The
+        """Write this live sandbox's state into ``place.directory``: what the code changed outside the workspace
+        (packages installed with apt or pip count; the runner packs the workspace itself), and with ``memory`` its
+        processes and their memory. The
         sandbox goes on running afterwards, unchanged. Only for backends claiming ``snapshot`` (``memory``: claiming
         ``memory_snapshot``); the runner never calls it otherwise."""
         raise UnsupportedPolicyError("this backend does not claim the capability 'snapshot'")

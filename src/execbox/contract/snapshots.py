@@ -2,8 +2,10 @@
 
 The runner owns everything around it: the snapshot's id, its private directory (0700, under execbox's own state,
 which the guard never lets a sandbox reach), the manifest with the content hash, the size and age bounds, the
-audit records, re-judging a restore under today's settings, fork and rollback. A backend only writes a live
-sandbox's state into the directory it is given (``Session.snapshot``) and opens a sandbox from such a directory
+audit records, re-judging a restore under today's settings, fork and rollback, and the workspace: it packs the
+workspace into the snapshot through the session's own bounded file calls and unpacks it into the restored sandbox.
+A backend writes what the code changed outside the workspace (``Session.snapshot``: an engine image of the
+container's changes, say; nothing, where only the workspace is writable) and opens a sandbox from it
 (``SessionSpec.restore``); what it keeps outside the directory (an engine image, a remote provider's snapshot) it
 names in ``SnapshotParts.refs`` and removes in ``ExecutionBackend.delete_snapshot``.
 """
@@ -36,6 +38,8 @@ class SnapshotParts:
     #: What the backend keeps outside the directory, by a name of its own (``{"image": "sha256:..."}``): part of
     #: the content hash, handed back to ``open_session`` (in ``SnapshotRestore``) and to ``delete_snapshot``.
     refs: Mapping[str, str] = field(default_factory=dict)
+    #: Bytes the refs hold on this host (an engine image's own layer), counted against the snapshot store's bound.
+    outside_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -515,6 +515,13 @@ case "$t/" in "${w%/}"/*) ;; *) exit 4 ;; esac
 cd -- "$(dirname -- "$2")" && exec tar -cf "$3" -- "$(basename -- "$2")"
 """
 
+# sh -c PACK_CONTENTS execbox DIR ARCHIVE: what DIR holds, without DIR itself (whose mode and times belong to its
+# owner: /tmp is root's, and extracting a "." entry into it would try to change them).
+_PACK_CONTENTS = r"""
+cd -- "$1" || exit 3
+find . -mindepth 1 -maxdepth 1 -print0 | tar -cf "$2" --null -T -
+"""
+
 # sh -c UNPACK execbox WORKSPACE DEST ARCHIVE: extract ARCHIVE (an absolute path, written by execbox) into DEST's
 # parent.
 _UNPACK = r"""
@@ -674,7 +681,10 @@ async def _sandbox_list(session: SandboxShell, root: str, rel: str, *, recursive
     return entries
 
 
-async def sandbox_pack(session: SandboxShell, rel: str, out: IO[bytes], *, limits: TransferLimits) -> None:
+async def sandbox_pack(session: SandboxShell, rel: str, out: IO[bytes], *, limits: TransferLimits,
+                       contents: bool = False) -> None:
+    """``rel`` as tar into ``out``; with ``contents``, what the absolute directory ``rel`` holds, as ``./...``
+    (a snapshot's kept directory, unpacked into the same place by ``sandbox_unpack(contents=True)``)."""
     listing = await sandbox_list(session, rel, recursive=True, limits=limits)
     budget = _Budget(limits, f"{rel or 'the workspace'!r}")
     for entry in listing:
@@ -682,8 +692,11 @@ async def sandbox_pack(session: SandboxShell, rel: str, out: IO[bytes], *, limit
             budget.data(entry.path, entry.size)  # refused from the sizes, before a byte is packed
     name = f".execbox/xfer-{uuid.uuid4().hex[:12]}.tar"
     await session.write_file(name, b"")  # makes .execbox (as the caller sees the workspace)
-    root, inner, _ = _rooted(session, rel)
-    code, _, _ = await session.run_script(_PACK, root, inner, posixpath.join(session.workspace, name), name)
+    if contents:
+        code, _, _ = await session.run_script(_PACK_CONTENTS, rel, posixpath.join(session.workspace, name))
+    else:
+        root, inner, _ = _rooted(session, rel)
+        code, _, _ = await session.run_script(_PACK, root, inner, posixpath.join(session.workspace, name), name)
     try:
         if code != 0:
             raise _helper_failed(rel, code)
@@ -694,7 +707,8 @@ async def sandbox_pack(session: SandboxShell, rel: str, out: IO[bytes], *, limit
     out.write(data)
 
 
-async def sandbox_unpack(session: SandboxShell, dest: str, archive: IO[bytes], *, limits: TransferLimits) -> None:
+async def sandbox_unpack(session: SandboxShell, dest: str, archive: IO[bytes], *, limits: TransferLimits,
+                         contents: bool = False) -> None:
     name = f".execbox/xfer-{uuid.uuid4().hex[:12]}.tar"
     bound = limits.max_bytes + 2048 * (limits.max_entries + 8)
     data = archive.read(bound + 1)
@@ -702,7 +716,7 @@ async def sandbox_unpack(session: SandboxShell, dest: str, archive: IO[bytes], *
         raise TransferTooLargeError(f"refused: the archive for {dest!r} is over {bound} bytes. Raise {BYTES_VAR}, or "
                                     "upload less", env_var=BYTES_VAR)
     await session.write_file(name, data)
-    root, inner, _ = _rooted(session, dest)
+    root, inner = (dest, "") if contents else _rooted(session, dest)[:2]
     code, _, _ = await session.run_script(_UNPACK, root, inner, posixpath.join(session.workspace, name))
     if code != 0:
         raise _helper_failed(dest, code)

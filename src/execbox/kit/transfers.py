@@ -72,6 +72,17 @@ async def upload_path(session: Session, local: str, remote: str, *, limits: Tran
     return packed
 
 
+async def pack_workspace(session: Session, out: IO[bytes], *, limits: TransferLimits) -> Transfer:
+    """The whole workspace as tar into ``out`` (a snapshot's), through the session's own bounded download: links
+    kept as links, never followed."""
+    return await session.download("", out, limits=limits)
+
+
+async def unpack_workspace(session: Session, archive: IO[bytes], *, limits: TransferLimits) -> Transfer:
+    """A tar ``pack_workspace`` wrote, into the session's workspace, through its own bounded upload."""
+    return await session.upload("", archive, limits=limits)
+
+
 async def download_path(session: Session, remote: str, local: str, *, limits: TransferLimits) -> Transfer:
     """Copy ``remote`` ("" = the whole workspace) to the local path ``local``: a directory is made or merged into;
     a file is written there, or inside ``local`` when that is an existing directory. Symlinks, hard links,

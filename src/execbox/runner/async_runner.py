@@ -25,6 +25,7 @@ from execbox.contract.models import (
     NetworkMode,
 )
 from execbox.contract.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
+from execbox.contract.snapshots import SnapshotParts
 from execbox.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -35,6 +36,7 @@ from execbox.files.workspace import normalize
 from execbox.guard.guard import Guard
 from execbox.kit import packages, transfers
 from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
+from execbox.runner import snapshots as store
 from execbox.runner.batch import AsyncBatch, Item
 from execbox.runner.pipeline import (
     Uploads,
@@ -59,6 +61,7 @@ from execbox.runner.pipeline import (
 from execbox.runner.pool import WarmPool
 from execbox.runner.sandbox import AsyncSandbox
 from execbox.runner.scheduler import Slots, default_max_concurrent
+from execbox.runner.snapshots import Snapshot
 from execbox.secrets import egress as egress_given
 from execbox.secrets import values as secrets_inject
 from execbox.secrets.egress import Given
@@ -289,7 +292,7 @@ class AsyncRunner:
     def state_places(self) -> list[str]:
         """What of execbox's own a mount or an upload must never hand to the code, beyond the default places:
         the package cache, the audit log's directory and key file, the MCP server's grant-signing key."""
-        places = [str(self.package_cache)]
+        places = [str(self.package_cache), str(store.root())]
         if self.audit.path is not None:
             places.append(str(self.audit.path.parent))
         if self.settings.audit_key_file is not None:
@@ -324,6 +327,73 @@ class AsyncRunner:
         if redactor is not None:
             moved = moved.model_copy(update={"skipped": [redactor.redact_text(s) for s in moved.skipped]})
         return moved
+
+    # -- snapshots: the store (runner.snapshots) and the backend's part of each --
+
+    async def take_snapshot(self, backend: ExecutionBackend, session: Session, *, name: str | None, memory: bool,
+                            network: NetworkMode, limits: Limits | None, origin: str) -> Snapshot:
+        """A new snapshot of ``session``: its workspace packed through the session's bounded download, the rest
+        written by the backend (bounded like an open), then hashed and sealed. Whatever fails or is cancelled
+        midway leaves nothing: the backend's part and the directory are removed."""
+        place = await anyio.to_thread.run_sync(store.new_place, backend.name)
+        parts: SnapshotParts | None = None
+        try:
+            bounds = store.limits(self.transfer_limits, self.settings)
+            with open(store.workspace_of(place.id), "xb") as out, backend_errors(backend.name):
+                await bounded(transfers.pack_workspace(session, out, limits=bounds), _files_s(backend),
+                              backend=backend, doing="packing the workspace for a snapshot", session=session)
+            with backend_errors(backend.name):
+                parts = await bounded(session.snapshot(place, memory=memory), backend.shared.open_timeout_sec,
+                                      backend=backend, doing="snapshot", session=session,
+                                      late=lambda late: backend.delete_snapshot(place, late))
+            made = parts
+            return await anyio.to_thread.run_sync(lambda: store.seal(
+                place, name=name, backend=backend.name, network=network, limits=limits, parts=made, origin=origin,
+                max_total_bytes=self.settings.snapshot_max_total_mb << 20))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._remove_snapshot(backend, place.id, parts)
+            raise
+
+    async def _remove_snapshot(self, backend: ExecutionBackend, snapshot_id: str,
+                               parts: SnapshotParts | None) -> None:
+        """What the backend keeps of a snapshot (its refs; for one never finished, what it can find by the id),
+        then its directory. A backend that fails to remove its part leaves the directory for another try."""
+        place = store.place_of(snapshot_id)
+        await bounded(backend.delete_snapshot(place, parts or SnapshotParts(memory=False, source="")),
+                      backend.shared.backend_grace_sec, backend=backend, doing="delete_snapshot")
+        await anyio.to_thread.run_sync(store.remove, snapshot_id)
+
+    async def load_snapshot(self, snapshot_id: str) -> Snapshot:
+        """The snapshot ``snapshot_id``, checked against its content hash and age (SnapshotError otherwise)."""
+        snapshot_id = _text(snapshot_id, "snapshot id")
+        return await anyio.to_thread.run_sync(lambda: store.load(
+            snapshot_id, max_age_s=self.settings.snapshot_max_age_sec))
+
+    async def snapshots(self) -> list[Snapshot]:
+        """Every snapshot of this user on this machine, oldest first."""
+        return await anyio.to_thread.run_sync(store.listing)
+
+    async def delete_snapshot(self, snapshot: Snapshot | str) -> None:
+        """Remove a snapshot (or one by its id): its files and what its backend keeps of it; audited. A second
+        call does nothing."""
+        snapshot_id = snapshot.id if isinstance(snapshot, Snapshot) else _text(snapshot, "snapshot id")
+        name = await anyio.to_thread.run_sync(store.backend_of, snapshot_id)
+        if name is None:
+            return  # gone already
+        parts = await anyio.to_thread.run_sync(store.read_refs, snapshot_id)
+        with backend_errors(name):
+            await self._remove_snapshot(self.backend(name), snapshot_id, parts)
+        await self.audit.arecord("snapshot.delete", snapshot=snapshot_id, snapshot_backend=name)
+
+    async def gc_snapshots(self) -> list[str]:
+        """Remove the snapshots past CODE_EXEC_SNAPSHOT_MAX_AGE_SEC and those whose writer died before finishing
+        them; their ids."""
+        expired = [s.id for s in await anyio.to_thread.run_sync(store.expired, self.settings.snapshot_max_age_sec)]
+        gone = expired + await anyio.to_thread.run_sync(store.leftovers)
+        for snapshot_id in gone:
+            await self.delete_snapshot(snapshot_id)
+        return gone
 
     async def warm(self, backend: str | None = None, *, network: NetworkMode | None = None,
                    limits: Limits | None = None, timeout: float | None = None) -> int:
@@ -420,7 +490,7 @@ class AsyncRunner:
                 tmpfs: Sequence[str] | None = None,
                 package_cache: bool = False, pip: Sequence[str] | None = None,
                 secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
-                secrets_at_egress: egress_given.Given | None = None,
+                secrets_at_egress: egress_given.Given | None = None, from_snapshot: Snapshot | None = None,
                 **options: Any) -> AsyncSandbox:
         """A persistent sandbox. Keywords beyond these are the backend's own options (its settings_model's fields,
         e.g. ``image=`` for docker), on top of the runner's and the environment's. ``mounts``: host paths bound
@@ -429,10 +499,12 @@ class AsyncRunner:
         wherever the backend can; ``package_cache``: demand it (refused where the backend cannot bind it); ``pip``:
         requirements installed from it when the sandbox opens (implies ``package_cache``). ``secrets``:
         given to every exec (on top of an exec's own), redacted from what every exec returns; ``secrets_at_egress``
-        likewise (network mode proxy)."""
+        likewise (network mode proxy). ``from_snapshot``: start in a snapshot's state (sb.snapshot(),
+        runner.snapshots()), on its backend, with its network and limits unless named here; re-judged under today's
+        settings."""
         sandbox = AsyncSandbox(self, backend, network=network, limits=limits, name=name, lifetime_s=lifetime_s,
                                options=options, mounts=mounts, tmpfs=tmpfs, package_cache=package_cache or bool(pip),
-                               pip=pip)
+                               pip=pip, from_snapshot=from_snapshot)
         sandbox.secrets = _sandbox_secrets(secrets)
         sandbox.secrets_at_egress = _sandbox_secrets(secrets_at_egress, egress=True)
         return sandbox

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from execbox.config.settings import Settings
     from execbox.guard.guard import Guard
     from execbox.runner.scheduler import Slots
+    from execbox.runner.snapshots import Snapshot
 
 
 class Host(Protocol):
@@ -101,6 +102,13 @@ class SandboxHost(Host, Protocol):
 
     async def download_from(self, backend: ExecutionBackend, session: Session, remote: str, local: str,
                             redactor: secrets_inject.Redactor | None = None) -> Transfer: ...
+
+    async def take_snapshot(self, backend: ExecutionBackend, session: Session, *, name: str | None, memory: bool,
+                            network: NetworkMode, limits: Limits | None, origin: str) -> Snapshot: ...
+
+    async def load_snapshot(self, snapshot_id: str) -> Snapshot: ...
+
+    async def delete_snapshot(self, snapshot: Snapshot | str) -> None: ...
 
 
 def _request(**kw: Any) -> ExecRequest:

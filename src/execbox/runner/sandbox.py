@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -25,11 +26,13 @@ from execbox.contract.models import (
     NetworkMode,
 )
 from execbox.contract.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
-from execbox.errors import BackendTimeoutError, ConfigError, RefusedError, SandboxError
+from execbox.contract.snapshots import SnapshotRestore
+from execbox.errors import BackendTimeoutError, ConfigError, RefusedError, SandboxError, UnsupportedPolicyError
 from execbox.files.transfer import FileInfo, Transfer
 from execbox.files.workspace import is_directory_error, normalize
 from execbox.kernel import magics
 from execbox.kit import packages, transfers
+from execbox.runner import snapshots as store
 from execbox.runner.pipeline import (
     Admission,
     SandboxHost,
@@ -50,6 +53,7 @@ from execbox.runner.pipeline import (
     configuration,
     finish_cell,
 )
+from execbox.runner.snapshots import Snapshot
 from execbox.secrets import values as secrets_inject
 from execbox.secrets.egress import Given
 from execbox.secrets.values import Secret
@@ -65,7 +69,7 @@ class AsyncSandbox:
                  name: str | None, lifetime_s: float, options: Mapping[str, Any] | None = None,
                  mounts: Sequence[Mount] | None = None, tmpfs: Sequence[str] | None = None,
                  package_cache: bool = False,
-                 pip: Sequence[str] | None = None) -> None:
+                 pip: Sequence[str] | None = None, from_snapshot: Snapshot | None = None) -> None:
         self.runner = runner
         self._mounts = list(mounts or [])
         self._tmpfs = [tmpfs] if isinstance(tmpfs, str) else list(tmpfs or [])
@@ -79,7 +83,13 @@ class AsyncSandbox:
         self.owns_runner = False
         self._backend_name = backend
         self._options = dict(options or {})
+        self._network_asked = network
         self._network = network or runner.settings.network
+        self._from_snapshot = from_snapshot
+        # The first cell after a filesystem-only restore runs in a fresh interpreter: it says state_lost.
+        self._state_lost_next = False
+        # Fork children share the snapshot they started from: the last one to close removes it.
+        self._fork_snapshot: _SharedSnapshot | None = None
         self._limits = limits
         self._name = name
         self._lifetime_s = lifetime_s
@@ -91,6 +101,8 @@ class AsyncSandbox:
         self.capabilities: Capabilities | None = None
         #: This sandbox's id in the audit log (its open, execs and close carry it).
         self.id = audit_fields.new_session_id()
+        # The sandboxes whose snapshots this one may roll back to: itself, and the one it was started from.
+        self._lineage = {self.id}
         #: Secrets every exec gets (``sandbox(secrets=...)``); ``_given``: every secret any exec got, for redaction
         #: of what the code may have left in the workspace (listings).
         self.secrets: dict[str, secrets_inject.Secret] = {}
@@ -113,6 +125,7 @@ class AsyncSandbox:
             return self
         if self._closed:
             raise SandboxError("this sandbox was closed and does not reopen: open another one")
+        restoring = await self._snapshot_to_restore()
         opening = configuration(self._network, self._limits, mounts=self._mounts, secrets=self.secrets,
                                 secrets_at_egress=self.secrets_at_egress, tmpfs=self._tmpfs)
         self.admission = await admit(self.runner, opening, backend=self._backend_name, options=self._options,
@@ -130,8 +143,14 @@ class AsyncSandbox:
                 if self._package_cache:
                     raise problem from None
                 self._no_cache = problem  # said by pip_install, to the one who wants the cache
+        restore = None
+        if restoring is not None:
+            restore = SnapshotRestore(store.place_of(restoring.id), restoring.parts)
+            if not self.capabilities.snapshot:
+                raise UnsupportedPolicyError(f"the {self.backend.name} backend does not claim the capability "
+                                             "'snapshot': it cannot start a sandbox from one")
         spec = SessionSpec(self._network, resolved.limits or Limits(), False, self._lifetime_s, self._name,
-                           mounts=mounts, tmpfs=tuple(resolved.tmpfs))
+                           mounts=mounts, tmpfs=tuple(resolved.tmpfs), restore=restore)
         _enough_threads(self.runner.slots.total)
         self.queued_s = await self.runner.slots.acquire(self.runner.settings.queue_timeout_sec, "this sandbox")
         try:
@@ -141,6 +160,14 @@ class AsyncSandbox:
             raise
         self._session.session_spec = spec
         await self.runner.audit.arecord("sandbox.open", **audit_fields.sandbox_fields(self.id, self.backend, spec))
+        if restoring is not None:
+            try:
+                await self._restore_workspace(self.backend, self._session, restoring)
+            except BaseException:
+                await self.close()
+                raise
+            self._lineage.add(restoring.origin)
+            await self.runner.audit.arecord("snapshot.restore", session=self.id, **_snapshot_fields(restoring))
         if self._pip:
             try:
                 installed = await self.pip_install(*self._pip)
@@ -151,6 +178,31 @@ class AsyncSandbox:
                 await self.close()
                 raise
         return self
+
+    async def _snapshot_to_restore(self) -> Snapshot | None:
+        """The snapshot this sandbox starts from, read anew from the store and checked against its hash; its
+        backend, network and limits become this sandbox's unless the caller named others (the admission then
+        judges them under today's settings: a network mode since turned off is refused)."""
+        if self._from_snapshot is None:
+            return None
+        if not isinstance(self._from_snapshot, Snapshot):
+            raise ConfigError("from_snapshot takes a Snapshot (from sb.snapshot() or runner.snapshots())")
+        snap = await self.runner.load_snapshot(self._from_snapshot.id)
+        if self._backend_name not in (None, "auto", snap.backend):
+            raise ConfigError(f"snapshot {snap.id} was taken on the {snap.backend} backend: it starts only there, "
+                              f"not on {self._backend_name}")
+        self._backend_name = snap.backend
+        self._network = self._network_asked or snap.network
+        self._limits = self._limits or snap.limits
+        self._state_lost_next = not snap.memory
+        return snap
+
+    async def _restore_workspace(self, backend: ExecutionBackend, session: Session, snap: Snapshot) -> None:
+        """The snapshot's packed workspace, unpacked into ``session``'s through its own bounded upload."""
+        limits = store.limits(self.runner.transfer_limits, self.runner.settings)
+        with open(store.workspace_of(snap.id), "rb") as archive, backend_errors(backend.name):
+            await bounded(transfers.unpack_workspace(session, archive, limits=limits), _files_s(backend),
+                          backend=backend, doing="restoring a snapshot's workspace", session=session)
 
     def _cache_mount(self, cache: Path) -> tuple[Mount, ...]:
         """The package cache, read-only at packages.SANDBOX_DIR, and pip pointed at it (offline when the network is
@@ -179,6 +231,15 @@ class AsyncSandbox:
                 await self.runner.aclose()
 
     async def _close_session(self) -> None:
+        try:
+            await self._close_live()
+        finally:
+            shared, self._fork_snapshot = self._fork_snapshot, None
+            if shared is not None:
+                with anyio.CancelScope(shield=True):
+                    await shared.release()
+
+    async def _close_live(self) -> None:
         kernel, self._kernel = self._kernel, None
         if kernel is not None:
             with anyio.CancelScope(shield=True):
@@ -369,8 +430,109 @@ class AsyncSandbox:
         if redactor is not None:
             await finish()
         result = finish_cell(result, admission, redactor)
+        if self._state_lost_next:
+            self._state_lost_next = False
+            result = result.model_copy(update={"state_lost": True, "notes": [*result.notes, (
+                "state_lost: this sandbox was started from (or rolled back to) a snapshot of its files only: the "
+                "interpreter started fresh, and variables and imports of earlier cells are gone")]})
         note = await self.runner.audit.arecord("cell", **fields, **_cell_fields(result, self.runner.audit))
         return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})
+
+    # -- snapshots --
+
+    async def snapshot(self, name: str | None = None, *, memory: bool = False) -> Snapshot:
+        """Keep this sandbox's state: its workspace and what the code changed outside it (packages it installed),
+        and with ``memory`` its processes and their memory, where the backend can (``memory_snapshot``). The
+        sandbox goes on unchanged. Start sandboxes from it with ``runner.sandbox(from_snapshot=snap)``, or come
+        back to it with ``rollback``. It is kept privately, bounded by CODE_EXEC_SNAPSHOT_MAX_TOTAL_MB and
+        CODE_EXEC_SNAPSHOT_MAX_AGE_SEC, until ``runner.delete_snapshot(snap)`` or ``execbox snapshot gc``."""
+        backend, session = self._live()
+        if name is not None:
+            name = _text(name, "name")[:200]
+        assert self.capabilities is not None
+        if not self.capabilities.snapshot:
+            raise UnsupportedPolicyError(f"the {backend.name} backend does not claim the capability 'snapshot': "
+                                         "it cannot keep a sandbox's state (`execbox backends` lists who can)")
+        if memory and not self.capabilities.memory_snapshot:
+            raise UnsupportedPolicyError(
+                f"the {backend.name} backend does not claim the capability 'memory_snapshot': it keeps files, not "
+                f"processes (snapshot with memory=False; a run_cell interpreter then starts fresh). {store.NO_MEMORY}")
+        snap = await self.runner.take_snapshot(backend, session, name=name, memory=memory, network=self._network,
+                                               limits=self._limits, origin=self.id)
+        await self.runner.audit.arecord("snapshot.create", session=self.id, **_snapshot_fields(snap))
+        return snap
+
+    async def fork(self, count: int = 1) -> list[AsyncSandbox]:
+        """``count`` new sandboxes (1-64), each started from this one's state now; this one goes on running. Each
+        is open and yours to close; the snapshot they started from is removed when the last of them closes."""
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
+            raise ConfigError(f"fork takes a count of 1 to 64 sandboxes, not {count!r}")
+        snap = await self.snapshot(f"fork of {self.id}")
+        shared = _SharedSnapshot(self.runner, snap, count)
+        forks = [self._started_from(snap) for _ in range(count)]
+        try:
+            async with anyio.create_task_group() as group:
+                for child in forks:
+                    group.start_soon(child.open)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                for child in forks:
+                    await child.close()
+                await self.runner.delete_snapshot(snap)
+            raise
+        for child in forks:
+            child._fork_snapshot = shared
+        await self.runner.audit.arecord("snapshot.fork", session=self.id, forks=[f.id for f in forks],
+                                        **_snapshot_fields(snap))
+        return forks
+
+    def _started_from(self, snap: Snapshot) -> AsyncSandbox:
+        child = AsyncSandbox(self.runner, snap.backend, network=self._network_asked, limits=self._limits,
+                             name=None, lifetime_s=self._lifetime_s, options=self._options, mounts=self._mounts,
+                             tmpfs=self._tmpfs, package_cache=self._package_cache, from_snapshot=snap)
+        child.secrets, child.secrets_at_egress = dict(self.secrets), dict(self.secrets_at_egress)
+        return child
+
+    async def rollback(self, snapshot: Snapshot) -> None:
+        """Return this sandbox to ``snapshot``, one taken of it (or of the sandbox it was started from): files
+        and packages since are gone, and without memory a run_cell interpreter starts fresh (its first cell says
+        ``state_lost``). The sandbox keeps its id and configuration; the snapshot stays for another rollback."""
+        backend, old = self._live()
+        if not isinstance(snapshot, Snapshot):
+            raise ConfigError("rollback takes a Snapshot (from sb.snapshot() or runner.snapshots())")
+        snap = await self.runner.load_snapshot(snapshot.id)
+        if snap.origin not in self._lineage or snap.backend != backend.name:
+            raise ConfigError(f"snapshot {snap.id} was taken of another sandbox: rollback returns a sandbox only to "
+                              "a snapshot of its own (start a new sandbox from it with from_snapshot=)")
+        assert old.session_spec is not None
+        spec = dataclasses.replace(old.session_spec, restore=SnapshotRestore(store.place_of(snap.id), snap.parts))
+        self.queued_s += await self.runner.slots.acquire(self.runner.settings.queue_timeout_sec, "a rollback")
+        try:
+            new = await _open(backend, spec)
+        except BaseException:
+            self.runner.slots.release()
+            raise
+        new.session_spec = spec
+        try:
+            await self._restore_workspace(backend, new, snap)
+        except BaseException:
+            with anyio.CancelScope(shield=True), backend_errors(backend.name):
+                try:
+                    await close_bounded(new, backend)
+                finally:
+                    self.runner.slots.release()
+            raise
+        kernel, self._kernel, self._session = self._kernel, None, new
+        self._state_lost_next = not snap.memory
+        with anyio.CancelScope(shield=True):
+            try:
+                if kernel is not None:
+                    await kernel.close()
+                with backend_errors(backend.name):
+                    await close_bounded(old, backend)
+            finally:
+                self.runner.slots.release()
+        await self.runner.audit.arecord("snapshot.rollback", session=self.id, **_snapshot_fields(snap))
 
     @property
     def workspace(self) -> str:
@@ -482,3 +644,20 @@ def _joined(results: list[CellResult]) -> CellResult:
         timed_out=last.timed_out, truncated=any(r.truncated for r in results), oom_killed=last.oom_killed,
         state_lost=any(r.state_lost for r in results), duration_s=round(sum(r.duration_s for r in results), 4),
         backend=last.backend, notes=[n for r in results for n in r.notes])
+
+
+def _snapshot_fields(snap: Snapshot) -> dict[str, Any]:
+    return {"snapshot": snap.id, "content_hash": snap.content_hash, "snapshot_backend": snap.backend,
+            "memory": snap.memory}
+
+
+class _SharedSnapshot:
+    """The snapshot a fork's children started from, removed when the last of them closes."""
+
+    def __init__(self, runner: SandboxHost, snap: Snapshot, holders: int) -> None:
+        self.runner, self.snap, self.holders = runner, snap, holders
+
+    async def release(self) -> None:
+        self.holders -= 1
+        if self.holders == 0:
+            await self.runner.delete_snapshot(self.snap)

@@ -24,6 +24,7 @@ from execbox.runner.batch import Batch, Item
 from execbox.runner.loop_thread import _OPEN_FACADES, _Closing, _LoopThread, run_blocking
 from execbox.runner.pipeline import Uploads
 from execbox.runner.sandbox import AsyncSandbox
+from execbox.runner.snapshots import Snapshot
 from execbox.secrets.egress import Given
 from execbox.secrets.values import Secret
 
@@ -151,13 +152,25 @@ class Runner:
                 tmpfs: Sequence[str] | None = None,
                 package_cache: bool = False, pip: Sequence[str] | None = None,
                 secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
-                **options: Any) -> Sandbox:
+                from_snapshot: Snapshot | None = None, **options: Any) -> Sandbox:
         """See AsyncRunner.sandbox; keywords beyond these are the backend's own options."""
         return Sandbox(self.aio.sandbox(
             backend,
             network=network, limits=limits, name=name, lifetime_s=lifetime_s, mounts=mounts, tmpfs=tmpfs,
             package_cache=package_cache, pip=pip, secrets=secrets, secrets_at_egress=secrets_at_egress,
-            **options), runner=self)
+            from_snapshot=from_snapshot, **options), runner=self)
+
+    def snapshots(self) -> list[Snapshot]:
+        """See AsyncRunner.snapshots."""
+        return self._call(self.aio.snapshots)
+
+    def delete_snapshot(self, snapshot: Snapshot | str) -> None:
+        """See AsyncRunner.delete_snapshot."""
+        self._call(functools.partial(self.aio.delete_snapshot, snapshot))
+
+    def gc_snapshots(self) -> list[str]:
+        """See AsyncRunner.gc_snapshots."""
+        return self._call(self.aio.gc_snapshots)
 
 
 class Sandbox:
@@ -188,11 +201,15 @@ class Sandbox:
             if runner is None:
                 loop.stop(cancel=True)
             raise
-        self._loop = loop
-        self._closing = _Closing(self, loop, self.aio.close, owns_loop=runner is None)  # and its own runner
-        if runner is not None:
-            runner._sandboxes.add(self)
+        self._held(loop, owns_loop=runner is None)
         return self
+
+    def _held(self, loop: _LoopThread, *, owns_loop: bool) -> None:
+        """This open sandbox's calls go to ``loop``; closing it (or collecting it) closes it there."""
+        self._loop = loop
+        self._closing = _Closing(self, loop, self.aio.close, owns_loop=owns_loop)  # and its own runner
+        if self._runner is not None:
+            self._runner._sandboxes.add(self)
 
     def __exit__(self, *exc: Any) -> None:
         self.close(*exc)
@@ -272,3 +289,22 @@ class Sandbox:
     def pip_install(self, *requirements: str, on_stdout: OnText | None = None,
                     on_stderr: OnText | None = None) -> ExecResult:
         return self._call(self.aio.pip_install, *requirements, on_stdout=on_stdout, on_stderr=on_stderr)
+
+    def snapshot(self, name: str | None = None, *, memory: bool = False) -> Snapshot:
+        """See AsyncSandbox.snapshot."""
+        return self._call(self.aio.snapshot, name, memory=memory)
+
+    def rollback(self, snapshot: Snapshot) -> None:
+        """See AsyncSandbox.rollback."""
+        self._call(self.aio.rollback, snapshot)
+
+    def fork(self, count: int = 1) -> list[Sandbox]:
+        """See AsyncSandbox.fork: ``count`` open sandboxes, each yours to close (``with`` each, or ``close()``)."""
+        forks = self._call(self.aio.fork, count)
+        assert self._loop is not None
+        held = []
+        for child in forks:
+            facade = Sandbox(child, runner=self._runner)
+            facade._held(self._loop, owns_loop=False)
+            held.append(facade)
+        return held

@@ -26,6 +26,7 @@ from execbox.plugin import (
     create_cleanly,
     orphaned_dirs,
     remove_tree,
+    restore_sandbox_paths,
     sweep_orphaned_proxies,
 )
 
@@ -73,6 +74,7 @@ class BubblewrapBackend(ExecutionBackend[BubblewrapSettings]):
         streaming=True,
         mounts=True,  # execbox.Mount as --ro-bind / --bind (a source the dropped uid can reach)
         tmpfs=True,  # extra tmpfs paths (SessionSpec.tmpfs) as --tmpfs, the sandbox user's
+        snapshot=True,  # the workspace (HOME, pip's --user) and, as root, the tmpfs paths a session keeps
     )
 
     settings_model = BubblewrapSettings
@@ -106,8 +108,16 @@ class BubblewrapBackend(ExecutionBackend[BubblewrapSettings]):
                                   f"{settings.user} (CODE_EXEC_BWRAP_USER) when execbox runs as root: make the path "
                                   "reachable by that user, or mount another one", backend=self.name,
                                   env_var="CODE_EXEC_BWRAP_USER")
-        return await create_cleanly(lambda made: made.append(BubblewrapSession(report, settings, spec, self.shared)),
-                                    lambda session: session.destroy())
+        session: BubblewrapSession = await create_cleanly(
+            lambda made: made.append(BubblewrapSession(report, settings, spec, self.shared)),
+            lambda session: session.destroy())
+        try:
+            await restore_sandbox_paths(session, spec, self.shared)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await session.close()
+            raise
+        return session
 
     async def gc(self) -> list[str]:
         """Session directories, size-limited workspaces and cgroups (v1 and v2) of execbox processes that are

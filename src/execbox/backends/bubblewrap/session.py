@@ -36,6 +36,8 @@ from execbox.plugin import (
     SessionSpec,
     Settings,
     SharedSettings,
+    SnapshotParts,
+    SnapshotPlace,
     Transfer,
     TransferLimits,
     armed_script,
@@ -45,11 +47,13 @@ from execbox.plugin import (
     mount_tmpfs,
     owner_id,
     owner_tag,
+    pack_sandbox_paths,
     release_sized,
     remove_tree,
     safe_read,
     safe_write,
     sandbox_env,
+    snapshot_limits,
     start_process,
     stop_process,
     through_egress,
@@ -98,6 +102,7 @@ class BubblewrapSession(Session):
         self.report = report
         self.settings = settings
         self.spec = spec
+        self.shared = shared
         self.owner = report.host_identity
         self.host_owner = self.owner
         self.root = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-")
@@ -362,6 +367,13 @@ class BubblewrapSession(Session):
         # as the sandbox user: a file the code made unreadable stays unread
         return await anyio.to_thread.run_sync(lambda: safe_read(self.host_workspace, path, max_bytes=max_bytes,
                                                                 owner=self.owner))
+
+    async def snapshot(self, place: SnapshotPlace, *, memory: bool) -> SnapshotParts:
+        # /usr and the rest of the root are this host's, read-only: besides the workspace (the runner's part) only
+        # the tmpfs paths a session keeps (as root: /tmp and tmpfs=) change; otherwise each exec has its own.
+        await pack_sandbox_paths(self, place, list(self._tmpfs_dirs), limits=snapshot_limits(
+            self.shared or SharedSettings.of(Settings.from_env())))
+        return SnapshotParts(memory=False, source="this host's /usr, read-only (bubblewrap)")
 
     async def close(self) -> None:
         self._closed = True

@@ -57,6 +57,7 @@ from execbox.plugin import (
     gvisor_record,
     load_probe_facts,
     owner_alive,
+    restore_sandbox_paths,
     setting,
     sized_workspace_unavailable,
     store_probe_facts,
@@ -194,6 +195,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         streaming=True,  # attach / exec sockets are demultiplexed as they arrive (docker/stream.py)
         mounts=True,  # execbox.Mount: plain private binds, read-only unless asked, checked in the inspect output
         tmpfs=True,  # extra tmpfs paths (SessionSpec.tmpfs), the sandbox user's, checked in the inspect output
+        snapshot=True,  # the workspace and the tmpfs paths (the root is read-only), packed inside as the user
     )
 
     def __init__(self, execbox_settings: Settings, options: Mapping[str, Any] | None = None) -> None:
@@ -439,6 +441,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
             if spec.network == "egress":
                 await anyio.to_thread.run_sync(self._ensure_egress_network)
             await anyio.to_thread.run_sync(session.start)
+            await restore_sandbox_paths(session, spec, self.shared)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await session.close()

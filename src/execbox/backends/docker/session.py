@@ -74,18 +74,22 @@ from execbox.plugin import (
     Session,
     SessionSpec,
     SharedSettings,
+    SnapshotParts,
+    SnapshotPlace,
     armed_script,
     build_result,
     mount_sized_soon,
     name_owner,
     owner_id,
     owner_tag,
+    pack_sandbox_paths,
     pid_alive,
     release_sized,
     remove_tree,
     safe_read,
     safe_write,
     sandbox_env,
+    snapshot_limits,
     tmpfs_path_mb,
     with_egress,
 )
@@ -678,6 +682,12 @@ class DockerSession(Session):
         owner = self.host_owner  # as the sandbox user: a file the code made unreadable stays unread
         return await anyio.to_thread.run_sync(lambda: safe_read(self.host_workspace, path, max_bytes=max_bytes,
                                                                 owner=owner))
+
+    async def snapshot(self, place: SnapshotPlace, *, memory: bool) -> SnapshotParts:
+        # The root filesystem is read-only: besides the workspace (the runner's part) only the tmpfs paths change,
+        # /tmp holding HOME and what pip installs with --user.
+        await pack_sandbox_paths(self, place, [TMPFS, *self.spec.tmpfs], limits=snapshot_limits(self.backend.shared))
+        return SnapshotParts(memory=False, source=self.plan.image)
 
     async def close(self) -> None:
         await anyio.to_thread.run_sync(self._close_blocking)

@@ -34,6 +34,7 @@ from execbox.plugin import (
     create_cleanly,
     host_env,
     orphaned_dirs,
+    restore_sandbox_paths,
     sized_workspace_unavailable,
     untrusted_binary,
 )
@@ -57,6 +58,7 @@ class GvisorBackend(ExecutionBackend[GvisorSettings]):
         file_transfer=True,
         limits=frozenset({"memory", "disk", "wall_time"}),
         streaming=True,
+        snapshot=True,  # the workspace and /tmp (the root is read-only)
     )
     settings_model = GvisorSettings
     sweeps_on_first_use = True
@@ -115,6 +117,7 @@ async def _open(host: Host, spec: SessionSpec, shared: SharedSettings) -> Gvisor
     session = await create_cleanly(create, GvisorSession.destroy)
     try:
         await session.start()
+        await restore_sandbox_paths(session, spec, shared)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await session.close()

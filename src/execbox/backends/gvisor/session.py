@@ -33,18 +33,22 @@ from execbox.plugin import (
     Session,
     SessionSpec,
     SharedSettings,
+    SnapshotParts,
+    SnapshotPlace,
     compiled_filter,
     finish_process,
     host_env,
     mount_sized,
     owner_id,
     owner_tag,
+    pack_sandbox_paths,
     reaped,
     release_sized,
     remove_tree,
     safe_read,
     safe_write,
     sandbox_env,
+    snapshot_limits,
     through_egress,
 )
 
@@ -116,7 +120,7 @@ class GvisorSession(Session):
 
     def __init__(self, host: Host, spec: SessionSpec, shared: SharedSettings) -> None:
         """The session's directory, workspace and bundle (in a worker thread); ``start`` runs the sandbox."""
-        self.host, self.spec = host, spec
+        self.host, self.spec, self.shared = host, spec, shared
         self._closed = False
         self._lost = ""  # why the sandbox ended under a command, when it did
         self._proc: subprocess.Popen[bytes] | None = None
@@ -295,6 +299,11 @@ class GvisorSession(Session):
     async def read_file(self, path: str, max_bytes: int) -> bytes:
         return await anyio.to_thread.run_sync(lambda: safe_read(self._workspace, path, max_bytes=max_bytes,
                                                                 owner=self.owner))
+
+    async def snapshot(self, place: SnapshotPlace, *, memory: bool) -> SnapshotParts:
+        # The root filesystem is read-only: besides the workspace (the runner's part) only /tmp changes.
+        await pack_sandbox_paths(self, place, ["/tmp"], limits=snapshot_limits(self.shared))
+        return SnapshotParts(memory=False, source=self.host.rootfs)
 
     async def close(self) -> None:
         if self._closed:
