@@ -17,6 +17,7 @@ Each is an ordinary local session (``HostWorkspaceSession``) with one call stuck
     counting_remote  the same, claiming to be a provider's sandbox (remote) that offers network mode proxy
     own_thread     an honest backend that runs the command and builds its captures in a thread of its own (not
                    anyio's): nothing of the caller's context reaches them, only the spec
+    stuck_snapshot claims snapshot; Session.snapshot never returns, delete_snapshot counts its calls (DELETED)
 
 The threads they block in end when ``RELEASE`` is set (each test's teardown), so a test's event loop can close.
 They are NOT sandboxes: never use them outside these tests.
@@ -227,8 +228,26 @@ class OwnThread(StuckBackend):
     session = ThreadSession
 
 
+#: The snapshot ids stuck_snapshot was asked to remove.
+DELETED: list[str] = []
+
+
+class SnapshotSession(Session):
+    async def snapshot(self, place: plugin.SnapshotPlace, *, memory: bool) -> plugin.SnapshotParts:
+        await stuck()
+
+
+class StuckSnapshot(StuckBackend):
+    name = "stuck_snapshot"
+    capabilities = CLAIMS.model_copy(update={"snapshot": True})
+    session = SnapshotSession
+
+    async def delete_snapshot(self, place: plugin.SnapshotPlace, parts: plugin.SnapshotParts) -> None:
+        DELETED.append(place.id)
+
+
 BACKENDS = (StuckExec, StuckOpen, StuckProbe, StuckGc, StuckAclose, SlowOpen, StuckFiles, StuckClose, DataclassOk,
-            PipeHolder, Counting, CountingRemote, OwnThread)
+            PipeHolder, Counting, CountingRemote, OwnThread, StuckSnapshot)
 
 
 @plugin.hookimpl

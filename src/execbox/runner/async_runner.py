@@ -338,11 +338,12 @@ class AsyncRunner:
         place = await anyio.to_thread.run_sync(store.new_place, backend.name)
         parts: SnapshotParts | None = None
         try:
-            bounds = store.limits(self.transfer_limits, self.settings)
-            with open(store.workspace_of(place.id), "xb") as out, backend_errors(backend.name):
-                await bounded(transfers.pack_workspace(session, out, limits=bounds), _files_s(backend),
-                              backend=backend, doing="packing the workspace for a snapshot", session=session)
-            with backend_errors(backend.name):
+            left = await anyio.to_thread.run_sync(store.room_left, self.settings)
+            bounds = store.limits(self.transfer_limits, left)
+            with store.over_the_bound(self.settings), backend_errors(backend.name):
+                with open(store.workspace_of(place.id), "xb") as out:
+                    await bounded(transfers.pack_workspace(session, out, limits=bounds), _files_s(backend),
+                                  backend=backend, doing="packing the workspace for a snapshot", session=session)
                 parts = await bounded(session.snapshot(place, memory=memory), backend.shared.open_timeout_sec,
                                       backend=backend, doing="snapshot", session=session,
                                       late=lambda late: backend.delete_snapshot(place, late))

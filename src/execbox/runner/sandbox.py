@@ -199,7 +199,7 @@ class AsyncSandbox:
 
     async def _restore_workspace(self, backend: ExecutionBackend, session: Session, snap: Snapshot) -> None:
         """The snapshot's packed workspace, unpacked into ``session``'s through its own bounded upload."""
-        limits = store.limits(self.runner.transfer_limits, self.runner.settings)
+        limits = store.limits(self.runner.transfer_limits, snap.files_size)
         with open(store.workspace_of(snap.id), "rb") as archive, backend_errors(backend.name):
             await bounded(transfers.unpack_workspace(session, archive, limits=limits), _files_s(backend),
                           backend=backend, doing="restoring a snapshot's workspace", session=session)

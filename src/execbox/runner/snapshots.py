@@ -26,7 +26,7 @@ from execbox.config import paths
 from execbox.config.settings import Settings
 from execbox.contract.models import Limits, NetworkMode
 from execbox.contract.snapshots import SnapshotParts, SnapshotPlace
-from execbox.errors import SnapshotError
+from execbox.errors import SnapshotError, TransferTooLargeError
 from execbox.files.transfer import TransferLimits
 from execbox.files.workspace import remove_tree
 
@@ -112,10 +112,28 @@ def workspace_of(snapshot_id: str) -> Path:
     return _directory(snapshot_id) / WORKSPACE
 
 
-def limits(transfer_limits: TransferLimits, settings: Settings) -> TransferLimits:
-    """The bounds of packing and unpacking a snapshot's workspace: the transfer bounds, but bytes up to the
-    store's own bound (a workspace larger than a download may be is what snapshots are for)."""
-    return TransferLimits(settings.snapshot_max_total_mb << 20, transfer_limits.max_entries, transfer_limits.max_depth)
+def limits(transfer_limits: TransferLimits, max_bytes: int) -> TransferLimits:
+    """The bounds of packing or unpacking a snapshot's workspace: the transfer bounds' entries and depth, but
+    ``max_bytes`` (a workspace larger than a download may be is what snapshots are for)."""
+    return TransferLimits(max(max_bytes, 1), transfer_limits.max_entries, transfer_limits.max_depth)
+
+
+def room_left(settings: Settings) -> int:
+    """Bytes the store's bound leaves for a new snapshot."""
+    return (settings.snapshot_max_total_mb << 20) - sum(s.size for s in listing())
+
+
+@contextlib.contextmanager
+def over_the_bound(settings: Settings) -> Iterator[None]:
+    """A snapshot's packing past its bytes or entries is the store's bound, not a download's: say that one."""
+    try:
+        yield
+    except TransferTooLargeError as exc:
+        raise SnapshotError(
+            f"the sandbox holds more than a snapshot may keep: CODE_EXEC_SNAPSHOT_MAX_TOTAL_MB "
+            f"({settings.snapshot_max_total_mb} MiB) bounds all snapshots together, what is kept already included, "
+            "and CODE_EXEC_MAX_TRANSFER_FILES their entries. Remove some (`execbox snapshot rm`), keep less in the "
+            "sandbox, or raise them", env_var="CODE_EXEC_SNAPSHOT_MAX_TOTAL_MB") from exc
 
 
 def backend_of(snapshot_id: str) -> str | None:
