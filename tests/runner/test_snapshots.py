@@ -29,7 +29,7 @@ from execbox.runner import snapshots as store
 from tests.audit.test_audit_runner import events
 from tests.backends.test_docker import engine  # noqa: F401 (fixture)
 from tests.mcp.support import usable
-from tests.support import stuck_backends, wheels
+from tests.support import readme, stuck_backends, wheels
 from tests.support.fixtures import FakeDistributions
 
 SECRET = "s3cr3t-snapshot-value-81f2"
@@ -267,3 +267,8 @@ def test_docker_keeps_tmp_where_pip_user_packages_live(engine: Any, tmp_path: Pa
             assert sb.exec(probe).stdout == f"{wheels.VALUE}\n"
         runner.delete_snapshot(snap)
     assert _kept() == []
+
+
+def test_the_readme_example_runs_as_printed(runner: Runner) -> None:
+    [example] = readme.blocks("### Snapshots: try, fork, roll back, resume later", "python")
+    exec(compile(example, "README.md", "exec"), {})  # noqa: S102 - the README's own code

@@ -36,9 +36,9 @@ WORKSPACE = "workspace.tar"  # the runner's part: the workspace, packed by the s
 WRITER = "writer"  # pid and start time of the process writing it, until the manifest is in place
 BACKEND = "backend"  # its backend's name, from the start: a half-written one's refs are removed through it
 # Why no backend here keeps processes, measured on this project's machine (README "Snapshots").
-NO_MEMORY = ("No backend here claims it: gVisor's `runsc checkpoint` needs a runtime registered for it and a "
-             "container started by runsc directly, and Docker's `docker checkpoint` needs CRIU and an experimental "
-             "engine, neither of which this project's engines have")
+NO_MEMORY = ("No backend here keeps processes: gVisor's `runsc checkpoint --leave-running` (Debian's runsc 20221219) "
+             "stops the sandbox it snapshots, and Docker's `docker checkpoint` needs CRIU and an experimental "
+             "engine (README, Snapshots)")
 _MAX_ENTRIES = 1_000_000
 _MAX_DEPTH = 256
 _ID_CHARS = set("0123456789abcdef")
