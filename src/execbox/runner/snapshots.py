@@ -36,9 +36,9 @@ WORKSPACE = "workspace.tar"  # the runner's part: the workspace, packed by the s
 WRITER = "writer"  # pid and start time of the process writing it, until the manifest is in place
 BACKEND = "backend"  # its backend's name, from the start: a half-written one's refs are removed through it
 # Why no backend here keeps processes, measured on this project's machine (README "Snapshots").
-NO_MEMORY = ("No backend here keeps processes: gVisor's `runsc checkpoint --leave-running` (Debian's runsc 20221219) "
-             "stops the sandbox it snapshots, and Docker's `docker checkpoint` needs CRIU and an experimental "
-             "engine (README, Snapshots)")
+NO_MEMORY = ("No backend here keeps processes: gVisor's runsc 20221219 restores a checkpoint only while no process "
+             "holds a connection to the host, which a run_cell interpreter does, and Docker's checkpoint needs "
+             "CRIU and an experimental engine (README, Snapshots)")
 _MAX_ENTRIES = 1_000_000
 _MAX_DEPTH = 256
 _ID_CHARS = set("0123456789abcdef")
