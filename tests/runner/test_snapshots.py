@@ -272,3 +272,56 @@ def test_docker_keeps_tmp_where_pip_user_packages_live(engine: Any, tmp_path: Pa
 def test_the_readme_example_runs_as_printed(runner: Runner) -> None:
     [example] = readme.blocks("### Snapshots: try, fork, roll back, resume later", "python")
     exec(compile(example, "README.md", "exec"), {})  # noqa: S102 - the README's own code
+
+
+def test_what_the_code_left_is_kept_as_it_is_and_never_followed_out(runner: Runner) -> None:
+    """Links to host files are kept as links (the host side never opens their targets); a FIFO is left out; a tree
+    deeper than the transfer bound is refused with the transfer's own words, and nothing is kept."""
+    with runner.sandbox() as sb:
+        made = sb.exec("ln -s /etc/shadow shadow; ln -s / root; mkfifo pipe; mkdir -p d && echo x > d/f; "
+                       "ln -s ../../../../../../etc/passwd d/up")
+        assert made.exit_code == 0, made.stderr
+        snap = sb.snapshot()
+        kept = store.workspace_of(snap.id).read_bytes()
+        assert b"root:" not in kept  # /etc/shadow and /etc/passwd of this host: never read
+        with runner.sandbox(from_snapshot=snap) as again:
+            listed = again.exec("readlink shadow root d/up; cat d/f; test -e pipe || echo no-fifo").stdout
+            assert listed == "/etc/shadow\n/\n../../../../../../etc/passwd\nx\nno-fifo\n"
+        runner.delete_snapshot(snap)
+        deep = sb.exec("python3 -c \"import os\nfor _ in range(300): os.mkdir('n'); os.chdir('n')\"")
+        assert deep.exit_code == 0, deep.stderr
+        with pytest.raises(SnapshotError, match="deeper than"):
+            sb.snapshot()
+    assert _kept() == []
+
+
+SNAPSHOTTER = """
+import sys
+from execbox import Runner, Settings
+with Runner(Settings(backend="bubblewrap")) as runner, runner.sandbox() as sb:
+    sb.exec("head -c 800M /dev/zero > big.bin", timeout=60)
+    print("ready", flush=True)
+    sb.snapshot()
+"""
+
+
+def test_a_caller_killed_while_snapshotting_leaves_what_gc_removes(bubblewrap: None, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    caller = subprocess.Popen([sys.executable, "-c", SNAPSHOTTER], stdout=subprocess.PIPE, text=True)
+    assert caller.stdout is not None and caller.stdout.readline() == "ready\n"
+    deadline = time.monotonic() + 60
+    while not any((store.root() / d / store.WORKSPACE).exists() for d in _kept()):  # it is writing
+        assert time.monotonic() < deadline and caller.poll() is None
+        time.sleep(0.01)
+    caller.send_signal(signal.SIGKILL)
+    caller.wait(30)
+    [half] = _kept()
+    assert not (store.root() / half / store.MANIFEST).exists()
+    with Runner(Settings(backend="bubblewrap")) as runner:
+        assert runner.snapshots() == []  # a half-written one is never listed as a snapshot
+        assert runner.gc_snapshots() == [half]
+    assert _kept() == []

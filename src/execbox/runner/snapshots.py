@@ -125,15 +125,18 @@ def room_left(settings: Settings) -> int:
 
 @contextlib.contextmanager
 def over_the_bound(settings: Settings) -> Iterator[None]:
-    """A snapshot's packing past its bytes or entries is the store's bound, not a download's: say that one."""
+    """A snapshot's packing past its bytes is the store's bound, not a download's: say that one (past its entries
+    or its depth, the transfer's own words hold)."""
     try:
         yield
     except TransferTooLargeError as exc:
+        if exc.env_var != "CODE_EXEC_MAX_TRANSFER_BYTES":
+            raise SnapshotError(f"the sandbox cannot be kept: {exc.message}", env_var=exc.env_var) from exc
         raise SnapshotError(
             f"the sandbox holds more than a snapshot may keep: CODE_EXEC_SNAPSHOT_MAX_TOTAL_MB "
-            f"({settings.snapshot_max_total_mb} MiB) bounds all snapshots together, what is kept already included, "
-            "and CODE_EXEC_MAX_TRANSFER_FILES their entries. Remove some (`execbox snapshot rm`), keep less in the "
-            "sandbox, or raise them", env_var="CODE_EXEC_SNAPSHOT_MAX_TOTAL_MB") from exc
+            f"({settings.snapshot_max_total_mb} MiB) bounds all snapshots together, what is kept already included. "
+            "Remove some (`execbox snapshot rm`), keep less in the sandbox, or raise it",
+            env_var="CODE_EXEC_SNAPSHOT_MAX_TOTAL_MB") from exc
 
 
 def backend_of(snapshot_id: str) -> str | None:
