@@ -214,7 +214,7 @@ def sandbox(backend: str | None = None, *, network: NetworkMode | None = None, l
             tmpfs: Sequence[str] | None = None,
             package_cache: bool = False, pip: Sequence[str] | None = None,
             secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
-            from_snapshot: Snapshot | None = None, **options: Any) -> Sandbox:
+            from_snapshot: Snapshot | str | None = None, **options: Any) -> Sandbox:
     """A persistent sandbox: ``with execbox.sandbox() as sb: sb.exec(...)``; backend options as keywords
     (``execbox.sandbox("docker", image="my-image")``). See AsyncRunner.sandbox."""
     from execbox.runner import AsyncRunner, Sandbox
@@ -278,7 +278,7 @@ def asandbox(backend: str | None = None, *, network: NetworkMode | None = None, 
              tmpfs: Sequence[str] | None = None,
              package_cache: bool = False, pip: Sequence[str] | None = None,
              secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
-             from_snapshot: Snapshot | None = None, **options: Any) -> AsyncSandbox:
+             from_snapshot: Snapshot | str | None = None, **options: Any) -> AsyncSandbox:
     """``async with execbox.asandbox() as sb: await sb.exec(...)``. See AsyncRunner.sandbox."""
     from execbox.runner import AsyncRunner
 

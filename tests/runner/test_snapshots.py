@@ -106,6 +106,11 @@ def test_a_sandbox_from_a_snapshot_gets_its_state_and_is_judged_anew(runner: Run
         snap = sb.snapshot()
     with runner.sandbox(from_snapshot=snap) as again:
         assert again.read_file("a/b.txt") == b"deep"
+        again.write_file("a/b.txt", "changed")
+        again.rollback(snap.id)  # its id does as well as the Snapshot: from `execbox snapshot ls`, another process
+        assert again.read_file("a/b.txt") == b"deep"
+    with runner.sandbox(from_snapshot=snap.id) as by_id:
+        assert by_id.read_file("a/b.txt") == b"deep"
     with pytest.raises(ConfigError, match="taken on the bubblewrap backend"):
         runner.sandbox("docker", from_snapshot=snap).open()
     runner.delete_snapshot(snap)
@@ -220,7 +225,7 @@ def test_what_cannot_be_kept_is_refused_naming_the_capability(runner: Runner, lo
 
 @pytest.mark.parametrize("call", [
     lambda sb: sb.fork(0), lambda sb: sb.fork(65), lambda sb: sb.fork("2"), lambda sb: sb.fork(True),
-    lambda sb: sb.rollback("0123456789abcdef"), lambda sb: sb.snapshot(name=3),
+    lambda sb: sb.rollback(42), lambda sb: sb.snapshot(name=3),
 ])
 def test_bad_arguments_are_config_errors(runner: Runner, call: Any) -> None:
     with runner.sandbox() as sb, pytest.raises(ConfigError):

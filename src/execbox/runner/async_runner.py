@@ -29,6 +29,7 @@ from execbox.contract.snapshots import SnapshotParts
 from execbox.errors import (
     BackendUnavailableError,
     ConfigError,
+    ExecboxError,
 )
 from execbox.files import transfer
 from execbox.files.transfer import Transfer
@@ -391,10 +392,14 @@ class AsyncRunner:
         """Remove the snapshots past CODE_EXEC_SNAPSHOT_MAX_AGE_SEC and those whose writer died before finishing
         them; their ids."""
         expired = [s.id for s in await anyio.to_thread.run_sync(store.expired, self.settings.snapshot_max_age_sec)]
-        gone = expired + await anyio.to_thread.run_sync(store.leftovers)
-        for snapshot_id in gone:
-            await self.delete_snapshot(snapshot_id)
-        return gone
+        removed = []
+        for snapshot_id in expired + await anyio.to_thread.run_sync(store.leftovers):
+            try:
+                await self.delete_snapshot(snapshot_id)
+            except ExecboxError:  # its backend cannot remove its part now (gone, unreachable): kept for next time
+                continue
+            removed.append(snapshot_id)
+        return removed
 
     async def warm(self, backend: str | None = None, *, network: NetworkMode | None = None,
                    limits: Limits | None = None, timeout: float | None = None) -> int:
@@ -491,7 +496,7 @@ class AsyncRunner:
                 tmpfs: Sequence[str] | None = None,
                 package_cache: bool = False, pip: Sequence[str] | None = None,
                 secrets: Mapping[str, secrets_inject.Secret | str] | None = None,
-                secrets_at_egress: egress_given.Given | None = None, from_snapshot: Snapshot | None = None,
+                secrets_at_egress: egress_given.Given | None = None, from_snapshot: Snapshot | str | None = None,
                 **options: Any) -> AsyncSandbox:
         """A persistent sandbox. Keywords beyond these are the backend's own options (its settings_model's fields,
         e.g. ``image=`` for docker), on top of the runner's and the environment's. ``mounts``: host paths bound

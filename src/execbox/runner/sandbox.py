@@ -69,7 +69,7 @@ class AsyncSandbox:
                  name: str | None, lifetime_s: float, options: Mapping[str, Any] | None = None,
                  mounts: Sequence[Mount] | None = None, tmpfs: Sequence[str] | None = None,
                  package_cache: bool = False,
-                 pip: Sequence[str] | None = None, from_snapshot: Snapshot | None = None) -> None:
+                 pip: Sequence[str] | None = None, from_snapshot: Snapshot | str | None = None) -> None:
         self.runner = runner
         self._mounts = list(mounts or [])
         self._tmpfs = [tmpfs] if isinstance(tmpfs, str) else list(tmpfs or [])
@@ -185,9 +185,7 @@ class AsyncSandbox:
         judges them under today's settings: a network mode since turned off is refused)."""
         if self._from_snapshot is None:
             return None
-        if not isinstance(self._from_snapshot, Snapshot):
-            raise ConfigError("from_snapshot takes a Snapshot (from sb.snapshot() or runner.snapshots())")
-        snap = await self.runner.load_snapshot(self._from_snapshot.id)
+        snap = await self.runner.load_snapshot(_snapshot_id(self._from_snapshot, "from_snapshot"))
         if self._backend_name not in (None, "auto", snap.backend):
             raise ConfigError(f"snapshot {snap.id} was taken on the {snap.backend} backend: it starts only there, "
                               f"not on {self._backend_name}")
@@ -493,14 +491,12 @@ class AsyncSandbox:
         child.secrets, child.secrets_at_egress = dict(self.secrets), dict(self.secrets_at_egress)
         return child
 
-    async def rollback(self, snapshot: Snapshot) -> None:
+    async def rollback(self, snapshot: Snapshot | str) -> None:
         """Return this sandbox to ``snapshot``, one taken of it (or of the sandbox it was started from): files
         and packages since are gone, and without memory a run_cell interpreter starts fresh (its first cell says
         ``state_lost``). The sandbox keeps its id and configuration; the snapshot stays for another rollback."""
         backend, old = self._live()
-        if not isinstance(snapshot, Snapshot):
-            raise ConfigError("rollback takes a Snapshot (from sb.snapshot() or runner.snapshots())")
-        snap = await self.runner.load_snapshot(snapshot.id)
+        snap = await self.runner.load_snapshot(_snapshot_id(snapshot, "rollback"))
         if snap.origin not in self._lineage or snap.backend != backend.name:
             raise ConfigError(f"snapshot {snap.id} was taken of another sandbox: rollback returns a sandbox only to "
                               "a snapshot of its own (start a new sandbox from it with from_snapshot=)")
@@ -644,6 +640,15 @@ def _joined(results: list[CellResult]) -> CellResult:
         timed_out=last.timed_out, truncated=any(r.truncated for r in results), oom_killed=last.oom_killed,
         state_lost=any(r.state_lost for r in results), duration_s=round(sum(r.duration_s for r in results), 4),
         backend=last.backend, notes=[n for r in results for n in r.notes])
+
+
+def _snapshot_id(snapshot: object, what: str) -> str:
+    if isinstance(snapshot, Snapshot):
+        return snapshot.id
+    if isinstance(snapshot, str):
+        return snapshot
+    raise ConfigError(f"{what} takes a Snapshot or its id (from sb.snapshot() or runner.snapshots()), not "
+                      f"{type(snapshot).__name__}")
 
 
 def _snapshot_fields(snap: Snapshot) -> dict[str, Any]:

@@ -152,7 +152,7 @@ class Runner:
                 tmpfs: Sequence[str] | None = None,
                 package_cache: bool = False, pip: Sequence[str] | None = None,
                 secrets: Mapping[str, Secret | str] | None = None, secrets_at_egress: Given | None = None,
-                from_snapshot: Snapshot | None = None, **options: Any) -> Sandbox:
+                from_snapshot: Snapshot | str | None = None, **options: Any) -> Sandbox:
         """See AsyncRunner.sandbox; keywords beyond these are the backend's own options."""
         return Sandbox(self.aio.sandbox(
             backend,
@@ -294,7 +294,7 @@ class Sandbox:
         """See AsyncSandbox.snapshot."""
         return self._call(self.aio.snapshot, name, memory=memory)
 
-    def rollback(self, snapshot: Snapshot) -> None:
+    def rollback(self, snapshot: Snapshot | str) -> None:
         """See AsyncSandbox.rollback."""
         self._call(self.aio.rollback, snapshot)
 
