@@ -16,6 +16,7 @@ import pytest
 
 from execbox import (
     BackendTimeoutError,
+    BusyError,
     ConfigError,
     Mount,
     NotASandboxError,
@@ -329,4 +330,17 @@ def test_a_caller_killed_while_snapshotting_leaves_what_gc_removes(bubblewrap: N
     with Runner(Settings(backend="bubblewrap")) as runner:
         assert runner.snapshots() == []  # a half-written one is never listed as a snapshot
         assert runner.gc_snapshots() == [half]
+    assert _kept() == []
+
+
+def test_a_fork_that_could_never_open_is_refused_at_once_and_a_failed_one_leaves_nothing(
+        bubblewrap: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Runner(Settings(backend="bubblewrap", max_concurrent=3, queue_timeout_sec=1)) as runner:
+        with runner.sandbox() as sb:
+            with pytest.raises(ConfigError, match="CODE_EXEC_MAX_CONCURRENT"):
+                sb.fork(3)
+            with runner.sandbox():  # a slot taken by another sandbox: one of the two forks waits past its queue
+                with pytest.raises(BusyError):  # the error as it is, not a group
+                    sb.fork(2)
+            assert runner.aio.slots.in_use == 1 and runner.snapshots() == []
     assert _kept() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import os
@@ -465,13 +466,19 @@ class AsyncSandbox:
         is open and yours to close; the snapshot they started from is removed when the last of them closes."""
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
             raise ConfigError(f"fork takes a count of 1 to 64 sandboxes, not {count!r}")
+        self._live()
+        if count >= self.runner.slots.total:  # this sandbox holds a slot: they could never all open
+            raise ConfigError(f"fork({count}) needs {count} more sandbox slots while this one holds its own, and "
+                              f"this runner has {self.runner.slots.total} (CODE_EXEC_MAX_CONCURRENT): fork fewer, or "
+                              "raise it", env_var="CODE_EXEC_MAX_CONCURRENT")
         snap = await self.snapshot(f"fork of {self.id}")
         shared = _SharedSnapshot(self.runner, snap, count)
         forks = [self._started_from(snap) for _ in range(count)]
         try:
-            async with anyio.create_task_group() as group:
-                for child in forks:
-                    group.start_soon(child.open)
+            opened = await asyncio.gather(*(child.open() for child in forks), return_exceptions=True)
+            failed = [o for o in opened if isinstance(o, BaseException)]
+            if failed:
+                raise failed[0]  # the first failure as it is (every open was bounded and has ended)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 for child in forks:
