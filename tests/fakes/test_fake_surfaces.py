@@ -28,6 +28,7 @@ MEMBERS: dict[str, list[tuple[str, str]]] = {
         ("App.lookup", "modal:App.lookup"),
         ("Image.debian_slim", "modal:Image.debian_slim"),
         ("Image.from_registry", "modal:Image.from_registry"),
+        ("Image.from_id", "modal:Image.from_id"),
         ("Sandbox.create", "modal:Sandbox.create"),
         ("Sandbox.from_id", "modal:Sandbox.from_id"),
         ("Sandbox.list", "modal:Sandbox.list"),
@@ -36,6 +37,7 @@ MEMBERS: dict[str, list[tuple[str, str]]] = {
         ("Sandbox.poll", "modal:Sandbox.poll"),
         ("Sandbox.wait", "modal:Sandbox.wait"),
         ("Sandbox.get_tags", "modal:Sandbox.get_tags"),
+        ("Sandbox.snapshot_filesystem", "modal:Sandbox.snapshot_filesystem"),
         ("SandboxFilesystem.read_bytes", "modal.sandbox.sandbox:SandboxFilesystem.read_bytes"),
         ("SandboxFilesystem.write_bytes", "modal.sandbox.sandbox:SandboxFilesystem.write_bytes"),
         ("SandboxFilesystem.make_directory", "modal.sandbox.sandbox:SandboxFilesystem.make_directory"),
@@ -96,6 +98,7 @@ ATTRIBUTES: dict[str, list[tuple[str, str, str]]] = {
     "modal": [
         *(("Sandbox", a, "modal:Sandbox") for a in ("object_id", "filesystem", "returncode")),
         ("App", "app_id", "modal:App"),
+        ("Image", "object_id", "modal:Image"),
         *(("ContainerProcess", a, "modal.container_process:ContainerProcess")
           for a in ("stdout", "stderr", "stdin", "returncode")),
         ("StreamReader", "__iter__", "modal.io_streams:StreamReader"),
