@@ -53,6 +53,8 @@ REAL = {
         "Sandbox.start": "daytona:Sandbox.start",
         "Sandbox.stop": "daytona:Sandbox.stop",
         "Sandbox.delete": "daytona:Sandbox.delete",
+        "Sandbox.create_snapshot": "daytona:Sandbox.create_snapshot",
+        "SnapshotService.delete": "daytona._sync.snapshot:SnapshotService.delete",
     },
     "vercel": {
         "create_sandbox": "vercel.sandbox.sync:create_sandbox",
