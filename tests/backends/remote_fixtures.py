@@ -230,3 +230,35 @@ def check_snapshots(backend: str) -> Any:
     runner.delete_snapshot(snap)  # a second time does nothing
     assert runner.snapshots() == []
     return snap
+
+
+def check_restored_session_checks_paths(backend: str) -> None:
+    """A session the backend opens from a snapshot resolves paths in the sandbox before its first file call: the
+    snapshot's files may hold a link the code planted, and no exec of the new session has run yet."""
+    import anyio
+
+    from execbox import Runner, Settings
+    from execbox.contract.backend import SessionSpec
+    from execbox.contract.models import Limits
+    from execbox.contract.snapshots import SnapshotRestore
+    from execbox.errors import WorkspacePathError
+    from execbox.runner import snapshots as store
+
+    runner = Runner(Settings.from_env(backend=backend))
+    with runner.sandbox(backend) as sb:
+        assert sb.exec(["ln", "-s", "/etc/hostname", "link"]).exit_code == 0
+        snap = sb.snapshot()
+
+    async def go() -> None:
+        impl = runner.aio.backend(backend)
+        restore = SnapshotRestore(store.place_of(snap.id), snap.parts)
+        session = await impl.open_session(SessionSpec("none", Limits(), oneshot=False, lifetime_s=120,
+                                                      restore=restore))
+        try:
+            with pytest.raises(WorkspacePathError, match="leads out of the workspace"):
+                await session.read_file("link", 1000)
+        finally:
+            await session.close()
+
+    anyio.run(go)
+    runner.delete_snapshot(snap)

@@ -16,6 +16,7 @@ from execbox.contract.models import Limits
 from execbox.errors import BackendUnavailableError, ConfigError, UnsupportedPolicyError
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
+    check_restored_session_checks_paths,
     check_session_file_calls,
     check_snapshots,
     fake_service,
@@ -314,3 +315,7 @@ def test_a_persisted_named_sandbox_does_not_start_from_a_snapshot(daytona_fake,
             sb.rollback(snap)
         assert sb.read_file("a.txt") == b"one"
     r.delete_snapshot(snap)
+
+
+def test_a_restored_session_checks_paths_from_the_start(daytona_fake) -> None:
+    check_restored_session_checks_paths("daytona")

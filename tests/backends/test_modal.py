@@ -17,6 +17,7 @@ from execbox.errors import BackendUnavailableError, SandboxError
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
     assert_settings_read_on_use,
+    check_restored_session_checks_paths,
     check_session_file_calls,
     check_snapshots,
     fake_service,
@@ -239,3 +240,7 @@ def test_an_expired_image_is_a_snapshot_error(modal_fake) -> None:
             pass
     assert all(s.poll() is not None for s in modal_fake.sandboxes.values())
     runner.delete_snapshot(snap)
+
+
+def test_a_restored_session_checks_paths_from_the_start(modal_fake) -> None:
+    check_restored_session_checks_paths("modal")
