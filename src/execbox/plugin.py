@@ -109,6 +109,7 @@ from execbox.errors import (
     SandboxIsADirectoryError,
     SandboxLostError,
     SandboxPermissionError,
+    SnapshotError,
     TransferTooLargeError,
     UnsupportedPolicyError,
     WorkspacePathError,
@@ -204,7 +205,7 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # program, moved from the bubblewrap backend: gvisor's commands load it too).
 # 2.4: snapshots: Capabilities.snapshot and memory_snapshot, Session.snapshot, SessionSpec.restore, SnapshotPlace,
 # SnapshotParts, SnapshotRestore, ExecutionBackend.delete_snapshot, pack_sandbox_paths, restore_sandbox_paths,
-# snapshot_limits.
+# snapshot_limits, SnapshotError (a provider's part of a snapshot expired or unknown).
 KIT_VERSION = "2.4"
 
 __all__ = [
@@ -298,6 +299,7 @@ __all__ = [
     "SandboxIsADirectoryError",
     "SandboxLostError",
     "SandboxPermissionError",
+    "SnapshotError",
     "sdk_call",
     "SeccompUnavailable",
     "SECCOMP_DENY_ERRNO",

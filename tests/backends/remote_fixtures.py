@@ -28,12 +28,14 @@ REAL = {
         "App.lookup": "modal:App.lookup",
         "Image.debian_slim": "modal:Image.debian_slim",
         "Image.from_registry": "modal:Image.from_registry",
+        "Image.from_id": "modal:Image.from_id",
         "Sandbox.create": "modal:Sandbox.create",
         "Sandbox.from_id": "modal:Sandbox.from_id",
         "Sandbox.list": "modal:Sandbox.list",
         "Sandbox.exec": "modal:Sandbox.exec",
         "Sandbox.terminate": "modal:Sandbox.terminate",
         "Sandbox.get_tags": "modal:Sandbox.get_tags",
+        "Sandbox.snapshot_filesystem": "modal:Sandbox.snapshot_filesystem",
         "SandboxFilesystem.read_bytes": "modal.sandbox.sandbox:SandboxFilesystem.read_bytes",
         "SandboxFilesystem.write_bytes": "modal.sandbox.sandbox:SandboxFilesystem.write_bytes",
         "SandboxFilesystem.make_directory": "modal.sandbox.sandbox:SandboxFilesystem.make_directory",
@@ -51,6 +53,8 @@ REAL = {
         "Sandbox.start": "daytona:Sandbox.start",
         "Sandbox.stop": "daytona:Sandbox.stop",
         "Sandbox.delete": "daytona:Sandbox.delete",
+        "Sandbox.create_snapshot": "daytona:Sandbox.create_snapshot",
+        "SnapshotService.delete": "daytona._sync.snapshot:SnapshotService.delete",
     },
     "vercel": {
         "create_sandbox": "vercel.sandbox.sync:create_sandbox",
@@ -187,3 +191,74 @@ def check_session_file_calls(sdk: str, backend: str, service: Any) -> None:
 @pytest.fixture
 def recorded() -> Callable[[str, Any], None]:
     return check_calls_against_real_sdk
+
+
+def check_snapshots(backend: str) -> Any:
+    """Snapshot, fork(2), rollback, a sandbox from the snapshot and its deletion, on a remote backend through its
+    fake: the workspace (the runner's part) and a file outside it (the provider's) come back, what came after the
+    snapshot is gone, forks are independent. Returns the snapshot (deleted by then)."""
+    from execbox import Runner, Settings
+
+    def outside(sb: Any) -> str:
+        return str(sb.exec(["cat", "/tmp/kept"]).stdout.strip())
+
+    runner = Runner(Settings.from_env(backend=backend))
+    with runner.sandbox(backend) as sb:
+        sb.write_file("a.txt", b"one")
+        assert sb.exec(["sh", "-c", "echo outside > /tmp/kept"]).exit_code == 0
+        snap = sb.snapshot("first")
+        assert (snap.backend, snap.name, snap.memory) == (backend, "first", False) and snap.refs
+        sb.write_file("a.txt", b"two")
+        assert sb.exec(["sh", "-c", "echo later > /tmp/kept && echo new > b.txt"]).exit_code == 0
+        forks = sb.fork(2)
+        try:
+            for fork in forks:
+                assert fork.read_file("a.txt") == b"two" and outside(fork) == "later"
+            forks[0].write_file("a.txt", b"fork")
+            assert forks[1].read_file("a.txt") == b"two" and sb.read_file("a.txt") == b"two"
+        finally:
+            for fork in forks:
+                fork.close()
+        # the fork's snapshot is removed when its last sandbox closes
+        assert [s.id for s in runner.snapshots()] == [snap.id]
+        sb.rollback(snap)
+        assert sb.read_file("a.txt") == b"one" and outside(sb) == "outside"
+        assert sb.exec(["test", "-e", "b.txt"]).exit_code == 1
+    with runner.sandbox(from_snapshot=snap) as again:
+        assert again.read_file("a.txt") == b"one" and outside(again) == "outside"
+    runner.delete_snapshot(snap)
+    runner.delete_snapshot(snap)  # a second time does nothing
+    assert runner.snapshots() == []
+    return snap
+
+
+def check_restored_session_checks_paths(backend: str) -> None:
+    """A session the backend opens from a snapshot resolves paths in the sandbox before its first file call: the
+    snapshot's files may hold a link the code planted, and no exec of the new session has run yet."""
+    import anyio
+
+    from execbox import Runner, Settings
+    from execbox.contract.backend import SessionSpec
+    from execbox.contract.models import Limits
+    from execbox.contract.snapshots import SnapshotRestore
+    from execbox.errors import WorkspacePathError
+    from execbox.runner import snapshots as store
+
+    runner = Runner(Settings.from_env(backend=backend))
+    with runner.sandbox(backend) as sb:
+        assert sb.exec(["ln", "-s", "/etc/hostname", "link"]).exit_code == 0
+        snap = sb.snapshot()
+
+    async def go() -> None:
+        impl = runner.aio.backend(backend)
+        restore = SnapshotRestore(store.place_of(snap.id), snap.parts)
+        session = await impl.open_session(SessionSpec("none", Limits(), oneshot=False, lifetime_s=120,
+                                                      restore=restore))
+        try:
+            with pytest.raises(WorkspacePathError, match="leads out of the workspace"):
+                await session.read_file("link", 1000)
+        finally:
+            await session.close()
+
+    anyio.run(go)
+    runner.delete_snapshot(snap)

@@ -16,7 +16,9 @@ from execbox.contract.models import Limits
 from execbox.errors import BackendUnavailableError, ConfigError, UnsupportedPolicyError
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
+    check_restored_session_checks_paths,
     check_session_file_calls,
+    check_snapshots,
     fake_service,
     recorded,
 )
@@ -254,5 +256,66 @@ def test_recorded_calls_bind_against_the_real_sdk(daytona_fake, recorded) -> Non
         sb.exec(["cat", "a.txt"], stdin=b"in")
         sb.read_file("a.txt")
         sb.run_code("import time; time.sleep(10)", timeout=1)
+        snap = sb.snapshot()
+        sb.rollback(snap)
+    r.delete_snapshot(snap)
     anyio.run(r.aio.backend("daytona").gc)
     recorded("daytona", daytona_fake)
+
+
+def test_snapshot_fork_rollback_and_delete(daytona_fake) -> None:
+    """The filesystem through create_snapshot (a Daytona snapshot named by execbox's id, started again by name),
+    the workspace through the runner; deleting execbox's snapshot deletes Daytona's."""
+    snap = check_snapshots("daytona")
+    name = snap.refs["snapshot"]
+    assert name == f"execbox-{snap.id}"
+    taken = daytona_fake.calls_to("Sandbox.create_snapshot")
+    assert len(taken) == 2 and taken[0].args == (name,)  # the snapshot, and the fork's
+    restored = [c.args[0] for c in daytona_fake.calls_to("Daytona.create") if getattr(c.args[0], "snapshot", None)]
+    assert len(restored) == 4 and all(p.ephemeral and p.ttl_minutes for p in restored)  # 2 forks, rollback, again
+    assert restored[-1].snapshot == name and restored[-1].labels["execbox"] == "1"
+    assert daytona_fake.snapshots == {}  # the fork's too, when its last sandbox closed
+    deleted = [c.args[0] for c in daytona_fake.calls_to("SnapshotService.delete")]
+    assert deleted == [taken[1].args[0], name]  # the fork's, then this one's (once: the second call found none)
+
+
+def test_a_restore_with_other_resources_is_refused(daytona_fake) -> None:
+    r = runner()
+    with r.sandbox("daytona") as sb:
+        snap = sb.snapshot()
+    with pytest.raises(UnsupportedPolicyError, match="takes them from the snapshot"):
+        with runner(cpus=2.0).sandbox(from_snapshot=snap):
+            pass
+    assert len(daytona_fake.sandboxes) == 0  # the one started from it was deleted
+    r.delete_snapshot(snap)
+
+
+def test_a_snapshot_gone_from_daytona_is_a_snapshot_error(daytona_fake) -> None:
+    from execbox.errors import SnapshotError
+
+    r = runner()
+    with r.sandbox("daytona") as sb:
+        snap = sb.snapshot()
+    daytona_fake.drop_snapshot(daytona_fake.find_snapshot(snap.refs["snapshot"]))
+    with pytest.raises(SnapshotError, match="no longer has its snapshot"):
+        with r.sandbox(from_snapshot=snap):
+            pass
+    r.delete_snapshot(snap)  # Daytona's is gone already: not an error
+    assert r.snapshots() == []
+
+
+def test_a_persisted_named_sandbox_does_not_start_from_a_snapshot(daytona_fake,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DAYTONA_SANDBOX_PERSIST", "true")
+    r = runner()
+    with r.sandbox("daytona", name="kept") as sb:
+        sb.write_file("a.txt", b"one")
+        snap = sb.snapshot()
+        with pytest.raises(UnsupportedPolicyError, match="DAYTONA_SANDBOX_PERSIST"):
+            sb.rollback(snap)
+        assert sb.read_file("a.txt") == b"one"
+    r.delete_snapshot(snap)
+
+
+def test_a_restored_session_checks_paths_from_the_start(daytona_fake) -> None:
+    check_restored_session_checks_paths("daytona")

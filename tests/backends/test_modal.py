@@ -17,7 +17,9 @@ from execbox.errors import BackendUnavailableError, SandboxError
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
     assert_settings_read_on_use,
+    check_restored_session_checks_paths,
     check_session_file_calls,
+    check_snapshots,
     fake_service,
     recorded,
 )
@@ -189,6 +191,9 @@ def test_recorded_calls_bind_against_the_real_sdk(modal_fake, recorded) -> None:
         sb.exec(["cat", "a.txt"], stdin=b"in")
         sb.read_file("a.txt")
         sb.run_code("import time; time.sleep(10)", timeout=1)
+        snap = sb.snapshot()
+        sb.rollback(snap)
+    runner.delete_snapshot(snap)
     recorded("modal", modal_fake)
 
 
@@ -207,3 +212,35 @@ def test_execbox_gc_command_removes_orphans(modal_fake) -> None:
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["removed"]["modal"] == [f"modal sandbox {orphan.object_id} (expired)"]
     assert orphan.poll() is not None
+
+
+def test_snapshot_fork_rollback_and_delete(modal_fake) -> None:
+    """The filesystem through snapshot_filesystem (an image, started again by its id), the workspace through the
+    runner; Modal cannot delete an image, so a deleted snapshot leaves it to its ttl."""
+    snap = check_snapshots("modal")
+    image_id = snap.refs["image"]
+    taken = modal_fake.calls_to("Sandbox.snapshot_filesystem")
+    assert len(taken) == 2  # the snapshot, and the fork's
+    week = 7 * 86400
+    assert taken[0].kwargs["ttl"] == week + 3600 and 0 < taken[0].kwargs["timeout"] < 300
+    assert [c.args[0] for c in modal_fake.calls_to("Image.from_id")].count(image_id) == 2  # rollback, from_snapshot
+    assert image_id in modal_fake.images  # no delete in Modal: it expires
+
+
+def test_an_expired_image_is_a_snapshot_error(modal_fake) -> None:
+    from execbox.errors import SnapshotError
+
+    runner = Runner(Settings.from_env(backend="modal"))
+    with runner.sandbox("modal") as sb:
+        sb.write_file("a.txt", b"one")
+        snap = sb.snapshot()
+    modal_fake.images[snap.refs["image"]] = (modal_fake.images[snap.refs["image"]][0], 0.0)  # past its ttl
+    with pytest.raises(SnapshotError, match="no longer has its image"):
+        with runner.sandbox(from_snapshot=snap):
+            pass
+    assert all(s.poll() is not None for s in modal_fake.sandboxes.values())
+    runner.delete_snapshot(snap)
+
+
+def test_a_restored_session_checks_paths_from_the_start(modal_fake) -> None:
+    check_restored_session_checks_paths("modal")

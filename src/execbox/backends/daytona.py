@@ -27,6 +27,15 @@ Sessions. One sandbox per session, ephemeral (deleted when stopped) with the lif
 DAYTONA_SANDBOX_PERSIST=true: a session stops its sandbox at the end instead of deleting it, and a later
 session with the same name resumes it (refused if it was created with another network mode or limits).
 Every sandbox carries execbox labels, so ``gc`` deletes orphans (never a persisted one).
+
+Snapshots. ``sandbox.create_snapshot(name)`` keeps the live sandbox's filesystem (what apt or pip installed
+outside the workspace) as a Daytona snapshot named ``execbox-<snapshot id>`` (refs ``{"snapshot": name}``); a
+sandbox started from it is created with ``CreateSandboxFromSnapshotParams(snapshot=name)``, today's network and
+lifetime, and the runner unpacks the workspace into it as everywhere. Such a sandbox takes its CPUs and memory
+from the snapshot (Daytona sends resources only for image sandboxes): one whose resources differ from what the
+session asks for is deleted and refused. ``daytona.snapshot.delete`` removes the snapshot with execbox's (by the
+name, so even one whose taking was cut short). A snapshot is never a persisted, named sandbox (its name belongs to
+the sandbox it was taken of). Processes are not kept.
 """
 
 from __future__ import annotations
@@ -53,6 +62,9 @@ from execbox.plugin import (
     SandboxError,
     SandboxFileNotFoundError,
     SessionSpec,
+    SnapshotError,
+    SnapshotParts,
+    SnapshotPlace,
     UnsupportedPolicyError,
     build_result,
     create_cleanly,
@@ -66,6 +78,7 @@ from execbox.plugin import (
 
 log = logging.getLogger("execbox.backends.daytona")
 CTL = "/tmp/.execbox"  # run scripts and captured output, outside the workspace
+SNAPSHOT_REF = "snapshot"  # a snapshot's Daytona snapshot name, in SnapshotParts.refs
 
 # sh RUN CTL: run the argv that follows (written into the script) with its streams on files in CTL.
 # Another run's directory stays while it is live or new (execs of a session may overlap: run_cell's
@@ -217,6 +230,20 @@ class DaytonaSession(RemoteSession):
     def dispose(self) -> None:
         (_stop if self.persist else _delete)(self.sb)
 
+    async def snapshot(self, place: SnapshotPlace, *, memory: bool) -> SnapshotParts:
+        # The whole filesystem, the workspace included (the runner packs that too, and unpacks it over this one).
+        name = snapshot_name(place)
+        # Daytona gives up before the runner does (its bound on a snapshot is the open timeout).
+        seconds = max(1.0, self.backend.shared.open_timeout_sec - 5)
+        await sdk_call(self._translated, "taking a snapshot", None,
+                       lambda: self.sb.create_snapshot(name, timeout=seconds))
+        return SnapshotParts(memory=False, source=f"daytona {self.backend.settings.image}", refs={SNAPSHOT_REF: name})
+
+
+def snapshot_name(place: SnapshotPlace) -> str:
+    """The Daytona snapshot of an execbox snapshot: named by its id, so that it is found without the manifest."""
+    return f"execbox-{place.id}"
+
 
 def _delete(sandbox: Any) -> None:
     try:
@@ -247,6 +274,7 @@ class DaytonaBackend(ExecutionBackend[DaytonaSettings]):
         limits=frozenset({"cpu", "wall_time"}),
         remote=True,
         streaming=False,  # process.exec returns the output when the command ends; collected then
+        snapshot=True,  # sandbox.create_snapshot(): the whole filesystem as a Daytona snapshot, started again by name
     )
 
     settings_model = DaytonaSettings
@@ -282,10 +310,18 @@ class DaytonaBackend(ExecutionBackend[DaytonaSettings]):
                                          "only on sandboxes created from an image. Set it (e.g. python:3.12-slim)",
                                          backend=self.name, env_var="CODE_EXEC_DAYTONA_IMAGE")
         persist = self.settings.persist and not spec.oneshot
+        if persist and spec.name and spec.restore is not None:
+            raise UnsupportedPolicyError(f"refused: the persisted Daytona sandbox {spec.name!r} cannot start from a "
+                                         "snapshot (its name is the sandbox it was taken of, which a rollback "
+                                         "keeps until the new one is up). Start it without a name, or without "
+                                         "DAYTONA_SANDBOX_PERSIST", backend=self.name,
+                                         env_var="DAYTONA_SANDBOX_PERSIST")
         where: dict[str, str] = {}
         sandbox = await create_cleanly(lambda made: self._open(spec, cpus, gib, persist, made, where),
                                                _stop if persist else _delete)
         session = DaytonaSession(self, sandbox, where["workspace"], oneshot=spec.oneshot, persist=persist)
+        # A snapshot's files may hold a link the code planted: paths are resolved in the sandbox from the start.
+        session.dirty = session.dirty or spec.restore is not None
         if spec.network == "proxy":
             session.result_notes.append(network["note"])
         return session
@@ -326,15 +362,42 @@ class DaytonaBackend(ExecutionBackend[DaytonaSettings]):
             if existing:
                 return
         lifetime = {} if persist else {"ephemeral": True, "ttl_minutes": max(1, math.ceil(spec.lifetime_s / 60))}
+        common = {"labels": REMOTE_LABELS.make(spec.lifetime_s, persist=persist),
+                  **{k: v for k, v in self._network(spec).items() if k != "note"}, **lifetime}
+        if spec.restore is not None:
+            self._restore(client, spec, cpus, gib, common, made)
+            return
         params = daytona.CreateSandboxFromImageParams(
-            image=self.settings.image,
-            name=spec.name if persist else None,
-            labels=REMOTE_LABELS.make(spec.lifetime_s, persist=persist),
-            **{k: v for k, v in self._network(spec).items() if k != "note"},
-            resources=daytona.Resources(cpu=cpus, memory=gib),
-            **lifetime,
-        )
+            image=self.settings.image, name=spec.name if persist else None,
+            resources=daytona.Resources(cpu=cpus, memory=gib), **common)
         made.append(client.create(params, timeout=120))
+
+    def _restore(self, client: Any, spec: SessionSpec, cpus: int | None, gib: int | None, common: dict[str, Any],
+                 made: list[Any]) -> None:
+        """A new sandbox from the session's snapshot (into ``made``), refused when it has other resources."""
+        daytona = _errors()
+        assert spec.restore is not None
+        name = spec.restore.parts.refs.get(SNAPSHOT_REF, "")
+        if not name.startswith("execbox-"):
+            raise SnapshotError(f"snapshot {spec.restore.place.id} names no Daytona snapshot: not one the daytona "
+                                "backend took")
+        params = daytona.CreateSandboxFromSnapshotParams(snapshot=name, **common)
+        try:
+            made.append(client.create(params, timeout=120))
+        except daytona.DaytonaNotFoundError as exc:
+            raise SnapshotError(f"snapshot {spec.restore.place.id}: Daytona no longer has its snapshot {name!r} "
+                                f"({exc}): take a new one") from exc
+        sandbox = made[0]
+        have = {"cpu": sandbox.cpu, "memory": sandbox.memory}
+        differs = [k for k, want in (("cpu", cpus), ("memory", gib)) if want is not None and have[k] != want]
+        if differs:
+            raise UnsupportedPolicyError(
+                f"refused: a sandbox started from Daytona snapshot {name!r} has "
+                + ", ".join(f"{k}={have[k]!r}" for k in differs) + " (Daytona takes them from the snapshot) but this "
+                "session asks for " + ", ".join(f"{k}={dict(cpu=cpus, memory=gib)[k]!r}" for k in differs)
+                + ": start it with the limits the snapshot was taken with", backend=self.name)
+        # The runs of the sandbox it was taken of left their control directories: none of them is live here.
+        sandbox.process.exec(f"rm -rf -- {CTL}", timeout=30)
 
     def _resume(self, client: Any, spec: SessionSpec, cpus: int | None, gib: int | None, made: list[Any]) -> bool:
         """Start the persisted sandbox of this name again (into ``made``); False if there is none."""
@@ -367,6 +430,20 @@ class DaytonaBackend(ExecutionBackend[DaytonaSettings]):
         if sandbox.state != daytona.SandboxState.STARTED:
             sandbox.start(timeout=120)
         return True
+
+    async def delete_snapshot(self, place: SnapshotPlace, parts: SnapshotParts) -> None:
+        await sdk_call(self._delete_snapshot, parts.refs.get(SNAPSHOT_REF) or snapshot_name(place))
+
+    def _delete_snapshot(self, name: str) -> None:
+        daytona = _errors()
+        try:
+            self._client().snapshot.delete(name)
+        except daytona.DaytonaNotFoundError:
+            return  # removed already (a second call), or never made (a taking cut short before Daytona had it)
+        except daytona.DaytonaAuthenticationError as exc:
+            raise self.credentials_error(str(exc)) from exc
+        except daytona.DaytonaError as exc:
+            raise SandboxError(f"daytona could not delete snapshot {name!r}: {exc}", backend=self.name) from exc
 
     async def gc(self) -> list[str]:
         return await sdk_call(self._gc)

@@ -13,6 +13,13 @@ Policy, translated to Modal's own controls (and refused when Modal cannot enforc
 Credentials: ``modal.Client.from_env()`` reads MODAL_TOKEN_ID/MODAL_TOKEN_SECRET (or ~/.modal.toml) in this
 process; the client object is passed to every call, and nothing of it goes into the sandbox's env.
 
+Snapshots. ``sb.snapshot_filesystem()`` keeps the whole filesystem of the live sandbox (what apt or pip installed
+outside the workspace) as a Modal image, named in the snapshot by its id (refs ``{"image": "im-..."}``); a sandbox
+started from the snapshot is created from ``Image.from_id(id)``, with today's network and limits, and the runner
+unpacks the workspace into it as everywhere. The image is kept as long as the snapshot store keeps a snapshot
+(``ttl``: CODE_EXEC_SNAPSHOT_MAX_AGE_SEC and an hour): Modal has no call that deletes one, so removing a snapshot
+leaves its image until then (Modal's own storage, reachable only with these credentials). Processes are not kept.
+
 Runs. One sandbox per session (a one-shot run is a session of one exec); files go in and out through
 ``sb.filesystem`` (paths checked inside the sandbox once code has run, so a planted symlink cannot lead a
 read out of /workspace); stdout and stderr are read as they stream, into the bounded capture, so memory
@@ -46,6 +53,10 @@ from execbox.plugin import (
     SandboxError,
     SandboxFileNotFoundError,
     SessionSpec,
+    SnapshotError,
+    SnapshotParts,
+    SnapshotPlace,
+    SnapshotRestore,
     UnsupportedPolicyError,
     WorkspacePathError,
     build_result,
@@ -63,6 +74,8 @@ log = logging.getLogger("execbox.backends.modal")
 WORKSPACE = "/workspace"
 STDIN_CHUNK = 1 << 20  # modal buffers at most 2 MiB of stdin between drains
 MAX_LIFETIME_S = 24 * 3600  # Modal's longest sandbox timeout
+IMAGE_REF = "image"  # a snapshot's Modal image id, in SnapshotParts.refs
+IMAGE_TTL_MARGIN_S = 3600  # the image outlives the snapshot's own age bound, measured from a little later
 
 
 class ModalSettings(BackendSettings):
@@ -139,6 +152,26 @@ class ModalSession(RemoteSession):
     def dispose(self) -> None:
         _terminate(self.sb)
 
+    async def snapshot(self, place: SnapshotPlace, *, memory: bool) -> SnapshotParts:
+        # The whole filesystem, the workspace included (the runner packs that too, and unpacks it over the image).
+        image_id: str = await sdk_call(self._translated, "taking a filesystem snapshot", None, self._snapshot_image)
+        return SnapshotParts(memory=False, source=self.backend.source(), refs={IMAGE_REF: image_id})
+
+    def _snapshot_image(self) -> str:
+        shared = self.backend.shared
+        # Modal gives up before the runner does (its bound on a snapshot is the open timeout).
+        image = self.sb.snapshot_filesystem(timeout=max(1, math.floor(shared.open_timeout_sec) - 5),
+                                            ttl=math.ceil(shared.snapshot_max_age_sec) + IMAGE_TTL_MARGIN_S)
+        image_id: str = image.object_id
+        return image_id
+
+
+def _image_of(restore: SnapshotRestore) -> str:
+    image_id = restore.parts.refs.get(IMAGE_REF, "")
+    if not image_id.startswith("im-"):
+        raise SnapshotError(f"snapshot {restore.place.id} names no Modal image: not one the modal backend took")
+    return image_id
+
 
 def _terminate(sandbox: Any) -> None:
     try:
@@ -177,6 +210,7 @@ class ModalBackend(ExecutionBackend[ModalSettings]):
         limits=frozenset({"memory", "cpu", "wall_time"}),
         remote=True,
         streaming=True,  # the exec's StreamReaders yield chunks as they arrive
+        snapshot=True,  # snapshot_filesystem(): the whole filesystem as a Modal image, started again by its id
     )
 
     settings_model = ModalSettings
@@ -216,6 +250,8 @@ class ModalBackend(ExecutionBackend[ModalSettings]):
                                          "shorter lifetime", backend=self.name)
         sandbox = await create_cleanly(lambda made: self._create(spec, made, allowlist), _terminate)
         session = ModalSession(self, sandbox, spec.oneshot)
+        # A snapshot's files may hold a link the code planted: paths are resolved in the sandbox from the start.
+        session.dirty = spec.restore is not None
         if allowlist is not None:
             session.result_notes.append(allowlist.note("modal"))
         return session
@@ -227,8 +263,12 @@ class ModalBackend(ExecutionBackend[ModalSettings]):
         client = self._client()
         try:
             app = modal.App.lookup(self.settings.app, create_if_missing=True, client=client)
-            image = (modal.Image.from_registry(self.settings.image) if self.settings.image
-                     else modal.Image.debian_slim())
+            if spec.restore is not None:
+                image = modal.Image.from_id(_image_of(spec.restore), client=client)
+            elif self.settings.image:
+                image = modal.Image.from_registry(self.settings.image)
+            else:
+                image = modal.Image.debian_slim()
             kwargs: dict[str, Any] = {}
             if spec.limits.memory_mb:
                 kwargs["memory"] = (spec.limits.memory_mb, spec.limits.memory_mb)
@@ -243,8 +283,23 @@ class ModalBackend(ExecutionBackend[ModalSettings]):
                 **kwargs))
         except errors.AuthError as exc:
             raise self.credentials_error(str(exc)) from exc
+        except errors.NotFoundError as exc:
+            if spec.restore is None:
+                raise SandboxError(f"modal could not create a sandbox: {exc}", backend=self.name) from exc
+            raise SnapshotError(f"snapshot {spec.restore.place.id}: Modal no longer has its image ({exc}); images "
+                                "expire, Modal deleting them after their time (CODE_EXEC_SNAPSHOT_MAX_AGE_SEC when "
+                                "it was taken): take a new snapshot") from exc
         except errors.Error as exc:
             raise SandboxError(f"modal could not create a sandbox: {exc}", backend=self.name) from exc
+
+    def source(self) -> str:
+        """The image a sandbox comes from, as a snapshot records it."""
+        return f"modal {self.settings.image or 'debian_slim'}"
+
+    async def delete_snapshot(self, place: SnapshotPlace, parts: SnapshotParts) -> None:
+        # Nothing to call: Modal has no deletion for a filesystem snapshot's image; it expires at its ttl
+        # (CODE_EXEC_SNAPSHOT_MAX_AGE_SEC and an hour when it was taken), which bounds what a removed snapshot leaves.
+        return None
 
     async def gc(self) -> list[str]:
         return await sdk_call(self._gc)

@@ -70,6 +70,9 @@ class SharedSettings:
     #: The bounds of packing a snapshot's part (CODE_EXEC_SNAPSHOT_MAX_TOTAL_MB in bytes, _MAX_TRANSFER_FILES).
     snapshot_max_bytes: int = 20480 << 20
     max_transfer_files: int = 100_000
+    #: How long a snapshot is kept (CODE_EXEC_SNAPSHOT_MAX_AGE_SEC), seconds: what a provider keeps of one (a
+    #: Modal image) is given that lifetime where the provider takes one.
+    snapshot_max_age_sec: float = 7 * 86400.0
 
     @classmethod
     def of(cls, settings: Settings) -> SharedSettings:
@@ -79,7 +82,7 @@ class SharedSettings:
             egress_defaults=settings.egress_defaults, ca_bundle=settings.ca_bundle,
             open_timeout_sec=settings.open_timeout_sec, backend_grace_sec=settings.backend_grace_sec,
             max_timeout_sec=settings.max_timeout_sec, snapshot_max_bytes=settings.snapshot_max_total_mb << 20,
-            max_transfer_files=settings.max_transfer_files)
+            max_transfer_files=settings.max_transfer_files, snapshot_max_age_sec=settings.snapshot_max_age_sec)
 
     def egress_policy(self) -> EgressPolicy:
         """The allowlist of network mode proxy, for the host-side proxy (``EgressProxy``)."""

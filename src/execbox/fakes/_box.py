@@ -112,7 +112,9 @@ class BoxError(RuntimeError):
 class Box:
     """A private root + PID namespace (+ network namespace when ``network == "none"``)."""
 
-    def __init__(self, *, network: str = "allow", dirs: tuple[str, ...] = (), memory_mb: int | None = None) -> None:
+    def __init__(self, *, network: str = "allow", dirs: tuple[str, ...] = (), memory_mb: int | None = None,
+                 seed: Path | None = None) -> None:
+        """``seed``: a directory ``save`` wrote (a provider's snapshot): the box starts with those files."""
         reason = unavailable_reason()
         if reason:
             raise BoxError(reason)
@@ -132,6 +134,8 @@ class Box:
         os.chmod(self.root / "tmp", 0o1777)
         for d in dirs:
             (self.root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        if seed is not None:
+            _copy(seed, self.root)
         self._holder: subprocess.Popen[bytes] | None = None
         self._init_pid: int | None = None
         self.start()
@@ -201,6 +205,16 @@ class Box:
     def destroy(self) -> None:
         self.stop()
         remove_tree(str(self.dir))
+
+    def save(self, dest: Path) -> None:
+        """The box's own files (what its code wrote anywhere: /tmp, /root, the workspace) into the new directory
+        ``dest``, owners, modes and links kept: what a provider's filesystem snapshot holds. The host's
+        directories and /dev, /proc are the box's mounts, not its files, and are left out."""
+        dest.mkdir(mode=0o700)
+        skip = {*HOST_DIRS, "dev", "proc"}
+        for entry in sorted(self.root.iterdir()):
+            if entry.name not in skip:
+                _copy(entry, dest, whole=True)
 
     # --- commands ---------------------------------------------------------------------------------------
 
@@ -328,3 +342,11 @@ def write_file(box: Box, path: str, data: bytes, *, cwd: str = "/") -> int:
 def read_file(box: Box, path: str, *, cwd: str = "/") -> tuple[int, bytes]:
     done = box.run(["/bin/sh", "-c", _READ, "sh", path], cwd=cwd, timeout=60)
     return done.returncode, done.stdout
+
+
+def _copy(source: Path, dest: Path, *, whole: bool = False) -> None:
+    """``cp -a``: ``source`` itself into ``dest`` (``whole``), else what ``source`` holds merged into ``dest``."""
+    done = subprocess.run(["cp", "-a", "--", str(source) if whole else f"{source}/.", str(dest)],
+                          capture_output=True, timeout=600)
+    if done.returncode:
+        raise BoxError(f"could not copy the fake sandbox's files: {done.stderr.decode(errors='replace').strip()}")

@@ -13,11 +13,12 @@ against the installed SDK by tests/fakes/test_fake_surfaces.py): ``Daytona`` (``
 ``DaytonaConfig``, ``CreateSandboxFromImageParams``/``CreateSandboxFromSnapshotParams``, ``Resources``,
 ``ListSandboxesQuery``, ``FileUpload``, ``FileDownloadRequest``, ``SandboxState``, the sandbox's
 ``process.exec``, ``fs.upload_file(s)``/``download_file(s)``, ``start``/``stop``/``delete``/``get_work_dir``,
-and the ``Daytona*Error`` classes. Each sandbox is a local box (``_box.py``): commands really run (in bash,
-as the SDK documents), ``network_block_all=True`` really has no network (and neither has an allowlist,
+``create_snapshot``, the client's ``snapshot`` service (``get``/``delete``), and the ``Daytona*Error`` classes.
+Each sandbox is a local box (``_box.py``): commands really run (in bash, as the SDK documents),
+``network_block_all=True`` really has no network (and neither has an allowlist,
 ``domain_allow_list``/``network_allow_list``: nothing one could name is reachable from these machines),
-``Resources.memory`` (GiB) is
-really a limit, ``stop`` kills every process and keeps the files, ``start`` brings it back.
+``Resources.memory`` (GiB) is really a limit, ``stop`` kills every process and keeps the files, ``start`` brings
+it back.
 
 Behaviour copied from daytona 0.226 and its daemon: ``exec`` returns stdout and stderr combined in
 ``result`` (no stderr field); a command killed by a signal reports exit code -1 (Go's ExitCode());
@@ -25,12 +26,17 @@ an exec past its ``timeout`` is killed and raises ``DaytonaTimeoutError`` (HTTP 
 ``cwd`` resolve against the work dir ``/home/daytona``; ``upload_file`` with a ``str`` source reads that
 LOCAL file; ``download_file`` of a missing file raises ``DaytonaFileNotFoundError``, ``download_files``
 reports it in ``error``; ephemeral sandboxes are deleted when stopped; ``ttl_minutes`` is a real deadline;
-the SDK adds the ``code-toolbox-language`` label.
+the SDK adds the ``code-toolbox-language`` label; ``sandbox.create_snapshot(name)`` keeps the sandbox's own files
+(all of them; the host's userland is no part of a fake snapshot) and its resources as a snapshot of that name
+(another of the same name is a conflict), ``CreateSandboxFromSnapshotParams(snapshot=name or id)`` starts a
+sandbox with those files and resources (an unknown one is ``DaytonaNotFoundError``), and
+``daytona.snapshot.delete(snapshot or its id or name)`` removes one.
 
 Deliberately stricter than the real SDK: unknown parameter names raise TypeError (the real pydantic
 models drop them silently, so a typo would go unnoticed). Credentials come from ``DAYTONA_API_KEY`` (or
 ``DAYTONA_JWT_TOKEN`` + ``DAYTONA_ORGANIZATION_ID``) or ``DaytonaConfig``, not from ``.env`` files.
-Not modelled: snapshots and image builds (every image runs on the host's userland), volumes, sessions,
+Not modelled: image builds and snapshots built from images (every image runs on the host's userland), volumes,
+sessions,
 PTYs, git, previews, auto-stop/archive timers (recorded only), the async client.
 """
 
@@ -40,14 +46,17 @@ import contextlib
 import enum
 import os
 import posixpath
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from execbox.fakes import _box
 from execbox.fakes._common import Service, module, modules_installed
+from execbox.files.workspace import remove_tree
 
 WORK_DIR = "/home/daytona"
 _service: FakeDaytona | None = None
@@ -118,6 +127,7 @@ class SandboxState(str, enum.Enum):
     STOPPING = "stopping"
     DESTROYED = "destroyed"
     ERROR = "error"
+    SNAPSHOTTING = "snapshotting"
 
 
 @dataclass(kw_only=True)
@@ -169,6 +179,19 @@ class FileDownloadResponse:
     result: str | bytes | None = None
     error: str | None = None
     error_details: Any = None
+
+
+@dataclass
+class Snapshot:
+    """A snapshot (the SDK's is a pydantic model of the API's SnapshotDto; these are the fields the fake keeps)."""
+
+    id: str
+    name: str
+    state: str
+    cpu: int
+    mem: int  # GiB
+    disk: int  # GiB
+    image_name: str | None = None
 
 
 @dataclass
@@ -273,10 +296,68 @@ class FakeDaytona(Service):
         self.sandboxes: dict[str, Sandbox] = {}
         # How long a minute of ttl_minutes lasts here; a test that wants to see a TTL expire shortens it.
         self.seconds_per_minute = 60.0
+        # Snapshots by id, and where their files are.
+        self.snapshots: dict[str, Snapshot] = {}
+        self.snapshot_files: dict[str, Path] = {}
+        self._snapshot_dir: Path | None = None
+
+    def find_snapshot(self, id_or_name: str) -> Snapshot:
+        with self.lock:
+            for snap in self.snapshots.values():
+                if id_or_name in (snap.id, snap.name):
+                    return snap
+        raise DaytonaNotFoundError(f"Snapshot {id_or_name} not found", status_code=404, source="api")
+
+    def keep_snapshot(self, name: str, sandbox: Sandbox, box: _box.Box) -> Snapshot:
+        with self.lock:
+            if any(snap.name == name for snap in self.snapshots.values()):
+                raise DaytonaConflictError(f"Snapshot with name {name} already exists", status_code=409, source="api")
+            if self._snapshot_dir is None:
+                self._snapshot_dir = Path(tempfile.mkdtemp(prefix="execbox-fakedaytona-snapshots-"))
+            snap = Snapshot(id=str(uuid.uuid4()), name=name, state="pending", cpu=sandbox.cpu, mem=sandbox.memory,
+                            disk=sandbox.disk)
+            self.snapshots[snap.id] = snap  # the name is taken from here on
+        files = self._snapshot_dir / snap.id
+        try:
+            box.save(files)
+        except BaseException:
+            with self.lock:
+                del self.snapshots[snap.id]
+            remove_tree(str(files))
+            raise
+        with self.lock:
+            self.snapshot_files[snap.id] = files
+            snap.state = "active"
+        return snap
+
+    def drop_snapshot(self, snap: Snapshot) -> None:
+        with self.lock:
+            self.snapshots.pop(snap.id, None)
+            files = self.snapshot_files.pop(snap.id, None)
+        if files is not None:
+            remove_tree(str(files))
 
     def close(self) -> None:
         for sb in list(self.sandboxes.values()):
             sb._remove()
+        if self._snapshot_dir is not None:
+            remove_tree(str(self._snapshot_dir))
+
+
+class SnapshotService:
+    """``Daytona().snapshot``: the organisation's snapshots."""
+
+    def __init__(self, client: Daytona) -> None:
+        self._client = client
+
+    def get(self, name: str) -> Snapshot:
+        _svc().record("SnapshotService.get", name)
+        return self._client._auth().find_snapshot(name)
+
+    def delete(self, snapshot: Snapshot | str) -> None:
+        _svc().record("SnapshotService.delete", snapshot if isinstance(snapshot, str) else snapshot.id)
+        svc = self._client._auth()
+        svc.drop_snapshot(svc.find_snapshot(snapshot if isinstance(snapshot, str) else snapshot.id))
 
 
 class Daytona:
@@ -295,6 +376,7 @@ class Daytona:
                 "DAYTONA_ORGANIZATION_ID. These can also be provided via DaytonaConfig.")
         if self._jwt_token and not self._api_key and not organization:
             raise DaytonaAuthenticationError("Organization ID is required when using JWT token")
+        self.snapshot = SnapshotService(self)
 
     def _auth(self) -> FakeDaytona:
         svc = _svc()
@@ -317,8 +399,12 @@ class Daytona:
             if params.name and any(s.name == params.name for s in svc.sandboxes.values()):
                 raise DaytonaConflictError(f"Sandbox with name {params.name} already exists", status_code=409)
         resources = getattr(params, "resources", None) or Resources()
+        seed = None
+        if isinstance(params, CreateSandboxFromSnapshotParams) and params.snapshot:
+            snap = svc.find_snapshot(params.snapshot)
+            resources, seed = Resources(cpu=snap.cpu, memory=snap.mem, disk=snap.disk), svc.snapshot_files[snap.id]
         labels = {"code-toolbox-language": params.language or "python", **(params.labels or {})}
-        sb = Sandbox(self, params, labels, resources)
+        sb = Sandbox(self, params, labels, resources, seed=seed)
         with svc.lock:
             svc.sandboxes[sb.id] = sb
         return sb
@@ -441,7 +527,8 @@ class FileSystem:
 class Sandbox:
     """A Daytona sandbox (a local box in the fake)."""
 
-    def __init__(self, client: Daytona, params: _Params, labels: dict[str, str], resources: Resources) -> None:
+    def __init__(self, client: Daytona, params: _Params, labels: dict[str, str], resources: Resources, *,
+                 seed: Path | None = None) -> None:
         self._service = _svc()
         self.id = str(uuid.uuid4())
         self.name = params.name or self.id
@@ -463,7 +550,7 @@ class Sandbox:
         self._client = client
         self._box: _box.Box | None = _box.Box(
             network="none" if self.network_block_all or allowlist else "allow", dirs=(WORK_DIR,),
-            memory_mb=resources.memory * 1024 if resources.memory else None)
+            memory_mb=resources.memory * 1024 if resources.memory else None, seed=seed)
         self._timer: threading.Timer | None = None
         if self.ttl_minutes:
             self._timer = threading.Timer(self.ttl_minutes * self._service.seconds_per_minute, self._remove)
@@ -509,6 +596,18 @@ class Sandbox:
         if self.auto_delete_interval == 0:  # ephemeral: deleted as soon as it stops
             self._remove()
 
+    def create_snapshot(self, name: str, timeout: float | None = 60) -> None:
+        svc = _svc()
+        svc.record_on(self.id, "Sandbox.create_snapshot", name, timeout=timeout)
+        self._client._auth()
+        self.refresh_data()
+        box = self._live_box()
+        before, self.state = self.state, SandboxState.SNAPSHOTTING
+        try:
+            svc.keep_snapshot(name, self, box)
+        finally:
+            self.state = before  # the SDK waits until the sandbox leaves SNAPSHOTTING
+
     def delete(self, timeout: float | None = 60, wait: bool = False) -> None:
         _svc().record_on(self.id, "Sandbox.delete", timeout=timeout, wait=wait)
         self._client._auth()
@@ -539,7 +638,8 @@ def installed() -> Iterator[FakeDaytona]:
         "CreateSandboxFromImageParams": CreateSandboxFromImageParams,
         "CreateSandboxFromSnapshotParams": CreateSandboxFromSnapshotParams, "Resources": Resources,
         "ListSandboxesQuery": ListSandboxesQuery, "FileUpload": FileUpload, "FileDownloadRequest": FileDownloadRequest,
-        "FileDownloadResponse": FileDownloadResponse, "ExecuteResponse": ExecuteResponse, **ERRORS,
+        "FileDownloadResponse": FileDownloadResponse, "ExecuteResponse": ExecuteResponse, "Snapshot": Snapshot,
+        **ERRORS,
     }
     _service = service
     try:

@@ -10,7 +10,8 @@ Use it in tests::
 
 Same names, signatures and exceptions as the real SDK for what execbox's modal backend uses (checked
 against the installed SDK by tests/fakes/test_fake_surfaces.py): ``Client.from_env``, ``App.lookup``,
-``Image.debian_slim``/``from_registry``, ``Sandbox.create``/``from_id``/``list``, ``sb.exec`` (a
+``Image.debian_slim``/``from_registry``/``from_id`` (and an image's ``object_id``),
+``Sandbox.create``/``from_id``/``list``, ``sb.snapshot_filesystem``, ``sb.exec`` (a
 ``ContainerProcess`` with streamed ``stdout``/``stderr``, ``stdin``, ``wait``), ``sb.filesystem``
 (``read_bytes``/``write_bytes``/``make_directory``), ``sb.terminate``/``poll``/``get_tags``/``object_id``,
 and ``modal.exception``. Each sandbox is a local box (``_box.py``): commands really run, so output and exit
@@ -20,7 +21,10 @@ reachable from the machines these tests run on; the lists are recorded), the lif
 a ``(request, limit)`` memory tuple is really a limit. Behaviour copied from modal 1.6: an exec timeout makes
 ``wait()`` return -1 and ends the streams instead of raising; ``returncode`` raises before ``wait()``;
 exec on a finished sandbox raises ``ConflictError``; a signal death is ``128 + signal``; filesystem paths
-must be absolute; writes create parent directories.
+must be absolute; writes create parent directories. ``snapshot_filesystem`` keeps the sandbox's own files (all of
+them: the workspace, /tmp, /root; the host's userland is no part of a fake image) as an image whose ``object_id``
+``Image.from_id`` takes back, for ``Sandbox.create(image=)``; the image is gone after its ``ttl`` (Modal has no call
+that deletes one), and a sandbox created from an unknown or expired one raises ``NotFoundError``.
 
 Not modelled (raising NotImplementedError rather than pretending): entrypoint commands, secrets,
 volumes, GPUs, ports/tunnels, PTYs, the ``.aio`` async forms. Credentials come from ``MODAL_TOKEN_ID`` /
@@ -34,14 +38,17 @@ import enum
 import os
 import queue
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Collection, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from execbox.fakes import _box
 from execbox.fakes._common import Service, module, modules_installed
+from execbox.files.workspace import remove_tree
 
 _service: FakeModal | None = None
 
@@ -140,6 +147,9 @@ class FakeModal(Service):
                             "MODAL_TOKEN_SECRET": "as-fake" + uuid.uuid4().hex}
         self.apps: dict[str, App] = {}
         self.sandboxes: dict[str, Sandbox] = {}
+        # Filesystem snapshots: image id -> (its files, when it expires on time.monotonic(); None: never).
+        self.images: dict[str, tuple[Path, float | None]] = {}
+        self._image_dir: Path | None = None
 
     def authenticate(self, client: Client | None) -> Client:
         """What every networked call does first: resolve the client, and let the server judge its token."""
@@ -148,9 +158,34 @@ class FakeModal(Service):
             raise AuthError("UNAUTHENTICATED: invalid token (the fake accepts only service.credentials)")
         return client
 
+    def keep_image(self, box: _box.Box, ttl: int | None) -> str:
+        """A new image of ``box``'s files, kept ``ttl`` seconds; its id."""
+        with self.lock:
+            if self._image_dir is None:
+                self._image_dir = Path(tempfile.mkdtemp(prefix="execbox-fakemodal-images-"))
+        image_id = "im-" + uuid.uuid4().hex[:22]
+        box.save(self._image_dir / image_id)
+        with self.lock:
+            self.images[image_id] = (self._image_dir / image_id, None if ttl is None else time.monotonic() + ttl)
+        return image_id
+
+    def image_files(self, image_id: str) -> Path:
+        """The files of a kept image, or NotFoundError (unknown, or past its ttl: then removed)."""
+        with self.lock:
+            kept = self.images.get(image_id)
+            if kept is not None and kept[1] is not None and time.monotonic() >= kept[1]:
+                del self.images[image_id]
+                remove_tree(str(kept[0]))
+                kept = None
+        if kept is None:
+            raise NotFoundError(f"Image {image_id} not found")
+        return kept[0]
+
     def close(self) -> None:
         for sb in list(self.sandboxes.values()):
             sb._finish(137)
+        if self._image_dir is not None:
+            remove_tree(str(self._image_dir))
 
 
 class Client:
@@ -202,10 +237,24 @@ class App:
 
 
 class Image:
-    """An image description. The fake runs every image on the host's userland."""
+    """An image description. The fake runs every image on the host's userland; a filesystem snapshot's image
+    (``object_id``) adds the snapshotted sandbox's own files to it."""
 
-    def __init__(self, description: str) -> None:
+    def __init__(self, description: str, object_id: str | None = None) -> None:
         self.description = description
+        self._object_id = object_id
+
+    @property
+    def object_id(self) -> str:
+        if self._object_id is None:  # as in modal: only a hydrated image (built, snapshotted, from_id) has one
+            raise AttributeError(f"Attempting to get object_id of unhydrated {self.description}")
+        return self._object_id
+
+    @classmethod
+    def from_id(cls, image_id: str, client: Client | None = None) -> Image:
+        # Lazy, as in modal: an unknown id fails when a sandbox is created from it.
+        _svc().record("Image.from_id", image_id, client=client)
+        return cls(f"Image.from_id({image_id!r})", image_id)
 
     @staticmethod
     def debian_slim(python_version: str | None = None, force_build: bool = False) -> Image:
@@ -534,8 +583,9 @@ class Sandbox:
             if listed is not None and (isinstance(listed, str) or not all(isinstance(x, str) for x in listed)):
                 raise InvalidError("outbound allowlists are sequences of str")
         allowlist = outbound_cidr_allowlist is not None or outbound_domain_allowlist is not None
+        seed = svc.image_files(image._object_id) if image is not None and image._object_id is not None else None
         box = _box.Box(network="none" if block_network or allowlist else "allow", dirs=(workdir or "/",),
-                       memory_mb=limit_mb)
+                       memory_mb=limit_mb, seed=seed)
         sb = Sandbox(app=app, name=name, tags=tags or {}, env={k: v for k, v in (env or {}).items() if v is not None},
                      workdir=workdir, box=box, timeout=int(timeout))
         with svc.lock:
@@ -620,6 +670,14 @@ class Sandbox:
                          stdout=pipe if stdout == StreamType.PIPE else subprocess.DEVNULL,
                          stderr=pipe if stderr == StreamType.PIPE else subprocess.DEVNULL)
         return ContainerProcess(proc, text=text, timeout=timeout)
+
+    def snapshot_filesystem(self, timeout: int = 55, *, ttl: int | None = 2592000) -> Image:
+        svc = _svc()
+        svc.record_on(self.object_id, "Sandbox.snapshot_filesystem", timeout=timeout, ttl=ttl)
+        if ttl is not None and ttl <= 0:
+            raise InvalidError("ttl must be a positive number of seconds, or None")
+        image_id = svc.keep_image(self._live_box(), ttl)
+        return Image(f"snapshot_filesystem({self.object_id})", image_id)
 
     def terminate(self, *, wait: bool = False) -> int | None:
         _svc().record_on(self.object_id, "Sandbox.terminate", wait=wait)
