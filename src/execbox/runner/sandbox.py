@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import os
@@ -474,11 +473,20 @@ class AsyncSandbox:
         snap = await self.snapshot(f"fork of {self.id}")
         shared = _SharedSnapshot(self.runner, snap, count)
         forks = [self._started_from(snap) for _ in range(count)]
+        failed: list[Exception] = []
+
+        async def open_one(child: AsyncSandbox) -> None:
+            try:
+                await child.open()
+            except Exception as exc:  # noqa: BLE001 - kept: raised as it is once every open has ended
+                failed.append(exc)
+
         try:
-            opened = await asyncio.gather(*(child.open() for child in forks), return_exceptions=True)
-            failed = [o for o in opened if isinstance(o, BaseException)]
+            async with anyio.create_task_group() as group:
+                for child in forks:
+                    group.start_soon(open_one, child)
             if failed:
-                raise failed[0]  # the first failure as it is (every open was bounded and has ended)
+                raise failed[0]  # the first failure as it is, not a group (every open was bounded and has ended)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 for child in forks:
