@@ -541,7 +541,7 @@ class McpApp:
                     return error_result(
                         f"refused: {args['snapshot_id'][:64]!r} is not a snapshot this session took (or its "
                         "sandbox was replaced since). Roll back only to an id your snapshot calls returned: "
-                        + (", ".join(scope.snapshots) or "this session has taken none"))
+                        + (", ".join(list(scope.snapshots)[-20:]) or "this session has taken none"))
                 await sandbox.rollback(back)
         except ExecboxError as exc:
             return error_result(exc)
