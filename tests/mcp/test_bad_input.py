@@ -16,10 +16,10 @@ from mcp.shared.exceptions import MCPError
 
 from tests.mcp.support import env, held_client, text, usable
 
-TOOLS = ["run_code", "run_command", "shell", "python", "write_file", "read_file", "list_files", "delegate",
-         "no_such_tool"]
+TOOLS = ["run_code", "run_command", "shell", "python", "write_file", "read_file", "list_files", "snapshot", "rollback",
+         "delegate", "no_such_tool"]
 KEYS = ["code", "command", "path", "content", "encoding", "language", "timeout_s", "network", "backend", "recursive",
-        "tools", "posture", "expires_in_s", "memory_mb", "label"]
+        "tools", "posture", "expires_in_s", "memory_mb", "label", "name", "snapshot_id"]
 ODD = st.sampled_from(["", "..", "../x", "/etc/passwd", "a/../../b", "\0", "x\0y", "/", "~", "a" * 5000,
                        "-1", "nan", "base64", "text", "python", "bash", "none", "host", "exg1.a.b", "!!notbase64!!"])
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)

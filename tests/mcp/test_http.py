@@ -88,7 +88,7 @@ def test_tools_sessions_grants_and_approvals_over_http() -> None:
         async with http_client(url, token, mode="legacy", elicitation_callback=asked) as client:
             names = [t.name for t in (await client.list_tools()).tools]
             assert names == ["run_code", "run_command", "shell", "python", "write_file", "read_file", "list_files",
-                             "delegate"]
+                             "snapshot", "rollback", "delegate"]
             result = await client.call_tool("run_code", {"code": "print('over http')"})
             assert result.structured_content is not None and result.structured_content["stdout"] == "over http\n"
             await client.call_tool("shell", {"command": "echo kept > s.txt"})

@@ -44,7 +44,7 @@ SCENARIOS = ["server-initialize", "ping", "tools-list", "server-sse-multiple-str
 SERVER_ENV = {"CODE_EXEC_ENABLED": "true", "AGENT_COMPUTE_POSTURE": "1", "CODE_EXEC_BACKEND": "docker"}
 # Each tool once, as --tool-arg pairs (the Inspector parses a value as JSON when it is JSON), and what its result
 # must hold. Every Inspector call is a new MCP session, so read_file finds the fresh workspace empty: its real
-# result is the sandbox's own "no such file" error.
+# result is the sandbox's own "no such file" error; and rollback's, that the session took no such snapshot.
 CALLS: list[tuple[str, list[str], str]] = [
     ("run_code", ["code=print(6 * 7)"], '"stdout": "42\\n"'),
     ("run_command", ["command=echo $((6 * 7))"], '"stdout": "42\\n"'),
@@ -53,6 +53,8 @@ CALLS: list[tuple[str, list[str], str]] = [
     ("write_file", ["path=w.txt", "content=written"], '"size": 7'),
     ("read_file", ["path=w.txt"], "no such file in the workspace: 'w.txt'"),
     ("list_files", ["path=.", "recursive=true"], '"entries": ['),
+    ("snapshot", ["name=first"], '"snapshot_id": "'),
+    ("rollback", ["snapshot_id=0123456789abcdef"], "is not a snapshot this session took"),
     ("delegate", ['tools=["read_file"]', "posture=1"], '"token": "exg1.'),
 ]
 
@@ -145,7 +147,7 @@ def test_the_inspector_calls_every_tool(served: tuple[str, str], transport: str)
         result = called(done, name, expected)
         # The Inspector validates structured content against the tool's outputSchema and says so on failure.
         assert "output schema" not in done.stderr.lower() and "must have required property" not in done.stderr
-        if name == "read_file":
+        if name in ("read_file", "rollback"):  # each call a new session: nothing to read, no snapshot of its own
             assert result["isError"] is True and done.returncode != 0 and "structuredContent" not in result
         else:
             assert result["isError"] is False and done.returncode == 0, (name, done.stdout, done.stderr)

@@ -18,7 +18,8 @@ def test_tools_by_switch_and_posture() -> None:
     assert offered_tools(Settings(posture=3)) == []
     assert offered_tools(Settings(enabled=True)) == ["run_code", "run_command", "delegate"]
     assert offered_tools(Settings(enabled=True, posture=1)) == [
-        "run_code", "run_command", "shell", "python", "write_file", "read_file", "list_files", "delegate"]
+        "run_code", "run_command", "shell", "python", "write_file", "read_file", "list_files", "snapshot", "rollback",
+        "delegate"]
 
 
 def test_posture_3_needs_stdio_and_local_mode() -> None:

@@ -23,14 +23,17 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
     ("run_code", {"code": "print(6 * 7)"}), ("run_command", {"command": "echo hi"}),
     ("shell", {"command": "echo kept > s.txt"}), ("python", {"code": "x = 2\nx + 1"}),
     ("write_file", {"path": "w.txt", "content": "written"}), ("read_file", {"path": "w.txt"}),
-    ("list_files", {"path": "."}), ("delegate", {"tools": ["read_file"], "posture": 1}),
+    ("list_files", {"path": "."}), ("snapshot", {"name": "s"}), ("rollback", {"snapshot_id": "(the snapshot's)"}),
+    ("delegate", {"tools": ["read_file"], "posture": 1}),
 ]
 
 
 @pytest.fixture(scope="module")
-def live() -> Iterator[tuple[BlockingPortal, Client]]:
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BlockingPortal, Client]]:
     usable("bubblewrap")
-    server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap")
+    # Its own state (snapshots, audit log): a module's fixture starts before each test's private one.
+    server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap",
+                 XDG_STATE_HOME=str(tmp_path_factory.mktemp("state")))
     with held_client(server) as live:
         yield live
 
@@ -45,12 +48,16 @@ def test_every_tool_declares_an_output_schema_and_its_results_match_it(live: tup
     portal, client = live
     listed = {t.name: t for t in portal.call(client.list_tools).tools}
     assert set(listed) == {name for name, _ in CALLS}
+    taken: dict[str, Any] = {}
     for name, args in CALLS:
         schema = listed[name].output_schema
         assert schema is not None and schema.get("type") == "object", name
+        if name == "rollback":
+            args = {"snapshot_id": taken["snapshot_id"]}
         # The SDK's client validates structured content against the schema (it raises when it does not match);
         # checked here once more, so that this test does not rest on the client alone.
         result = portal.call(client.call_tool, name, args)
+        taken = result.structured_content or {}
         assert not result.is_error, (name, text(result))
         jsonschema.validate(result.structured_content, schema)
         assert set(result.structured_content or {}) >= set(schema.get("required", [])), name

@@ -47,7 +47,7 @@ def test_every_tool_end_to_end(backend: str) -> None:
         async with Client(stdio(server), mode=mode, elicitation_callback=asked) as client:
             listed = {tool.name: tool for tool in (await client.list_tools()).tools}
             assert set(listed) == {"run_code", "run_command", "shell", "python", "write_file", "read_file",
-                                   "list_files", "delegate"}
+                                   "list_files", "snapshot", "rollback", "delegate"}
             assert "code" in listed["run_code"].input_schema["properties"]
             assert "approval" not in listed["run_code"].input_schema["properties"]
             assert all(tool.description and len(tool.description) > 80 for tool in listed.values())

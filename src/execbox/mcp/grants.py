@@ -39,8 +39,9 @@ from execbox.contract.models import NETWORK_MODES, NetworkMode
 from execbox.errors import ConfigError, RefusedError
 
 CODE_TOOLS = frozenset({"run_code", "run_command", "shell", "python"})
-SESSION_TOOLS = frozenset({"shell", "python", "write_file", "read_file", "list_files"})
-ALL_TOOLS = ("run_code", "run_command", "shell", "python", "write_file", "read_file", "list_files", "delegate")
+SESSION_TOOLS = frozenset({"shell", "python", "write_file", "read_file", "list_files", "snapshot", "rollback"})
+ALL_TOOLS = ("run_code", "run_command", "shell", "python", "write_file", "read_file", "list_files", "snapshot",
+             "rollback", "delegate")
 PREFIX = "exg1"
 MAX_TOKEN_BYTES = 8192
 MIN_KEY_BYTES = 32

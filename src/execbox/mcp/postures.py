@@ -1,8 +1,9 @@
 """Compute postures (AGENT_COMPUTE_POSTURE): how much compute the agent surface offers.
 
     0  one-shot sandboxes only (run_code, run_command); nothing persists between calls. The default.
-    1  also one persistent sandbox per MCP session (shell, python, write_file, read_file, list_files): opened on first
-       use, closed and removed when the session ends — the client closes it, disconnects, dies (stdio: its
+    1  also one persistent sandbox per MCP session (shell, python, write_file, read_file, list_files; snapshot and
+       rollback, its undo history, where the backend keeps snapshots): opened on first use, closed and removed (its
+       snapshots with it) when the session ends — the client closes it, disconnects, dies (stdio: its
        pipe closes; HTTP: the session is deleted or idle for EXECBOX_MCP_IDLE_SEC). Its network is ``proxy``
        when the backend enforces that mode (allowlisted egress, e.g. package installs), else ``none``, unless
        the operator set CODE_EXEC_NETWORK.
@@ -32,6 +33,8 @@ def offered_tools(settings: Settings) -> list[str]:
     tools = ["run_code", "run_command"]
     if settings.posture >= 1:
         tools += ["shell", "python", "write_file", "read_file", "list_files"]
+    if settings.posture == 1:  # posture 3's host shell keeps no snapshots
+        tools += ["snapshot", "rollback"]
     return [*tools, "delegate"]
 
 

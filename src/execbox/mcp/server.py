@@ -70,6 +70,7 @@ from execbox.mcp.tools import (
     tailor,
 )
 from execbox.runner import AsyncRunner, AsyncSandbox
+from execbox.runner.snapshots import Snapshot
 
 #: Warm sandboxes per configuration for the server's one-shot tools, unless CODE_EXEC_POOL_SIZE says otherwise.
 SERVER_POOL_SIZE = 2
@@ -89,6 +90,8 @@ def instructions(tools: list[str]) -> str:
     if "shell" in tools:
         said.append("; shell, python, write_file, read_file and list_files share one persistent sandbox for this "
                     "session")
+    if "snapshot" in tools:
+        said.append(", which snapshot keeps and rollback returns to")
     return "".join(said) + (". Results carry the exit code, capped output and, when a limit cut a run short, one "
                             "sentence saying which and whether retrying can help.")
 
@@ -119,6 +122,8 @@ class SessionScope:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     sandbox: AsyncSandbox | None = None
     closed: bool = False
+    #: The snapshots its sandbox took (the snapshot tool): its undo history, removed with it.
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
 
 
 class _Server(MCPServer[Any]):
@@ -321,12 +326,19 @@ class McpApp:
         scope.closed = True
         await self._close_scope_sandbox(scope)
 
-    @staticmethod
-    async def _close_scope_sandbox(scope: SessionScope) -> None:
+    async def _close_scope_sandbox(self, scope: SessionScope) -> None:
+        """The session's sandbox closed and removed, and the snapshots it took: they were its undo history, not
+        the operator's (one that cannot be removed now is left to `execbox snapshot gc` when it expires)."""
         sandbox, scope.sandbox = scope.sandbox, None
-        if sandbox is not None:
-            with anyio.CancelScope(shield=True):
-                await sandbox.close()
+        snapshots, scope.snapshots = list(scope.snapshots.values()), {}
+        with anyio.CancelScope(shield=True):
+            try:
+                if sandbox is not None:
+                    await sandbox.close()
+            finally:
+                for snap in snapshots:
+                    with contextlib.suppress(ExecboxError):
+                        await self.runner.delete_snapshot(snap)
 
     async def session_sandbox(self, ctx: Context, grant: Grant, chain: list[str]) -> AsyncSandbox:
         scope = self._scope_for(ctx)
@@ -501,6 +513,41 @@ class McpApp:
             lines.append(f"... {len(entries) - MAX_LISTED} more entries not shown; list a subdirectory")
         return data_result({"path": args["path"], "entries": shown, "truncated": len(entries) > MAX_LISTED},
                            "\n".join(lines) or "(empty)")
+
+    async def snapshots(self, ctx: Context, tool: str, **args: Any) -> CallToolResult:
+        """snapshot and rollback of the session's sandbox; a rollback only to a snapshot this session took."""
+        try:
+            grant = self.grant_for(ctx.request_context.request)
+            chain = self.chain(ctx, grant)
+            plan = await self.plan(ctx, grant, tool, chain)
+            scope, sandbox = self._scope_for(ctx), plan.sandbox
+            assert sandbox is not None
+            with audit_fields.caller(*chain):
+                if tool == "snapshot":
+                    snap = await sandbox.snapshot(args["name"])
+                    if scope.closed or scope.sandbox is not sandbox:  # the session ended meanwhile: not kept
+                        with anyio.CancelScope(shield=True):
+                            await self.runner.delete_snapshot(snap)
+                        raise SandboxError("this MCP session's sandbox closed while the snapshot was taken; it "
+                                           "was not kept")
+                    scope.snapshots[snap.id] = snap
+                    return data_result(
+                        {"snapshot_id": snap.id, "name": snap.name, "size": snap.size,
+                         "created": snap.created.isoformat(timespec="seconds")},
+                        f"snapshot {snap.id} taken ({snap.size} bytes); rollback with snapshot_id={snap.id} returns "
+                        "your sandbox to this state")
+                back = scope.snapshots.get(args["snapshot_id"])  # never a path: only this session's own ids
+                if back is None:
+                    return error_result(
+                        f"refused: {args['snapshot_id'][:64]!r} is not a snapshot this session took (or its "
+                        "sandbox was replaced since). Roll back only to an id your snapshot calls returned: "
+                        + (", ".join(list(scope.snapshots)[-20:]) or "this session has taken none"))
+                await sandbox.rollback(back)
+        except ExecboxError as exc:
+            return error_result(exc)
+        return data_result({"snapshot_id": back.id, "state_lost": not back.memory},
+                           f"rolled back to snapshot {back.id}: files and packages since are gone"
+                           + ("; the python interpreter starts fresh" if not back.memory else ""))
 
     async def delegate(self, ctx: Context, ask: GrantRequest) -> CallToolResult:
         try:

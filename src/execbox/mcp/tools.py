@@ -120,6 +120,18 @@ class ListOutput(BaseModel):
     truncated: bool
 
 
+class SnapshotOutput(BaseModel):
+    snapshot_id: str
+    name: str | None
+    size: int = Field(description="bytes it keeps")
+    created: str = Field(description="when it was taken (ISO 8601, UTC)")
+
+
+class RollbackOutput(BaseModel):
+    snapshot_id: str
+    state_lost: bool = Field(description="the python tool's interpreter starts fresh: its variables are gone")
+
+
 class DelegateOutput(BaseModel):
     token: str
     grant: dict[str, Any] = Field(description="the grant as issued: tools, backends, network, limits, expiry")
@@ -239,6 +251,8 @@ class ToolHost(Protocol):
 
     async def files(self, ctx: Context, tool: str, **args: Any) -> CallToolResult: ...
 
+    async def snapshots(self, ctx: Context, tool: str, **args: Any) -> CallToolResult: ...
+
     async def delegate(self, ctx: Context, ask: GrantRequest) -> CallToolResult: ...
 
 
@@ -327,8 +341,22 @@ def register_tools(server: MCPServer, app: ToolHost) -> None:
     ) -> Annotated[CallToolResult, ListOutput]:
         return await app.files(ctx, "list_files", path=path, recursive=recursive)
 
+    async def snapshot(
+        ctx: Context,
+        name: Annotated[str | None, Field(max_length=200, description=(
+            "A label for it, e.g. \"before refactor\"; leave it out for none."))] = None,
+    ) -> Annotated[CallToolResult, SnapshotOutput]:
+        return await app.snapshots(ctx, "snapshot", name=name)
+
+    async def rollback(
+        snapshot_id: Annotated[str, Field(min_length=1, max_length=64, description=(
+            "The id a snapshot call of this session returned."))],
+        ctx: Context,
+    ) -> Annotated[CallToolResult, RollbackOutput]:
+        return await app.snapshots(ctx, "rollback", snapshot_id=snapshot_id)
+
     async def delegate(
-        tools: Annotated[list[str], Field(min_length=1, max_length=8, description=(
+        tools: Annotated[list[str], Field(min_length=1, max_length=len(ALL_TOOLS), description=(
             "The tools the sub-agent may use: a subset of yours."))],
         ctx: Context,
         label: Annotated[str, Field(max_length=200, description="Who it is for, e.g. \"test-writer\".")] = "",
@@ -359,7 +387,8 @@ def register_tools(server: MCPServer, app: ToolHost) -> None:
 
     functions: dict[str, Callable[..., Any]] = {
         "run_code": run_code, "run_command": run_command, "shell": shell, "python": python, "write_file": write_file,
-        "read_file": read_file, "list_files": list_files, "delegate": delegate}
+        "read_file": read_file, "list_files": list_files, "snapshot": snapshot, "rollback": rollback,
+        "delegate": delegate}
     described = descriptions(s, set(app.tools))
     for name in app.tools:
         server.add_tool(functions[name], name=name, description=described[name], annotations=ANNOTATIONS[name](s))
@@ -375,6 +404,10 @@ ANNOTATIONS: dict[str, Any] = {
     "write_file": lambda s: ToolAnnotations(title="Write a file", destructive_hint=False, idempotent_hint=True),
     "read_file": lambda s: ToolAnnotations(title="Read a file", read_only_hint=True),
     "list_files": lambda s: ToolAnnotations(title="List files", read_only_hint=True),
+    # Both change only the session's own sandbox (its state, or a copy of it kept until the session ends).
+    "snapshot": lambda s: ToolAnnotations(title="Snapshot your sandbox", destructive_hint=False, open_world_hint=False),
+    "rollback": lambda s: ToolAnnotations(title="Roll your sandbox back", destructive_hint=False, idempotent_hint=True,
+                                          open_world_hint=False),
     "delegate": lambda s: ToolAnnotations(title="Delegate a narrower grant", read_only_hint=True),
 }
 
@@ -420,6 +453,15 @@ def descriptions(s: Settings, offered: set[str]) -> dict[str, str]:
         "list_files": (
             "List a directory of your persistent sandbox's workspace: each entry's path, type (file, directory, "
             f"symlink, other) and size in bytes; links are shown, never followed; at most {MAX_LISTED} entries."),
+        "snapshot": (
+            "Keep the state of your persistent sandbox (its files, and packages you installed) as a snapshot, to "
+            "come back to with `rollback`: an undo point before something risky. Returns its id and size. Your "
+            "snapshots are removed when this session ends; processes and the python tool's variables are not "
+            "kept."),
+        "rollback": (
+            "Return your persistent sandbox to a snapshot this session took (`snapshot`): files written and packages "
+            "installed since are gone, and the python tool's interpreter starts fresh. The snapshot stays, for "
+            "another rollback."),
         "delegate": (
             "Issue a narrower grant for a sub-agent: which of your tools ("
             + ", ".join(t for t in ALL_TOOLS if t in offered) + "), backends, network modes and limits it may "

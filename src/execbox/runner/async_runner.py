@@ -388,15 +388,19 @@ class AsyncRunner:
             await self._remove_snapshot(self.backend(name), snapshot_id, parts)
         await self.audit.arecord("snapshot.delete", snapshot=snapshot_id, snapshot_backend=name)
 
-    async def gc_snapshots(self) -> list[str]:
+    async def gc_snapshots(self, backend: str | None = None) -> list[str]:
         """Remove the snapshots past CODE_EXEC_SNAPSHOT_MAX_AGE_SEC and those whose writer died before finishing
-        them; their ids."""
-        expired = [s.id for s in await anyio.to_thread.run_sync(store.expired, self.settings.snapshot_max_age_sec)]
+        them (only ``backend``'s, when named); their ids. One whose backend cannot remove its part now (gone,
+        unreachable) is kept for the next time."""
+        expired = [s.id for s in await anyio.to_thread.run_sync(store.expired, self.settings.snapshot_max_age_sec)
+                   if backend in (None, s.backend)]
+        gone = expired + await anyio.to_thread.run_sync(
+            lambda: [i for i in store.leftovers() if backend in (None, store.backend_of(i))])
         removed = []
-        for snapshot_id in expired + await anyio.to_thread.run_sync(store.leftovers):
+        for snapshot_id in gone:
             try:
                 await self.delete_snapshot(snapshot_id)
-            except ExecboxError:  # its backend cannot remove its part now (gone, unreachable): kept for next time
+            except ExecboxError:
                 continue
             removed.append(snapshot_id)
         return removed

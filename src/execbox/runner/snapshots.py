@@ -303,6 +303,8 @@ def _directories() -> list[Path]:
         return [d for d in root().iterdir() if d.is_dir() and not d.is_symlink() and set(d.name) <= _ID_CHARS]
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise SnapshotError(f"cannot read the snapshot store {root()}: {exc.strerror or exc}") from None
 
 
 def leftovers() -> list[str]:

@@ -168,9 +168,9 @@ class Runner:
         """See AsyncRunner.delete_snapshot."""
         self._call(functools.partial(self.aio.delete_snapshot, snapshot))
 
-    def gc_snapshots(self) -> list[str]:
+    def gc_snapshots(self, backend: str | None = None) -> list[str]:
         """See AsyncRunner.gc_snapshots."""
-        return self._call(self.aio.gc_snapshots)
+        return self._call(functools.partial(self.aio.gc_snapshots, backend))
 
 
 class Sandbox:
