@@ -81,6 +81,22 @@ def test_a_sigkilled_caller_leaves_nothing_running_and_gc_removes_its_directory(
     assert [parent for parent in cgroup_parents() if os.path.exists(os.path.join(parent, session))] == []
 
 
+def test_what_is_uploaded_is_the_sandbox_users_and_read_back_as_theirs(runner: Runner, tmp_path: Path) -> None:
+    """The workspace lies under execbox's private state (0700): the host reaches it as execbox, then walks below it
+    as the sandbox user. (Found: uploads were root's, so the code could not change them, nor a restored snapshot's
+    workspace; a file the code sealed was read back all the same.)"""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "f.txt").write_text("x")
+    with runner.sandbox() as sb:
+        sb.upload(str(tmp_path / "sub"), "up")
+        changed = sb.exec("echo more >> up/f.txt && touch up/new && chmod 000 up/f.txt && "
+                          "python3 -c 'import os; print(os.stat(\"up\").st_uid, os.stat(\"up/new\").st_uid)'")
+        assert changed.exit_code == 0, changed.stderr
+        assert changed.stdout.split() == [str(runner.aio.backend("gvisor").host.user[0])] * 2  # type: ignore[attr-defined]
+        moved = sb.download("up", str(tmp_path / "back"))
+        assert moved.skipped == ["up/f.txt: cannot be opened (Permission denied)"]
+
+
 def test_missing_runsc_is_unavailable_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CODE_EXEC_GVISOR_RUNSC", "/nonexistent/runsc")
     with pytest.raises(BackendUnavailableError) as info:

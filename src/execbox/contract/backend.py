@@ -16,7 +16,7 @@ import posixpath
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -205,8 +205,8 @@ class Session(ABC):
             root, owner = self.host_workspace, self.host_owner
 
             def walk() -> list[FileInfo]:
-                with as_owner(owner):  # as the sandbox user: a directory the code sealed is not listed
-                    return transfer.host_list(root, path, recursive=recursive, limits=limits)
+                with _reached(root) as top, as_owner(owner):  # as the sandbox user: a sealed directory is not listed
+                    return transfer.host_list(top, path, recursive=recursive, limits=limits)
 
             return await anyio.to_thread.run_sync(walk)
         return await transfer.sandbox_list(self, path, recursive=recursive, limits=limits)
@@ -219,8 +219,8 @@ class Session(ABC):
 
             def pack() -> Transfer:
                 # as the sandbox user: a file the code made unreadable is refused (asked for) or left out (skipped)
-                with as_owner(owner):
-                    return transfer.host_pack(root, path, out, limits=limits)
+                with _reached(root) as top, as_owner(owner):
+                    return transfer.host_pack(top, path, out, limits=limits)
 
             return await anyio.to_thread.run_sync(pack)
         await transfer.sandbox_pack(self, path, out, limits=limits)
@@ -234,13 +234,25 @@ class Session(ABC):
             root, owner = self.host_workspace, self.host_owner
 
             def unpack() -> Transfer:
-                with as_owner(owner):  # as the sandbox user: a directory the code made read-only stays unwritten
-                    return transfer.host_unpack(root, path, archive, limits=limits, prefix=prefix, owner=owner,
+                # as the sandbox user: a directory the code made read-only stays unwritten
+                with _reached(root) as top, as_owner(owner):
+                    return transfer.host_unpack(top, path, archive, limits=limits, prefix=prefix, owner=owner,
                                                 keep_symlinks=True)
 
             return await anyio.to_thread.run_sync(unpack)
         await transfer.sandbox_unpack(self, path, archive, limits=limits)
         return Transfer()
+
+
+@contextlib.contextmanager
+def _reached(workspace: str) -> Iterator[int]:
+    """The workspace directory, opened by execbox itself: the way to it (execbox's own state, 0700) is execbox's
+    to walk; what is below it, the sandbox user's (``as_owner``)."""
+    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 _swept: set[tuple[int, str]] = set()

@@ -149,7 +149,7 @@ class _Entry:
     name: str  # its name in dir_fd; "" for the walked root when it is the workspace itself
 
 
-def _walk(root: str, rel: str, budget: _Budget, *, recursive: bool = True,
+def _walk(root: str | int, rel: str, budget: _Budget, *, recursive: bool = True,
           skipped: list[str] | None = None) -> Iterator[_Entry]:
     """``rel`` itself, then (a directory) everything below it, depth first, in name order. No link is followed:
     each directory is opened O_NOFOLLOW relative to its parent and must be the one that was listed."""
@@ -241,7 +241,7 @@ def _open_child(parent: int, name: str, st: os.stat_result) -> int | None:
 # --- host side --------------------------------------------------------------------------------------------
 
 
-def host_list(root: str, rel: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
+def host_list(root: str | int, rel: str, *, recursive: bool, limits: TransferLimits) -> list[FileInfo]:
     """The entries of the directory ``root/rel`` (everything below it with ``recursive``), or the one entry of a
     file; paths relative to ``root``. Never follows a link."""
     budget = _Budget(limits, f"listing {rel or 'the workspace'!r}")
@@ -275,7 +275,7 @@ class _Exactly:
         return data
 
 
-def host_pack(root: str, rel: str, out: IO[bytes], *, limits: TransferLimits, prefix: str | None = None,
+def host_pack(root: str | int, rel: str, out: IO[bytes], *, limits: TransferLimits, prefix: str | None = None,
               what: str | None = None) -> Transfer:
     """Write a tar of ``root/rel`` (``rel`` "" = ``root`` itself) to ``out``, members named under ``prefix``
     (default: the basename of ``rel``, or "." for the root). Symlinks are stored as links; FIFOs, sockets and
@@ -360,7 +360,7 @@ class _Dirs:
     """The last parent directory opened (O_NOFOLLOW all the way down from the root), kept open for its
     siblings."""
 
-    def __init__(self, root: str, owner: tuple[int, int] | None) -> None:
+    def __init__(self, root: str | int, owner: tuple[int, int] | None) -> None:
         self.root = root
         self.owner = owner
         self.key: str | None = None
@@ -379,7 +379,7 @@ class _Dirs:
         self.fd, self.key = -1, None
 
 
-def host_unpack(root: str, dest: str, archive: IO[bytes], *, limits: TransferLimits, prefix: str,
+def host_unpack(root: str | int, dest: str, archive: IO[bytes], *, limits: TransferLimits, prefix: str,
                 owner: tuple[int, int] | None = None, keep_symlinks: bool = False, workspace: bool = True,
                 shown_as: str | None = None) -> Transfer:
     """Extract a tar whose members are named under ``prefix`` so that ``prefix`` becomes ``root/dest`` (``dest``

@@ -79,9 +79,11 @@ def _absolute(path: str) -> str:
     return "/" + "/".join(parts)
 
 
-def _open_dir(root: str, parts: list[str], *, create: bool, owner: tuple[int, int] | None) -> int:
-    """``root/parts...``, each part opened without following a link (made, with ``create``, and given to ``owner``)."""
-    return _open_parts(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), parts, create=create, owner=owner)
+def _open_dir(root: str | int, parts: list[str], *, create: bool, owner: tuple[int, int] | None) -> int:
+    """``root/parts...``, each part opened without following a link (made, with ``create``, and given to ``owner``).
+    ``root``: a path, or a directory descriptor its caller opened (and keeps)."""
+    top = os.dup(root) if isinstance(root, int) else os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    return _open_parts(top, parts, create=create, owner=owner)
 
 
 def _open_parts(fd: int, parts: list[str], *, create: bool, owner: tuple[int, int] | None) -> int:

@@ -128,6 +128,7 @@ class GvisorSession(Session):
         self.id = os.path.basename(self.root)
         self.host_workspace = self._workspace = os.path.join(self.root, "workspace")
         self.owner = host.user if os.geteuid() == 0 else None
+        self.host_owner = self.owner  # what uploads and restored workspaces are given: the sandbox user's
         try:
             if spec.network == "proxy":
                 self.egress = EgressProxy(shared.egress_policy(), owner=self.owner, ca_bundle=shared.ca_bundle)
