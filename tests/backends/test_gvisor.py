@@ -18,7 +18,7 @@ from execbox.backends.gvisor.session import cgroup_parents, sessions_dir
 from execbox.errors import BackendUnavailableError, ConfigError
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
-from execbox.testing.conformance import BackendConformance
+from execbox.testing.conformance import BackendConformance, Kit
 from execbox.testing.host import host_processes
 
 pytestmark = pytest.mark.engine
@@ -30,6 +30,13 @@ class TestGvisorConformance(BackendConformance):
     @pytest.fixture
     def runner(self) -> Runner:
         return Runner(Settings.from_env(backend="gvisor"))
+
+    # Found: the session sets no host_owner, so its file calls work as root and what an upload (a restored snapshot's
+    # workspace too) creates is root's: a fork cannot change the files it started with. host_owner alone is not the
+    # fix: the sandbox user cannot reach the workspace on the host (under execbox's 0700 state directory).
+    @pytest.mark.xfail(strict=True, reason="gvisor uploads (and restored workspaces) are root's, unwritable inside")
+    def test_snapshot_forks_isolated(self, kit: Kit) -> None:
+        super().test_snapshot_forks_isolated(kit)  # type: ignore[misc]
 
 
 @pytest.fixture(scope="module")
