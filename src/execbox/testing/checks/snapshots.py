@@ -14,7 +14,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from execbox import Sandbox, Snapshot, SnapshotError
+from execbox import ExecboxError, Sandbox, Snapshot, SnapshotError
 from execbox.plugin import state_dir
 from execbox.testing.framework import Family, Kit, Unavailable, expect, shown
 
@@ -41,6 +41,12 @@ def _write(sb: Sandbox, value: str, claim: str) -> None:
 
 def _read(sb: Sandbox) -> tuple[str, ...]:
     return tuple(sb.exec(_READ).stdout.split())
+
+
+def _python(sb: Sandbox, claim: str) -> None:
+    """python3 runs in the sandbox: what a check asks of it next is not mistaken for a missing interpreter."""
+    ran = sb.exec(["python3", "-c", "print(3)"])
+    expect(ran.stdout == "3\n", claim, "python3 to run in the sandbox", shown(ran))
 
 
 def _mine(kit: Kit, sb: Sandbox) -> list[str]:
@@ -118,8 +124,9 @@ def check_snapshot_rollback_undoes_a_package(kit: Kit) -> None:
     kit.require(snapshot=True)
     claim = _claim("rollback undoes a package")
     with kit.sandbox() as sb:
-        pip = sb.exec(["python3", "-m", "pip", "--version"])
-        if pip.exit_code != 0:
+        _python(sb, claim)
+        pip = sb.exec("python3 -m pip --version || echo no-pip")
+        if "no-pip" in pip.stdout:
             raise Unavailable(f"the sandbox has no pip to install a package with: {shown(pip)}")
         snap = sb.snapshot()
         try:
@@ -142,6 +149,7 @@ def check_snapshot_memory_kept(kit: Kit) -> None:
     kit.require(snapshot=True, sessions=True, memory_snapshot=True)
     claim = "memory_snapshot=True (a variable survives)"
     with kit.sandbox() as sb:
+        _python(sb, claim)
         first = sb.run_cell("kit_value = 41")
         expect(first.ok, claim, "the cell to run", first)
         snap = sb.snapshot(memory=True)
@@ -199,18 +207,29 @@ def check_snapshot_nothing_left_behind(kit: Kit) -> None:
             expect(len(forked) == 1 and (store / forked[0]).is_dir(), claim,
                    f"the fork's snapshot listed by runner.snapshots() and kept under {store}", forked)
         finally:
-            for child in children:
-                child.close()
+            failed = [_failure(child.close) for child in children]
+        expect(failed == [None] * len(children), claim, "the fork's children to close, removing their snapshot",
+               failed)
         left = _mine(kit, sb)
         expect(not left, claim, "the fork's snapshot gone once its children closed", left)
         snap = sb.snapshot()
         expect(_mine(kit, sb) == [snap.id], claim, "the new snapshot listed", _mine(kit, sb))
-        kit.runner.delete_snapshot(snap)
+        deleting = _failure(lambda: kit.runner.delete_snapshot(snap))
+        expect(deleting is None, claim, "runner.delete_snapshot to remove the snapshot", deleting)
     gone = [forked[0], snap.id]
     kept = sorted({*_mine(kit, sb)} | {i for i in gone if os.path.lexists(store / i)})
     expect(not kept, claim, f"the deleted snapshot unlisted and nothing of either left under {store}", kept)
     collected = sorted(set(kit.runner.gc_snapshots()) & set(gone))
     expect(not collected, claim, "the snapshots' gc to find nothing of them", collected)
+
+
+def _failure(call: Callable[[], object]) -> str | None:
+    """What ``call`` raised (an ExecboxError), or None: a removal that fails is a claim that fails, said."""
+    try:
+        call()
+    except ExecboxError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _refused(kit: Kit, snap: Snapshot, what: str, claim: str, sb: Sandbox) -> None:
