@@ -61,7 +61,9 @@ def check_snapshot_forks_isolated(kit: Kit) -> str:
     claim = _claim("forks isolated")
     with kit.sandbox() as sb:
         _write(sb, "parent", claim)
-        children = sb.fork(FORKS)
+        children: list[Sandbox] = []
+        forking = _failure(lambda: children.extend(sb.fork(FORKS)))
+        expect(forking is None, claim, f"{FORKS} forks started", forking)
         try:
             started = [_read(child) for child in children]
             expect(started == [("parent", "parent")] * FORKS, claim,
