@@ -22,7 +22,7 @@ Snapshot liars claim ``snapshot`` on the honest sandbox with a /tmp kept across 
 ``liar_snapshot_keeps_nothing`` (its Session.snapshot keeps nothing of /tmp), ``liar_snapshot_drops_tmp`` (a
 restore never puts /tmp back), ``liar_snapshot_shared_tmp`` (one /tmp, HOME in it, for every sandbox),
 ``liar_snapshot_memory`` (claims memory_snapshot, keeps files only), ``liar_snapshot_undeletable`` (its
-delete_snapshot fails); ``kit_honest_snapshot`` keeps its claim.
+delete_snapshot fails); ``kit_honest_snapshot`` keeps its claim, and ``kit_snapshot_no_pip`` too, with no pip.
 
 ``kit_honest`` is that sandbox with every wall in place: the whole kit passes on it. They are built from
 the public plugin kit only. NEVER use them outside these tests.
@@ -432,9 +432,23 @@ class SnapshotUndeletable(SnapshotHonest):
         raise plugin.SandboxError("this backend removes no snapshot")
 
 
+class NoPipSession(KeptTmpSession):
+    def command(self, request: plugin.ExecSpec) -> list[str]:
+        args = super().command(request)
+        at = args.index("/usr") + 2  # once /usr is bound: pip's package hidden under an empty tmpfs
+        return [*args[:at], "--tmpfs", "/usr/lib/python3/dist-packages/pip", *args[at:]]
+
+
+class SnapshotNoPip(SnapshotHonest):
+    """Keeps its claim, in a sandbox with no pip: the package check cannot run (a skip that says why)."""
+
+    name = "kit_snapshot_no_pip"
+    session = NoPipSession
+
+
 LIARS: list[type[Liar]] = [Honest, HostRoot, MappedRoot, Caps, NoNnp, Userns, HostFiles, HostProcs, EnvLeak, Unlimited,
                            Broken, ProxyOpen, NoTmpfs, Gvisor, SnapshotHonest, SnapshotKeepsNothing, SnapshotDropsTmp,
-                           SnapshotSharedTmp, SnapshotMemory, SnapshotUndeletable]
+                           SnapshotSharedTmp, SnapshotMemory, SnapshotUndeletable, SnapshotNoPip]
 
 
 @plugin.hookimpl

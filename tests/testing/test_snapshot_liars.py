@@ -83,6 +83,13 @@ def test_a_backend_that_never_removes_a_snapshot_fails_nothing_left_behind(liars
     assert result.status == "fail" and result.message.startswith(FAILS_WITH[result.name]), result
 
 
+def test_the_package_check_skips_without_pip_and_says_so(liars: None) -> None:
+    [result] = _results("kit_snapshot_no_pip", ["snapshot_rollback_undoes_a_package"]).values()
+    assert result.status == "skip", result
+    assert result.message.startswith("cannot run here: the sandbox has no pip to install a package with"), result
+    assert "No module named pip" in result.message, result
+
+
 def test_snapshot_checks_skip_on_a_backend_that_does_not_claim_it(liars: None) -> None:
     results = _results("kit_honest", SNAPSHOT_CHECKS)
     assert {r.message for r in results.values()} == {

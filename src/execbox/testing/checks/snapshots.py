@@ -6,17 +6,14 @@ a corrupted or truncated snapshot is refused whole, with no sandbox left open.""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import io
 import os
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 from execbox import ExecboxError, Sandbox, Snapshot, SnapshotError
 from execbox.plugin import state_dir
 from execbox.testing.framework import Family, Kit, Unavailable, expect, shown
+from execbox.testing.host import pure_wheel
 
 family = Family()
 
@@ -27,7 +24,6 @@ LATER = "/tmp/execbox-kit-later.txt"
 # What the state of a sandbox reads as: the workspace file, then the one outside ("-": missing).
 _READ = f"for f in kit.txt {OUTSIDE}; do cat \"$f\" 2>/dev/null || echo -; done"
 PACKAGE = "execbox_kit_snapshot_probe"
-WHEEL = f"{PACKAGE}-1.0-py3-none-any.whl"
 
 
 def _claim(what: str) -> str:
@@ -101,22 +97,6 @@ def check_snapshot_rollback_undoes_files(kit: Kit) -> None:
             kit.runner.delete_snapshot(snap)
 
 
-def _wheel() -> bytes:
-    """A pure-Python wheel of one module, built here (no network, no build step): the module and its dist-info."""
-    info = f"{PACKAGE}-1.0.dist-info"
-    files = {f"{PACKAGE}.py": b"MARK = 'installed after the snapshot'\n",
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: 1.0\n".encode(),
-             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: execbox-kit\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
-              f"{len(data)}" for path, data in files.items()]
-    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,", ""]).encode()
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as wheel:
-        for path, data in files.items():
-            wheel.writestr(path, data)
-    return out.getvalue()
-
-
 # From /, so the workspace is not what finds the module; the user's site-packages are where pip --user put it.
 _IMPORT = f"cd / && python3 -c 'import {PACKAGE}; print({PACKAGE}.MARK)'"
 
@@ -132,10 +112,11 @@ def check_snapshot_rollback_undoes_a_package(kit: Kit) -> None:
             raise Unavailable(f"the sandbox has no pip to install a package with: {shown(pip)}")
         snap = sb.snapshot()
         try:
-            sb.write_file(WHEEL, _wheel())
+            wheel, data = pure_wheel(PACKAGE, "1.0", {f"{PACKAGE}.py": b"MARK = 'installed after the snapshot'\n"})
+            sb.write_file(wheel, data)
             # Debian's python refuses --user installs (PEP 668) unless told; an older pip ignores the variable.
             installed = sb.exec(f"PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --user --no-index --no-deps "
-                                f"--disable-pip-version-check ./{WHEEL} && rm {WHEEL} && {_IMPORT}")
+                                f"--disable-pip-version-check ./{wheel} && rm {wheel} && {_IMPORT}")
             expect(installed.exit_code == 0 and "installed after the snapshot" in installed.stdout, claim,
                    "the wheel installed with pip --user and imported", shown(installed))
             sb.rollback(snap)
@@ -254,6 +235,8 @@ def _refused(kit: Kit, snap: Snapshot, what: str, claim: str, sb: Sandbox) -> No
         pass
     else:
         raise AssertionError(f"{claim}: expected SnapshotError for a rollback to {what}; saw it done")
+    expect(kit.runner.aio.slots.in_use == slots, claim, f"no sandbox left open by the refused rollback to {what}",
+           f"{kit.runner.aio.slots.in_use - slots} more sandbox(es) holding a slot")
     seen = _read(sb)
     expect(seen == ("later", "later"), claim, f"the sandbox as it was after the refused rollback to {what}", seen)
 
