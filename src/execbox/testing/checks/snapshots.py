@@ -181,7 +181,7 @@ def check_snapshot_files_only_says_state_lost(kit: Kit) -> None:
 def check_snapshot_nothing_left_behind(kit: Kit) -> None:
     kit.require(snapshot=True)
     claim = _claim("nothing left behind")
-    store = state_dir() / "snapshots"
+    store = state_dir() / "snapshots"  # the runner's store: one directory per snapshot id
     with kit.sandbox() as sb:
         _write(sb, "parent", claim)
         children = sb.fork(2)
@@ -202,6 +202,7 @@ def check_snapshot_nothing_left_behind(kit: Kit) -> None:
     gone = [forked[0], snap.id]
     kept = sorted({*_mine(kit, sb)} | {i for i in gone if os.path.lexists(store / i)})
     expect(not kept, claim, f"the deleted snapshot unlisted and nothing of either left under {store}", kept)
+    # The gc removes this user's expired and half-written snapshots (what it is for): only ours count here.
     collected = sorted(set(kit.runner.gc_snapshots()) & set(gone))
     expect(not collected, claim, "the snapshots' gc to find nothing of them", collected)
 
