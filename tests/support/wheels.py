@@ -3,20 +3,20 @@ package source of the package-cache and image-build tests (no public index, no n
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import http.server
 import os
 import shutil
 import tempfile
 import threading
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from execbox.testing.host import pure_wheel
 
 NAME = "execbox-probe-pkg"
 MODULE = "execbox_probe_pkg"
@@ -27,22 +27,9 @@ VALUE = "probe-ok"
 def build_wheel(directory: Path, name: str = NAME, version: str = VERSION, value: str = VALUE) -> Path:
     """``<module>-<version>-py3-none-any.whl`` with ``VALUE = value`` in the module, a valid RECORD."""
     module = name.replace("-", "_")
-    dist = f"{module}-{version}.dist-info"
-    files = {
-        f"{module}/__init__.py": f"VALUE = {value!r}\n".encode(),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: execbox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{dist}/RECORD,,")
-    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
-    wheel = directory / f"{module}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, data in files.items():
-            zf.writestr(path, data)
+    filename, data = pure_wheel(name, version, {f"{module}/__init__.py": f"VALUE = {value!r}\n".encode()})
+    wheel = directory / filename
+    wheel.write_bytes(data)
     return wheel
 
 

@@ -18,15 +18,23 @@ Two more lie about what they run rather than how they isolate it: ``liar_unlimit
 pids and disk limits and enforces none; ``liar_broken`` claims everything and runs nothing (every command "exits
 127"), so a check that passes on it passes vacuously.
 
+Snapshot liars claim ``snapshot`` on the honest sandbox with a /tmp kept across its execs:
+``liar_snapshot_keeps_nothing`` (its Session.snapshot keeps nothing of /tmp), ``liar_snapshot_drops_tmp`` (a
+restore never puts /tmp back), ``liar_snapshot_shared_tmp`` (one /tmp, HOME in it, for every sandbox),
+``liar_snapshot_memory`` (claims memory_snapshot, keeps files only), ``liar_snapshot_undeletable`` (its
+delete_snapshot fails); ``kit_honest_snapshot`` keeps its claim, and ``kit_snapshot_no_pip`` too, with no pip.
+
 ``kit_honest`` is that sandbox with every wall in place: the whole kit passes on it. They are built from
 the public plugin kit only. NEVER use them outside these tests.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -273,7 +281,7 @@ class NoNnp(Liar):
 EVERYTHING = CLAIMS.model_copy(update={"isolation": "gvisor",
                                       "limits": frozenset({"memory", "cpu", "pids", "disk", "wall_time"}),
                                       "network_modes": frozenset({"none", "proxy"}), "mounts": True, "streaming": True,
-                                      "tmpfs": True})
+                                      "tmpfs": True, "snapshot": True, "memory_snapshot": True})
 
 
 class UnlimitedSession(plugin.HostWorkspaceSession):
@@ -313,8 +321,134 @@ class NoTmpfs(Liar):
     needs = staticmethod(_bwrap)
 
 
+# --- snapshots: claimed, and kept wrongly ----------------------------------------------------------------------
+
+
+class KeptTmpSession(BwrapSession):
+    """The honest sandbox with a /tmp kept across its execs (a host directory of the session's, as a container's
+    tmpfs is), snapshotted and restored with the plugin kit's pack_sandbox_paths / restore_sandbox_paths."""
+
+    home: str | None = None  # HOME inside (None: the workspace)
+    keeps = True  # Session.snapshot packs /tmp (else an empty list of kept paths)
+
+    def __init__(self, prefix: str = "execbox-liar-") -> None:
+        super().__init__(prefix)
+        self.host_owner = self.owner  # the file calls (a snapshot's workspace restored) as the sandbox user
+        self.tmp = self.shared_tmp() or tempfile.mkdtemp(prefix="execbox-liar-tmp-")
+        if self.owner:
+            os.chown(self.tmp, *self.owner)
+        self.binds = ["--bind", self.tmp, "/tmp"]
+        self.limits = plugin.TransferLimits(64 << 20, 10_000)
+
+    def shared_tmp(self) -> str | None:
+        return None
+
+    def command(self, request: plugin.ExecSpec) -> list[str]:
+        args = super().command(request)
+        if self.home is not None:
+            args[args.index("HOME") + 1] = self.home
+        return args
+
+    async def snapshot(self, place: plugin.SnapshotPlace, *, memory: bool) -> plugin.SnapshotParts:
+        await plugin.pack_sandbox_paths(self, place, ["/tmp"] if self.keeps else [], limits=self.limits)
+        return plugin.SnapshotParts(memory=memory, source="this host's /usr (a liar)")
+
+    async def close(self) -> None:
+        await super().close()
+        if self.shared_tmp() is None:
+            plugin.remove_tree(self.tmp)
+
+
+class SnapshotHonest(Liar):
+    """Claims snapshot and keeps it: the snapshot checks pass on it."""
+
+    name = "kit_honest_snapshot"
+    capabilities = CLAIMS.model_copy(update={"snapshot": True})
+    session: type[KeptTmpSession] = KeptTmpSession
+    needs = staticmethod(_bwrap)
+    restores = True  # open_session unpacks the snapshot's /tmp
+
+    async def open_session(self, spec: plugin.SessionSpec) -> plugin.HostWorkspaceSession:
+        session = self.session(prefix="execbox-liar-")
+        if self.restores:
+            await plugin.restore_sandbox_paths(session, spec, self.shared)
+        return session
+
+
+class KeepsNothingSession(KeptTmpSession):
+    keeps = False
+
+
+class SnapshotKeepsNothing(SnapshotHonest):
+    """Its Session.snapshot keeps nothing of /tmp (the runner's workspace part is all there is)."""
+
+    name = "liar_snapshot_keeps_nothing"
+    session = KeepsNothingSession
+
+
+class SnapshotDropsTmp(SnapshotHonest):
+    """Keeps /tmp in the snapshot, and a restore never puts it back."""
+
+    name = "liar_snapshot_drops_tmp"
+    restores = False
+
+
+_SHARED_TMP: list[str] = []
+
+
+class SharedTmpSession(KeptTmpSession):
+    """One /tmp for every sandbox of the process, HOME (so pip's --user packages) in it."""
+
+    home = "/tmp"
+
+    def shared_tmp(self) -> str | None:
+        if not _SHARED_TMP:
+            _SHARED_TMP.append(tempfile.mkdtemp(prefix="execbox-liar-shared-tmp-"))
+            atexit.register(plugin.remove_tree, _SHARED_TMP[0])
+        return _SHARED_TMP[0]
+
+
+class SnapshotSharedTmp(SnapshotHonest):
+    """Every sandbox's /tmp is the same directory: a fork's change shows in the others, a rollback undoes nothing
+    there (HOME and pip's --user packages included)."""
+
+    name = "liar_snapshot_shared_tmp"
+    session = SharedTmpSession
+
+
+class SnapshotMemory(SnapshotHonest):
+    """Claims memory_snapshot and keeps files only: a restored interpreter starts fresh."""
+
+    name = "liar_snapshot_memory"
+    capabilities = CLAIMS.model_copy(update={"snapshot": True, "memory_snapshot": True})
+
+
+class SnapshotUndeletable(SnapshotHonest):
+    """Its delete_snapshot fails: what a snapshot keeps is never removed."""
+
+    name = "liar_snapshot_undeletable"
+
+    async def delete_snapshot(self, place: plugin.SnapshotPlace, parts: plugin.SnapshotParts) -> None:
+        raise plugin.SandboxError("this backend removes no snapshot")
+
+
+class NoPipSession(KeptTmpSession):
+    def command(self, request: plugin.ExecSpec) -> list[str]:
+        args = super().command(request)
+        at = args.index("/usr") + 2  # once /usr is bound: pip's package hidden under an empty tmpfs
+        return [*args[:at], "--tmpfs", "/usr/lib/python3/dist-packages/pip", *args[at:]]
+
+
+class SnapshotNoPip(SnapshotHonest):
+    """Keeps its claim, in a sandbox with no pip: the package check cannot run (a skip that says why)."""
+
+    name = "kit_snapshot_no_pip"
+    session = NoPipSession
+
+
 LIARS: list[type[Liar]] = [Honest, HostRoot, MappedRoot, Caps, NoNnp, Userns, HostFiles, HostProcs, EnvLeak, Unlimited,
-                           Broken, ProxyOpen, NoTmpfs, Gvisor]
+                           Broken, ProxyOpen, NoTmpfs, Gvisor, SnapshotHonest, SnapshotKeepsNothing, SnapshotDropsTmp,
+                           SnapshotSharedTmp, SnapshotMemory, SnapshotUndeletable, SnapshotNoPip]
 
 
 @plugin.hookimpl

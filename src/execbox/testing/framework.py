@@ -111,7 +111,8 @@ class Kit:
 
     def require(self, *, sessions: bool = False, files: bool = False, network: str | None = None,
                 limit: str | None = None, sandbox: bool = False, local: bool = False, mounts: bool = False,
-                tmpfs: bool = False, own_kernel: bool = False) -> None:
+                tmpfs: bool = False, own_kernel: bool = False, snapshot: bool = False,
+                memory_snapshot: bool = False) -> None:
         """Raise NotClaimed unless the backend claims all of these. ``local``: the code runs on this machine (not
         ``remote``), so its identity there is this host's business. ``own_kernel``: an isolation in OWN_KERNEL."""
         caps = self.caps
@@ -137,6 +138,11 @@ class Kit:
             raise NotClaimed("the backend does not claim mounts (host paths bound in)")
         if tmpfs and not caps.tmpfs:
             raise NotClaimed("the backend does not claim tmpfs (extra writable tmpfs paths)")
+        if snapshot and not caps.snapshot:
+            raise NotClaimed("the backend does not claim snapshot (a sandbox's files kept, forked and rolled back)")
+        if memory_snapshot and not caps.memory_snapshot:
+            raise NotClaimed("the backend does not claim memory_snapshot (a sandbox's processes and memory kept, not "
+                             "only its files)")
 
 
 Body = Callable[[Kit], "str | None"]

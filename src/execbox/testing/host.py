@@ -3,7 +3,10 @@ plant canary files, and serve the listeners a sandbox must (or must not) reach."
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import io
 import os
 import shutil
 import signal
@@ -12,11 +15,30 @@ import tempfile
 import threading
 import time
 import uuid
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from execbox.testing.framework import Unavailable
+
+
+def pure_wheel(name: str, version: str, files: dict[str, bytes]) -> tuple[str, bytes]:
+    """(file name, bytes) of a pure-Python wheel of ``files`` (paths in site-packages), built here: a zip with its
+    dist-info (METADATA, WHEEL, a RECORD of sha256 digests). No network and no build step."""
+    module = name.replace("-", "_")
+    dist = f"{module}-{version}.dist-info"
+    files = {**files,
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: execbox-kit\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+              f"{len(data)}" for path, data in files.items()]
+    files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,", ""]).encode()
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as wheel:
+        for path, data in files.items():
+            wheel.writestr(path, data)
+    return f"{module}-{version}-py3-none-any.whl", out.getvalue()
 
 
 def host_processes() -> Iterator[tuple[int, list[str]]]:

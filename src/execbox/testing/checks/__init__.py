@@ -21,6 +21,7 @@ from execbox.testing.checks import (
     mounts,
     network,
     output,
+    snapshots,
     timeouts,
     transfer,
 )
@@ -43,7 +44,8 @@ from execbox.testing.probes import PROBE_CONNECT
 
 # The families in the order their checks run: the command and its output first, the boundary last.
 FAMILIES = (commands.family, output.family, timeouts.family, environment.family, files.family, transfer.family,
-            mounts.family, network.family, limits.family, isolation.family, kernel.family)
+            mounts.family, snapshots.family, network.family, limits.family, isolation.family,
+            kernel.family)
 CHECKS: dict[str, Check] = {one.name: one for family in FAMILIES for one in family.checks}
 
 __all__ = [
