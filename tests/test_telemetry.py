@@ -1,0 +1,229 @@
+"""OpenTelemetry (issue 31): the spans and metrics of real runs, read back through the SDK's in-memory exporter
+and metric reader; what is never in them (env values, secrets, placeholders, output); and that nothing imports
+opentelemetry unless the application did."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider, UpDownCounter
+from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from execbox import Limits, Runner, Settings, NotASandboxError
+from execbox.runner import run_blocking
+from execbox.testing import engine_missing
+
+# The global providers can be set once per process: this module's, set on first use and kept.
+EXPORTER = InMemorySpanExporter()
+# Delta: each collection holds what was recorded since the one before (the fixture's), so each test counts its own.
+READER = InMemoryMetricReader(preferred_temporality={
+    kind: AggregationTemporality.DELTA for kind in (Counter, UpDownCounter, Histogram)})
+_installed: list[bool] = []
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    if not _installed:
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+        trace.set_tracer_provider(provider)
+        metrics.set_meter_provider(MeterProvider(metric_readers=[READER]))
+        _installed.append(True)
+    EXPORTER.clear()
+    READER.get_metrics_data()  # what earlier tests recorded is collected here, not counted in this one
+    yield EXPORTER
+
+
+def bubblewrap() -> Runner:
+    runner = Runner(Settings.from_env(backend="bubblewrap"))
+    try:
+        caps = run_blocking(runner.aio.backend("bubblewrap").check)
+    except Exception as exc:  # noqa: BLE001 - the engine's absence, said as the suite says it
+        engine_missing(f"bubblewrap cannot run here: {exc}")
+    runner.caps = caps  # type: ignore[attr-defined]
+    return runner
+
+
+def by_name(finished: tuple[ReadableSpan, ...]) -> dict[str, ReadableSpan]:
+    return {span.name: span for span in finished}
+
+
+def metric_points() -> dict[str, list[tuple[dict[str, Any], Any]]]:
+    """Every metric point the reader holds, by metric name: (attributes, value or histogram count)."""
+    data = READER.get_metrics_data()
+    points: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    value = getattr(point, "value", None)
+                    points.setdefault(metric.name, []).append(
+                        (dict(point.attributes or {}), value if value is not None else getattr(point, "count", None)))
+    return points
+
+
+@pytest.mark.engine
+def test_one_run_is_one_span_tree_under_the_callers_span(spans: InMemorySpanExporter) -> None:
+    runner = bubblewrap()
+    tracer = trace.get_tracer("the caller")
+    with tracer.start_as_current_span("agent step") as caller:
+        result = runner.run(["sh", "-c", "echo hi"], timeout=20)
+    assert result.ok, result
+    named = by_name(spans.get_finished_spans())
+    assert set(named) >= {"agent step", "execbox.run", "execbox.admit", "execbox.sandbox.open", "execbox.exec",
+                          "execbox.sandbox.close"}, named
+    trace_id = caller.get_span_context().trace_id
+    assert {span.context.trace_id for span in named.values()} == {trace_id}
+    run = named["execbox.run"]
+    assert run.parent is not None and run.parent.span_id == caller.get_span_context().span_id
+    for child in ("execbox.admit", "execbox.sandbox.open", "execbox.exec", "execbox.sandbox.close"):
+        parent = named[child].parent
+        assert parent is not None and parent.span_id == run.context.span_id, child
+    exec_attrs = dict(named["execbox.exec"].attributes or {})
+    assert exec_attrs["process.exit.code"] == 0 and exec_attrs["execbox.outcome"] == "ok"
+    assert exec_attrs["execbox.backend"] == "bubblewrap" and exec_attrs["execbox.network"] == "none"
+    assert exec_attrs["execbox.timed_out"] is False and exec_attrs["execbox.oom_killed"] is False
+    assert exec_attrs["execbox.oneshot"] is True
+    assert "process.command_args" not in exec_attrs  # the operator did not opt in
+    assert dict(named["execbox.admit"].attributes or {})["execbox.verdict"] == "admitted"
+    assert dict(named["execbox.sandbox.open"].attributes or {})["execbox.pooled"] is False
+    assert dict(run.attributes or {})["execbox.outcome"] == "ok"
+    points = metric_points()
+    assert ({"execbox.backend": "bubblewrap", "execbox.outcome": "ok"}, 1) in points["execbox.run.duration"]
+    assert any(labels == {"execbox.backend": "bubblewrap"} for labels, _ in points["execbox.run.queue_time"])
+    # opened and closed: the live gauge (an up-down counter) is back where it was
+    assert sum(value for labels, value in points["execbox.sandboxes.live"] if labels["execbox.backend"] ==
+               "bubblewrap") == 0
+
+
+@pytest.mark.engine
+def test_a_sandboxs_spans_have_the_callers_parent_and_the_command_only_when_opted_in(
+        spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODE_EXEC_OTEL_COMMAND_ARGS", "1")
+    runner = bubblewrap()
+    with trace.get_tracer("the caller").start_as_current_span("agent step") as caller:
+        with runner.sandbox("bubblewrap") as sb:
+            sb.write_file("a.txt", "x")
+            sb.exec(["cat", "a.txt"])
+            sb.download("a.txt", str(Path(os.environ["HOME"]) / "a.txt"))
+    named = by_name(spans.get_finished_spans())
+    for name in ("execbox.admit", "execbox.sandbox.open", "execbox.exec", "execbox.files.download",
+                 "execbox.sandbox.close"):
+        parent = named[name].parent
+        assert parent is not None and parent.span_id == caller.get_span_context().span_id, name
+    assert dict(named["execbox.exec"].attributes or {})["process.command_args"] == ("cat", "a.txt")
+    assert dict(named["execbox.exec"].attributes or {})["execbox.oneshot"] is False
+    assert dict(named["execbox.files.download"].attributes or {})["execbox.files.count"] == 1
+
+
+def test_a_refusal_says_its_reason_on_the_span_and_in_the_counter(spans: InMemorySpanExporter,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = Runner(Settings.from_env(backend="local_subprocess"))  # not a sandbox: refused outside local mode
+    with pytest.raises(NotASandboxError):
+        runner.run(["true"])
+    named = by_name(spans.get_finished_spans())
+    admit = dict(named["execbox.admit"].attributes or {})
+    assert admit["execbox.verdict"] == "refused" and admit["execbox.refusal.reason"] == "NotASandboxError"
+    assert dict(named["execbox.run"].attributes or {})["error.type"] == "NotASandboxError"
+    assert named["execbox.run"].status.status_code == trace.StatusCode.ERROR
+    assert "execbox.sandbox.open" not in named  # refused before any sandbox opens
+    refusals = metric_points()["execbox.refusals"]
+    assert ({"execbox.refusal.reason": "NotASandboxError", "execbox.backend": "local_subprocess"}, 1) \
+        in refusals, refusals
+
+
+@pytest.mark.engine
+def test_a_timeout_and_an_oom_say_their_outcome(spans: InMemorySpanExporter) -> None:
+    runner = bubblewrap()
+    if "memory" not in runner.caps.limits:  # type: ignore[attr-defined]
+        engine_missing("bubblewrap enforces no memory limit here (no cgroups)")
+    slow = runner.run(["sleep", "30"], timeout=1)
+    oom = runner.run_code("b = []\nwhile True:\n    b.append(bytearray(16 << 20))", limits=Limits(memory_mb=96),
+                          timeout=20)
+    assert slow.timed_out and oom.oom_killed, (slow, oom)
+    execs = [dict(span.attributes or {}) for span in spans.get_finished_spans() if span.name == "execbox.exec"]
+    assert [(a["execbox.outcome"], a["execbox.timed_out"], a["execbox.oom_killed"], a["execbox.limit"])
+            for a in execs] == [("timeout", True, False, "timeout"), ("oom", False, True, "memory")]
+    points = metric_points()
+    assert points["execbox.run.timeouts"] == [({"execbox.backend": "bubblewrap"}, 1)]
+    assert points["execbox.run.oom_kills"] == [({"execbox.backend": "bubblewrap"}, 1)]
+    outcomes = {labels["execbox.outcome"] for labels, _ in points["execbox.run.duration"]}
+    assert outcomes == {"timeout", "oom"}
+
+
+@pytest.mark.engine
+def test_docker_a_timeout_says_its_outcome(spans: InMemorySpanExporter) -> None:
+    runner = Runner(Settings.from_env(backend="docker"))
+    try:
+        run_blocking(runner.aio.backend("docker").check)
+    except Exception as exc:  # noqa: BLE001
+        engine_missing(f"docker cannot run here: {exc}")
+    slow = runner.run(["sleep", "30"], timeout=1)
+    assert slow.timed_out, slow
+    (attrs,) = [dict(s.attributes or {}) for s in spans.get_finished_spans() if s.name == "execbox.exec"]
+    assert attrs["execbox.outcome"] == "timeout" and attrs["execbox.backend"] == "docker"
+    assert attrs["process.exit.code"] == slow.exit_code
+
+
+@pytest.mark.engine
+def test_no_span_or_metric_holds_an_env_value_a_secret_a_placeholder_or_output(
+        spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = bubblewrap()
+    env_value, secret, at_egress = "env-value-7f3a9c", "injected-secret-51d2e8", "egress-secret-value-0c4b77aa9e"
+    command = 'echo "OUTPUT-9e1d $GREETING $API_KEY $TOKEN"; echo ERRTEXT-4a2c >&2'
+    result = runner.run(command, env={"GREETING": env_value}, secrets={"API_KEY": secret},
+                        secrets_at_egress={"TOKEN": ("example.com", at_egress)}, network="proxy", timeout=30)
+    assert result.ok and result.stdout.startswith("OUTPUT-9e1d "), result
+    placeholder = result.stdout.split()[-1]
+    assert placeholder and placeholder != at_egress
+    # the run's own span tree, and a refused one that names the same values
+    with pytest.raises(NotASandboxError):
+        runner.run(command, env={"GREETING": env_value}, secrets={"API_KEY": secret}, backend="local_subprocess")
+    exported: list[str] = []
+    for span in spans.get_finished_spans():
+        exported += [span.name, *(f"{k}={v}" for k, v in (span.attributes or {}).items())]
+        exported += [f"{e.name} {dict(e.attributes or {})}" for e in span.events]
+        exported.append(span.status.description or "")
+    for name, points in metric_points().items():
+        exported += [f"{name} {labels}" for labels, _ in points]
+    assert len(exported) > 20
+    text = "\n".join(exported)
+    for forbidden in (env_value, secret, at_egress, placeholder, "OUTPUT-9e1d", "ERRTEXT-4a2c", "[REDACTED"):
+        assert forbidden not in text, forbidden
+
+
+def test_nothing_imports_opentelemetry_unless_the_application_did(tmp_path: Path) -> None:
+    """With the extra absent (its import blocked) and with it present but not imported: a run works and leaves
+    no opentelemetry module loaded."""
+    code = """
+        import json, sys
+        if sys.argv[1] == "absent":
+            class Absent:
+                def find_spec(self, name, path=None, target=None):
+                    if name.split(".")[0] == "opentelemetry":
+                        raise ModuleNotFoundError(f"No module named {name!r}")
+            sys.meta_path.insert(0, Absent())
+        from execbox import Runner, Settings
+        with Runner(Settings.from_env(local=True, network="host")) as runner:
+            result = runner.run(["true"], backend="local_subprocess")
+            with runner.sandbox("local_subprocess") as sb:
+                sb.exec(["true"])
+        assert result.exit_code == 0, result
+        print(json.dumps([m for m in sys.modules if m.startswith("opentelemetry")]))
+    """
+    for how in ("absent", "present"):
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), how], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == "[]", (how, done.stdout)
