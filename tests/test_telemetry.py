@@ -20,9 +20,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from execbox import Limits, Runner, Settings, NotASandboxError
+from execbox import Limits, NotASandboxError, Runner, Settings
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
+from tests.support.pool import wait_ready
 
 # The global providers can be set once per process: this module's, set on first use and kept.
 EXPORTER = InMemorySpanExporter()
@@ -227,3 +228,56 @@ def test_nothing_imports_opentelemetry_unless_the_application_did(tmp_path: Path
                               timeout=120, cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines()[-1] == "[]", (how, done.stdout)
+
+
+def test_a_pooled_run_says_so_and_the_pool_depth_is_a_gauge(spans: InMemorySpanExporter, tmp_path: Path) -> None:
+    settings = Settings(backend="local_subprocess", local=True, network="host", pool_size=2)
+    with Runner(settings) as runner:
+        wait_ready(runner)
+        first = metric_points()
+        depth = first["execbox.pool.depth"]
+        assert depth == [({"execbox.backend": "local_subprocess"}, 2)], depth
+        result = runner.run(["true"])
+        assert result.pooled, result
+    named = by_name(spans.get_finished_spans())
+    assert dict(named["execbox.sandbox.open"].attributes or {})["execbox.pooled"] is True
+    assert dict(named["execbox.run"].attributes or {})["execbox.pooled"] is True
+    # two members opened (+2 when the depth was read), one used and removed, the other closed with the runner (-2)
+    live = [value for points in (first, metric_points()) for _, value in points["execbox.sandboxes.live"]]
+    assert live == [2, -2], live
+
+
+@pytest.mark.engine
+def test_an_mcp_tool_calls_spans_continue_the_trace_its_meta_names(spans: InMemorySpanExporter) -> None:
+    """A client's ``_meta.traceparent`` is the parent of the server's ``tools/call`` span (the MCP SDK's, with the
+    GenAI ``execute_tool`` attributes), and execbox's spans are below it."""
+    pytest.importorskip("mcp")
+    import anyio
+    from mcp import Client
+
+    from execbox.mcp.server import McpApp
+    from execbox.mcp.settings import McpSettings
+
+    bubblewrap()  # skips without the engine
+    app = McpApp(Settings.from_env(enabled=True, posture=1, backend="bubblewrap", shell_backend="bubblewrap"),
+                 McpSettings.from_env(), "stdio")
+    trace_id, parent_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+
+    async def main() -> None:
+        async with app.running(), Client(app.server) as client:
+            result = await client.call_tool("shell", {"command": "echo traced"},
+                                            meta={"traceparent": f"00-{trace_id}-{parent_id}-01"})
+            assert (result.structured_content or {})["stdout"] == "traced\n", result
+
+    anyio.run(main)
+    finished = spans.get_finished_spans()
+    named = by_name(finished)
+    tool = named["tools/call shell"]
+    assert tool.parent is not None and f"{tool.parent.span_id:016x}" == parent_id
+    assert dict(tool.attributes or {})["gen_ai.operation.name"] == "execute_tool"
+    execbox_spans = [s for s in finished if s.name.startswith("execbox.")]
+    assert {"execbox.exec", "execbox.sandbox.open"} <= {s.name for s in execbox_spans}
+    # the session's sandbox outlives the call: its close, when the session ends, is a trace of its own
+    in_call = [s for s in execbox_spans if s.name != "execbox.sandbox.close"]
+    assert {f"{s.context.trace_id:032x}" for s in in_call} == {trace_id}
+    assert {s.parent.span_id for s in in_call if s.parent} == {tool.context.span_id}
