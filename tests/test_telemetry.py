@@ -281,3 +281,30 @@ def test_an_mcp_tool_calls_spans_continue_the_trace_its_meta_names(spans: InMemo
     in_call = [s for s in execbox_spans if s.name != "execbox.sandbox.close"]
     assert {f"{s.context.trace_id:032x}" for s in in_call} == {trace_id}
     assert {s.parent.span_id for s in in_call if s.parent} == {tool.context.span_id}
+
+
+@pytest.mark.engine
+def test_a_snapshot_a_fork_and_a_rollback_are_spans(spans: InMemorySpanExporter) -> None:
+    runner = bubblewrap()
+    if not runner.caps.snapshot:  # type: ignore[attr-defined]
+        engine_missing("bubblewrap keeps no snapshots here")
+    with runner.sandbox("bubblewrap") as sb:
+        sb.write_file("a.txt", "kept")
+        snap = sb.snapshot("first")
+        (child,) = sb.fork(1)
+        child.close()
+        sb.write_file("a.txt", "changed")
+        sb.rollback(snap)
+        assert sb.read_file("a.txt") == b"kept"
+    runner.delete_snapshot(snap)
+    finished = spans.get_finished_spans()
+    names = [s.name for s in finished]
+    assert names.count("execbox.snapshot") == 2, names  # the one asked for, and the fork's
+    fork, rollback = by_name(finished)["execbox.fork"], by_name(finished)["execbox.rollback"]
+    assert dict(fork.attributes or {})["execbox.fork.count"] == 1
+    assert dict(rollback.attributes or {})["execbox.backend"] == "bubblewrap"
+    # a rollback opens the new sandbox and closes the old one, below its span
+    below = {s.name for s in finished if s.parent is not None and s.parent.span_id == rollback.context.span_id}
+    assert below == {"execbox.sandbox.open", "execbox.sandbox.close"}, below
+    snapshot = next(s for s in finished if s.name == "execbox.snapshot")
+    assert dict(snapshot.attributes or {})["execbox.snapshot.memory"] is False
