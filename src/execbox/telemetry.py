@@ -184,3 +184,44 @@ def _pool_depth(options: CallbackOptions) -> Iterable[Observation]:
         for backend, depth in pool.depths():
             totals[backend] = totals.get(backend, 0) + depth
     return [Observation(depth, {"execbox.backend": backend}) for backend, depth in totals.items()]
+
+
+# --- a long-running server's own export ----------------------------------------------------------------------------
+
+#: Any of these set: ``execbox mcp`` exports its spans and metrics over OTLP (the standard variables; the SDK reads
+#: the rest of them: headers, timeouts, OTEL_SERVICE_NAME, OTEL_METRIC_EXPORT_INTERVAL).
+OTLP_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+             "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+OTLP_PACKAGES = "opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
+
+
+def export_otlp(environ: Mapping[str, str]) -> Callable[[], None] | None:
+    """When the environment names an OTLP endpoint: the SDK's tracer and meter providers, exporting over OTLP/HTTP,
+    set as the process's global ones; returns their shutdown (which flushes what is pending). None when no endpoint
+    is named. ModuleNotFoundError when the SDK or the exporter (OTLP_PACKAGES) is not installed."""
+    if not any(environ.get(var) for var in OTLP_VARS):
+        return None
+    from opentelemetry import metrics, trace
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    # OTEL_SERVICE_NAME (or OTEL_RESOURCE_ATTRIBUTES) names the service when set; execbox's name otherwise
+    named = environ.get("OTEL_SERVICE_NAME") or "service.name=" in environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    resource = Resource.create({} if named else {"service.name": "execbox"})
+    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    meter_provider = MeterProvider(resource=resource,
+                                   metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])
+    trace.set_tracer_provider(tracer_provider)
+    metrics.set_meter_provider(meter_provider)
+
+    def shutdown() -> None:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+    return shutdown
