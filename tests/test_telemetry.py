@@ -311,9 +311,11 @@ def test_a_snapshot_a_fork_and_a_rollback_are_spans(spans: InMemorySpanExporter)
 
 
 @pytest.mark.engine
-def test_the_mcp_http_server_exports_over_otlp_to_the_endpoint_the_standard_variables_name() -> None:
+def test_the_mcp_http_server_exports_over_otlp_to_the_endpoint_the_standard_variables_name(
+        spans: InMemorySpanExporter) -> None:
     """`execbox mcp --http` with OTEL_EXPORTER_OTLP_ENDPOINT: a receiver of OTLP/HTTP gets the tool call's spans,
-    in the trace the client's ``_meta.traceparent`` named, and execbox's metrics, once the server stops."""
+    in the caller's trace (the SDK's client sends it in ``_meta.traceparent``), and execbox's metrics, once the
+    server stops."""
     pytest.importorskip("mcp")
     import http.server
     import threading
@@ -340,27 +342,27 @@ def test_the_mcp_http_server_exports_over_otlp_to_the_endpoint_the_standard_vari
 
     receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap",
                  CODE_EXEC_SHELL_BACKEND="bubblewrap", CODE_EXEC_POOL_SIZE="0",
                  OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{receiver.server_address[1]}")
 
     async def main(url: str, token: str) -> None:
         async with http_client(url, token) as client:
-            result = await client.call_tool("run_command", {"command": "echo exported"},
-                                            meta={"traceparent": f"00-{trace_id}-{parent_id}-01"})
+            result = await client.call_tool("run_command", {"command": "echo exported"})
             assert (result.structured_content or {}).get("stdout") == "exported\n", result
 
     try:
         with http_server(server) as (url, token, proc):
-            anyio.run(main, url, token)
+            with trace.get_tracer("the caller").start_as_current_span("agent step") as caller:
+                anyio.run(main, url, token)
         assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     finally:
         receiver.shutdown()
-    spans = [(span.name, span.trace_id.hex()) for body in received["/v1/traces"]
+    trace_id = f"{caller.get_span_context().trace_id:032x}"
+    exported = [(span.name, span.trace_id.hex()) for body in received["/v1/traces"]
              for resource in ExportTraceServiceRequest.FromString(body).resource_spans
              for scope in resource.scope_spans for span in scope.spans]
-    assert ("tools/call run_command", trace_id) in spans and ("execbox.exec", trace_id) in spans, spans
+    assert ("tools/call run_command", trace_id) in exported and ("execbox.exec", trace_id) in exported, exported
     names = {metric.name for body in received["/v1/metrics"]
              for resource in ExportMetricsServiceRequest.FromString(body).resource_metrics
              for scope in resource.scope_metrics for metric in scope.metrics}
