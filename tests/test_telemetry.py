@@ -367,3 +367,16 @@ def test_the_mcp_http_server_exports_over_otlp_to_the_endpoint_the_standard_vari
              for resource in ExportMetricsServiceRequest.FromString(body).resource_metrics
              for scope in resource.scope_metrics for metric in scope.metrics}
     assert {"execbox.run.duration", "execbox.sandboxes.live"} <= names, names
+
+
+@pytest.mark.engine
+def test_each_cell_is_a_span_with_its_outcome(spans: InMemorySpanExporter) -> None:
+    runner = bubblewrap()
+    with runner.sandbox("bubblewrap") as sb:
+        assert sb.run_cell("x = 1").ok
+        assert not sb.run_cell("1 / 0").ok
+    cells = [dict(s.attributes or {}) for s in spans.get_finished_spans() if s.name == "execbox.cell"]
+    assert [(c["execbox.outcome"], c["execbox.backend"]) for c in cells] == [("ok", "bubblewrap"),
+                                                                           ("error", "bubblewrap")]
+    outcomes = sorted(labels["execbox.outcome"] for labels, _ in metric_points()["execbox.run.duration"])
+    assert outcomes == ["error", "ok"], outcomes

@@ -58,7 +58,7 @@ from execbox.runner.snapshots import Snapshot
 from execbox.secrets import values as secrets_inject
 from execbox.secrets.egress import Given
 from execbox.secrets.values import Secret
-from execbox.telemetry import record_queued, span
+from execbox.telemetry import annotate, outcome, record_queued, record_run, span
 
 if TYPE_CHECKING:
     from execbox.kernel.client import Kernel
@@ -418,25 +418,30 @@ class AsyncSandbox:
         redactor = self._redactor()
         if redactor is not None:
             (on_stdout, on_stderr), finish = secrets_inject.redacted_callbacks(redactor, on_stdout, on_stderr)
-        fields = audit_fields.exec_fields(backend, resolved, [], session=self.id, oneshot=False)
-        try:
-            with secrets_inject.redacting(redactor):  # the interpreter's errors quote what the code left, too
-                result = await deliver(
-                    lambda out: kernel.run_cell(code, timeout=timeout_s, live=out, redactor=redactor), on_stdout,
-                    on_stderr)
-        except BaseException as exc:  # recorded as an exec that raised is (a stuck backend, a broken sandbox)
-            await self.runner.audit.arecord("cell.error", **fields, **audit_fields.error_fields(exc))
-            raise
-        if redactor is not None:
-            await finish()
-        result = finish_cell(result, admission, redactor)
-        if self._state_lost_next:
-            self._state_lost_next = False
-            result = result.model_copy(update={"state_lost": True, "notes": [*result.notes, (
-                "state_lost: this sandbox was started from (or rolled back to) a snapshot of its files only: the "
-                "interpreter started fresh, and variables and imports of earlier cells are gone")]})
-        note = await self.runner.audit.arecord("cell", **fields, **_cell_fields(result, self.runner.audit))
-        return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})
+        with span("execbox.cell", {"execbox.backend": backend.name, "execbox.session": self.id}) as current:
+            fields = audit_fields.exec_fields(backend, resolved, [], session=self.id, oneshot=False)
+            try:
+                with secrets_inject.redacting(redactor):  # the interpreter's errors quote what the code left, too
+                    result = await deliver(
+                        lambda out: kernel.run_cell(code, timeout=timeout_s, live=out, redactor=redactor), on_stdout,
+                        on_stderr)
+            except BaseException as exc:  # recorded as an exec that raised is (a stuck backend, a broken sandbox)
+                await self.runner.audit.arecord("cell.error", **fields, **audit_fields.error_fields(exc))
+                raise
+            if redactor is not None:
+                await finish()
+            result = finish_cell(result, admission, redactor)
+            if self._state_lost_next:
+                self._state_lost_next = False
+                result = result.model_copy(update={"state_lost": True, "notes": [*result.notes, (
+                    "state_lost: this sandbox was started from (or rolled back to) a snapshot of its files only: the "
+                    "interpreter started fresh, and variables and imports of earlier cells are gone")]})
+            note = await self.runner.audit.arecord("cell", **fields, **_cell_fields(result, self.runner.audit))
+            annotate(current, {"execbox.outcome": outcome(result), "execbox.timed_out": result.timed_out,
+                               "execbox.oom_killed": result.oom_killed, "execbox.state_lost": result.state_lost,
+                               "execbox.duration_s": result.duration_s})
+            record_run(result, backend=backend.name)
+            return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})
 
     # -- snapshots --
 
