@@ -380,3 +380,16 @@ def test_each_cell_is_a_span_with_its_outcome(spans: InMemorySpanExporter) -> No
                                                                            ("error", "bubblewrap")]
     outcomes = sorted(labels["execbox.outcome"] for labels, _ in metric_points()["execbox.run.duration"])
     assert outcomes == ["error", "ok"], outcomes
+
+
+@pytest.mark.engine
+def test_egress_denied_by_the_proxy_is_counted(spans: InMemorySpanExporter) -> None:
+    runner = bubblewrap()
+    code = ("import urllib.request\ntry:\n    urllib.request.urlopen('http://not-allowed.invalid/', timeout=20)\n"
+            "except Exception as exc:\n    print('refused', type(exc).__name__)\n")
+    result = runner.run_code(code, network="proxy", timeout=60)
+    assert result.stdout.startswith("refused") and [a.allowed for a in result.egress] == [False], result
+    (attrs,) = [dict(s.attributes or {}) for s in spans.get_finished_spans() if s.name == "execbox.exec"]
+    assert (attrs["execbox.egress.allowed"], attrs["execbox.egress.denied"]) == (0, 1)
+    assert metric_points()["execbox.egress.connections"] == [
+        ({"execbox.backend": "bubblewrap", "execbox.egress.allowed": False}, 1)]
