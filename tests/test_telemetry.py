@@ -4,9 +4,12 @@ opentelemetry unless the application did."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -393,3 +396,39 @@ def test_egress_denied_by_the_proxy_is_counted(spans: InMemorySpanExporter) -> N
     assert (attrs["execbox.egress.allowed"], attrs["execbox.egress.denied"]) == (0, 1)
     assert metric_points()["execbox.egress.connections"] == [
         ({"execbox.backend": "bubblewrap", "execbox.egress.allowed": False}, 1)]
+
+
+@pytest.mark.engine
+def test_orphans_a_backends_start_up_sweep_removes_are_counted() -> None:
+    """In a fresh process (the sweep runs once per process): a workspace left by a dead process is swept on the
+    first run, and counted."""
+    bubblewrap()
+    # A stand-in for a shared /tmp (mode 1777, reachable by the sandbox user): the sweep looks only there.
+    scratch = Path(tempfile.mkdtemp(prefix="execbox-test-tmp-"))
+    scratch.chmod(0o1777)
+    code = """
+        import json, pathlib, subprocess, tempfile
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        stale = pathlib.Path(tempfile.gettempdir()) / f"execbox-bwrap-{dead.pid}-abc"
+        (stale / "workspace").mkdir(parents=True)
+        from execbox import Runner, Settings
+        assert Runner(Settings.from_env(backend="bubblewrap")).run(["true"]).ok
+        points = [(dict(p.attributes), p.value) for r in reader.get_metrics_data().resource_metrics
+                  for s in r.scope_metrics for m in s.metrics if m.name == "execbox.orphans.swept"
+                  for p in m.data.data_points]
+        print(json.dumps([points, stale.exists()]))
+    """
+    try:
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "TMPDIR": str(scratch)})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    points, left = json.loads(done.stdout.splitlines()[-1])
+    assert points == [[{"execbox.backend": "bubblewrap"}, 1]] and not left, (points, left)
