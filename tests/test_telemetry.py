@@ -167,17 +167,22 @@ def test_a_timeout_and_an_oom_say_their_outcome(spans: InMemorySpanExporter) -> 
 
 
 @pytest.mark.engine
-def test_docker_a_timeout_says_its_outcome(spans: InMemorySpanExporter) -> None:
+def test_docker_a_timeout_and_an_oom_say_their_outcome(spans: InMemorySpanExporter) -> None:
     runner = Runner(Settings.from_env(backend="docker"))
     try:
         run_blocking(runner.aio.backend("docker").check)
     except Exception as exc:  # noqa: BLE001
         engine_missing(f"docker cannot run here: {exc}")
     slow = runner.run(["sleep", "30"], timeout=1)
-    assert slow.timed_out, slow
-    (attrs,) = [dict(s.attributes or {}) for s in spans.get_finished_spans() if s.name == "execbox.exec"]
-    assert attrs["execbox.outcome"] == "timeout" and attrs["execbox.backend"] == "docker"
-    assert attrs["process.exit.code"] == slow.exit_code
+    oom = runner.run_code("b = []\nwhile True:\n    b.append(bytearray(16 << 20))", limits=Limits(memory_mb=128),
+                          timeout=30)
+    assert slow.timed_out and oom.oom_killed, (slow, oom)
+    execs = [dict(s.attributes or {}) for s in spans.get_finished_spans() if s.name == "execbox.exec"]
+    assert [(a["execbox.outcome"], a["execbox.backend"], a["process.exit.code"]) for a in execs] == [
+        ("timeout", "docker", slow.exit_code), ("oom", "docker", 137)]
+    points = metric_points()
+    assert points["execbox.run.timeouts"] == [({"execbox.backend": "docker"}, 1)]
+    assert points["execbox.run.oom_kills"] == [({"execbox.backend": "docker"}, 1)]
 
 
 @pytest.mark.engine
