@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EXTRAS = ["", "docker", "ssh", "singularity", "modal", "daytona", "vercel", "mcp", "egress-secrets", "ray", "inspect",
-          "smolagents", "pydantic-ai"]
+          "smolagents", "pydantic-ai", "otel"]
 # The backend each extra's SDK serves (singularity drives the apptainer binary; its extra only adds spython).
 BACKEND_OF = {"docker": "docker", "ssh": "ssh", "modal": "modal", "daytona": "daytona", "vercel": "vercel_sandbox",
               "ray": "ray"}

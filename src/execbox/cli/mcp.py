@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import anyio
 import click
@@ -10,6 +11,7 @@ import click
 from execbox.cli.common import fail, usage
 from execbox.config.settings import Settings
 from execbox.errors import BackendUnavailableError, ExecboxError
+from execbox.telemetry import OTLP_PACKAGES, export_otlp
 
 
 @click.command("mcp")
@@ -40,6 +42,11 @@ def mcp_command(http: str | None, token_file: str | None) -> None:
             click.echo(f"execbox mcp: {line}", err=True)
 
     try:
+        exporting = export_otlp(os.environ)  # OTEL_EXPORTER_OTLP_*: this server's spans and metrics, over OTLP
+    except ModuleNotFoundError as exc:
+        fail(BackendUnavailableError(f"OTEL_EXPORTER_OTLP_* is set, and exporting over OTLP needs {exc.name}, which "
+                                     "is not installed", fix=f"pip install {OTLP_PACKAGES}"), False)
+    try:
         settings, mcp_settings = Settings.from_env(), McpSettings.from_env()
         if http is None:
             anyio.run(functools.partial(serve_stdio, settings, mcp_settings, ready=ready))
@@ -59,3 +66,6 @@ def mcp_command(http: str | None, token_file: str | None) -> None:
                                     ready=lambda app: ready(app, *lines)))
     except ExecboxError as exc:
         fail(exc, False)
+    finally:
+        if exporting is not None:
+            exporting()  # what is still pending goes out before the process ends

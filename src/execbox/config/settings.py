@@ -250,6 +250,9 @@ class Settings(EnvSettings):
     audit_output: int = setting(
         "CODE_EXEC_AUDIT_OUTPUT", 0, "bytes of stdout and stderr text the audit log keeps per stream; 0 = only their "
         "SHA-256 and size", ge=0, le=1 << 20)
+    otel_command_args: bool = setting(
+        "CODE_EXEC_OTEL_COMMAND_ARGS", False, "OpenTelemetry: exec spans carry the command line "
+        "(`process.command_args`); off by default, since a command line can hold a secret")
 
     _split_lists = field_validator("secret_files", "load_plugins", "auto_plugins", "disable_plugins", "egress_allow",
                                    "egress_secrets", "review_off", mode="before")(comma_list)

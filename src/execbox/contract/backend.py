@@ -39,6 +39,7 @@ from execbox.files import transfer
 from execbox.files.transfer import HELPER_TIMEOUT_S, FileInfo, Transfer, TransferLimits
 from execbox.files.workspace import as_owner
 from execbox.policy.egress import EgressPolicy, ProviderAllowlist, provider_allowlist
+from execbox.telemetry import record_swept
 
 #: How long a successful ``check()`` answer is trusted, per backend instance.
 CHECK_TTL_S = 30.0
@@ -332,7 +333,7 @@ class ExecutionBackend(ABC, Generic[S]):
         self._checked = (time.monotonic(), caps)
         if self.sweeps_on_first_use and _first_sweep(os.getpid(), self.sweep_scope()):
             with contextlib.suppress(Exception):  # a start-up sweep must never stop a run
-                await self.gc()
+                record_swept(len(await self.gc()), backend=self.name)
         return caps
 
     def sweep_scope(self) -> str:

@@ -13,7 +13,7 @@ import anyio.abc
 
 from execbox.audit import log as audit_log
 from execbox.config.settings import Settings
-from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, Verdict, bounded, close_bounded
+from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, Verdict, bounded
 from execbox.contract.models import (
     ISOLATION_STRENGTH,
     Capabilities,
@@ -42,6 +42,7 @@ from execbox.runner.batch import AsyncBatch, Item
 from execbox.runner.pipeline import (
     Uploads,
     _check,
+    _close,
     _command_request,
     _enough_threads,
     _exec_audited,
@@ -51,6 +52,7 @@ from execbox.runner.pipeline import (
     _pairs,
     _request,
     _request_kw,
+    _sandbox_attrs,
     _sandbox_secrets,
     _text,
     admit,
@@ -67,6 +69,7 @@ from execbox.secrets import egress as egress_given
 from execbox.secrets import values as secrets_inject
 from execbox.secrets.egress import Given
 from execbox.secrets.values import Secret
+from execbox.telemetry import annotate, outcome, record_queued, span
 
 LOCAL_FALLBACK = "local_subprocess"
 
@@ -244,6 +247,16 @@ class AsyncRunner:
         receives the output as it arrives (see ``stream``). ``options``: the backend's own options for this run
         (``{"image": ...}`` for docker). ``upload``: local paths copied in first, ``{local: remote}``;
         ``download``: workspace paths copied out after the run, ``{remote: local}`` ("." = the whole workspace)."""
+        with span("execbox.run") as current:
+            result = await self._execute(request, backend=backend, output=output, options=options, upload=upload,
+                                         download=download)
+            annotate(current, {"execbox.backend": result.backend, "execbox.outcome": outcome(result),
+                               "execbox.pooled": result.pooled, "execbox.queued_s": result.queued_s})
+            return result
+
+    async def _execute(self, request: ExecRequest, *, backend: str | None, output: LiveOutput | None,
+                       options: Mapping[str, Any] | None, upload: Uploads | None,
+                       download: Uploads | None) -> ExecResult:
         uploads, downloads = _pairs(upload, "upload"), _pairs(download, "download")
         admission = await admit(self, request, backend=backend, options=options, uploads=uploads)
         impl, resolved, mounts = admission.backend, admission.request, admission.mounts
@@ -253,11 +266,15 @@ class AsyncRunner:
         records: list[asyncio.Task[str | None]] = []  # the run's audit record, written beside its clean-up
         try:
             async with self.slots.slot(self.settings.queue_timeout_sec, "this run") as waited:
+                record_queued(waited, backend=impl.name)
                 # A warm member was opened without this run's mounts or tmpfs (the pool keys on network and limits).
                 session = None if mounts or spec.tmpfs else self.pool.take(impl, spec)
                 pooled = session is not None
                 if session is None:
                     session = await _open(impl, spec)
+                else:
+                    with span("execbox.sandbox.open", _sandbox_attrs(impl, spec, pooled=True)):
+                        pass  # taken from the pool: the open it saves is the point of the span
                 session.session_spec = spec
                 try:
                     for local, remote in uploads:
@@ -271,8 +288,7 @@ class AsyncRunner:
                     if pooled:
                         await self.pool.discard(session)  # used once; removed in the background
                     else:
-                        with backend_errors(impl.name):
-                            await close_bounded(session, impl)
+                        await _close(session, impl)
             notes = result.notes
             if self.pool.active and not pooled and impl.name in self.pool.errors:
                 notes = [*notes, f"warm pool: starting a {impl.name} sandbox ahead failed "
@@ -310,10 +326,12 @@ class AsyncRunner:
     async def upload_to(self, backend: ExecutionBackend, session: Session, local: str, remote: str) -> Transfer:
         rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True, anywhere=True)
         _not_mounted(session, rel, "upload to")
-        with backend_errors(backend.name):
-            return await bounded(transfers.upload_path(session, _text(os.fspath(local), "local path"), rel,
-                                                      limits=self.transfer_limits),
-                                 _files_s(backend), backend=backend, doing="an upload", session=session)
+        with span("execbox.files.upload", {"execbox.backend": backend.name}) as current, backend_errors(backend.name):
+            moved = await bounded(transfers.upload_path(session, _text(os.fspath(local), "local path"), rel,
+                                                       limits=self.transfer_limits),
+                                  _files_s(backend), backend=backend, doing="an upload", session=session)
+            annotate(current, _moved_attrs(moved))
+        return moved
 
     async def download_from(self, backend: ExecutionBackend, session: Session, remote: str, local: str,
                             redactor: secrets_inject.Redactor | None = None) -> Transfer:
@@ -321,10 +339,12 @@ class AsyncRunner:
         sandbox was given (the code may have named a file or a link after one)."""
         rel = normalize(_text(remote, "remote path"), session.workspace, allow_root=True, anywhere=True)
         _not_mounted(session, rel, "download")
-        with secrets_inject.redacting(redactor), backend_errors(backend.name):
+        with span("execbox.files.download", {"execbox.backend": backend.name}) as current, \
+                secrets_inject.redacting(redactor), backend_errors(backend.name):
             moved = await bounded(transfers.download_path(session, rel, _text(os.fspath(local), "local path"),
                                                          limits=self.transfer_limits),
                                   _files_s(backend), backend=backend, doing="a download", session=session)
+            annotate(current, _moved_attrs(moved))
         if redactor is not None:
             moved = moved.model_copy(update={"skipped": [redactor.redact_text(s) for s in moved.skipped]})
         return moved
@@ -336,6 +356,12 @@ class AsyncRunner:
         """A new snapshot of ``session``: its workspace packed through the session's bounded download, the rest
         written by the backend (bounded like an open), then hashed and sealed. Whatever fails or is cancelled
         midway leaves nothing: the backend's part and the directory are removed."""
+        with span("execbox.snapshot", {"execbox.backend": backend.name, "execbox.snapshot.memory": memory}):
+            return await self._take_snapshot(backend, session, name=name, memory=memory, network=network,
+                                             limits=limits, origin=origin)
+
+    async def _take_snapshot(self, backend: ExecutionBackend, session: Session, *, name: str | None, memory: bool,
+                             network: NetworkMode, limits: Limits | None, origin: str) -> Snapshot:
         place = await anyio.to_thread.run_sync(store.new_place, backend.name)
         parts: SnapshotParts | None = None
         try:
@@ -519,3 +545,8 @@ class AsyncRunner:
         sandbox.secrets_at_egress = _sandbox_secrets(secrets_at_egress, egress=True)
         return sandbox
 
+
+def _moved_attrs(moved: Transfer) -> dict[str, int]:
+    """What a transfer span says: counts and sizes, never a path (a file may be named after a secret)."""
+    return {"execbox.files.count": moved.files, "execbox.files.bytes": moved.bytes,
+            "execbox.files.skipped": len(moved.skipped)}

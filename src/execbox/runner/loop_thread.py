@@ -15,6 +15,8 @@ import anyio
 import anyio.abc
 from anyio.from_thread import BlockingPortal
 
+from execbox.telemetry import carry
+
 
 class Facade(Protocol):
     """A sync facade (Runner, Sandbox) whose event-loop thread this module keeps track of."""
@@ -81,8 +83,10 @@ class _LoopThread:
         """Run ``fn`` in the loop and wait for it. Anything raised here while it runs (Ctrl-C, the CLI's SIGTERM)
         cancels that call alone, waits for its clean-up (its sandbox removed), and is raised again."""
         finished = threading.Event()
+        resume_trace = carry()  # the caller's span is the parent of the spans this call makes in the loop
 
         async def tracked() -> T:
+            resume_trace()
             try:
                 return await fn()
             finally:

@@ -57,6 +57,7 @@ from execbox.policy.env import filter_env
 from execbox.secrets import egress as egress_given
 from execbox.secrets import run as secret_run
 from execbox.secrets import values as secrets_inject
+from execbox.telemetry import annotate, current_span, outcome, record_refusal, record_run, sandbox_opened, span
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -250,6 +251,17 @@ async def admit(runner: Host, request: ExecRequest, *, backend: str | None = Non
     ``package_cache``: the sandbox opened, or the one this request runs in, must bind the package cache.
     ``within``: the admission of the open sandbox this request runs in (its backend, network and limits are
     fixed; ``extra_env`` is what that sandbox adds to every exec)."""
+    with span("execbox.admit", {"execbox.opening": opening is not None}) as current:
+        admission = await _admit(runner, request, backend=backend, options=options, uploads=uploads, opening=opening,
+                                 within=within, extra_env=extra_env, package_cache=package_cache)
+        annotate(current, {"execbox.verdict": "admitted", "execbox.backend": admission.backend.name,
+                           "execbox.network": admission.request.network or ""})
+        return admission
+
+
+async def _admit(runner: Host, request: ExecRequest, *, backend: str | None, options: Mapping[str, Any] | None,
+                 uploads: Sequence[tuple[str, str]], opening: str | None, within: Admission | None,
+                 extra_env: Mapping[str, str] | None, package_cache: bool) -> Admission:
     session = within.session if within is not None else opening
     resolved, dropped = request, None
     named = within.backend.name if within is not None else backend or (
@@ -290,17 +302,25 @@ async def admit(runner: Host, request: ExecRequest, *, backend: str | None = Non
 async def admit_upload_into(runner: Host, within: Admission, local: str) -> None:
     """An upload into an open sandbox, judged as a one-shot's uploads are (the places a mount may not show, the
     seed scan); a refusal is one `refused` audit record."""
-    try:
-        admit_upload(local, backend=within.backend.name, state=runner.state_places())
-    except ExecboxError as exc:
-        await _refused(runner, exc, within.asked, backend=within.backend.name, session=within.session, opening=True)
-        raise
+    with span("execbox.admit", {"execbox.upload": True, "execbox.backend": within.backend.name}) as current:
+        try:
+            admit_upload(local, backend=within.backend.name, state=runner.state_places())
+        except ExecboxError as exc:
+            await _refused(runner, exc, within.asked, backend=within.backend.name, session=within.session,
+                           opening=True)
+            raise
+        annotate(current, {"execbox.verdict": "admitted"})
 
 
 async def _refused(runner: Host, exc: ExecboxError, request: ExecRequest, *, backend: str | None,
                    session: str | None, opening: bool, dropped: list[str] | None = None) -> None:
     """The one audit record of a refusal (its reason: the error raised); ``opening``: the request is a sandbox's
-    configuration, not a command, so no command fields."""
+    configuration, not a command, so no command fields. The current span (admission's) and the refusal counter
+    get its reason: the error's kind, never its message."""
+    reason = type(exc).__name__
+    record_refusal(reason, backend=backend)
+    annotate(current_span(), {"execbox.verdict": "refused", "execbox.refusal.reason": reason,
+                               "execbox.backend": backend or ""})
     await runner.audit.arecord("refused", **audit_fields.refusal_fields(
         exc, request, backend=backend, session=session, oneshot=session is None, opening=opening, dropped=dropped))
 
@@ -351,9 +371,24 @@ async def _choose(runner: Host, backend: str | None, resolved: ExecRequest, dema
 
 async def _open(backend: ExecutionBackend, spec: SessionSpec) -> Session:
     """A new sandbox, within CODE_EXEC_OPEN_TIMEOUT_SEC; one that opens after that is closed when it does."""
-    with backend_errors(backend.name):
-        return await bounded(backend.open_session(spec), backend.shared.open_timeout_sec, backend=backend,
-                             doing="open_session", late=lambda late: close_bounded(late, backend))
+    with span("execbox.sandbox.open", _sandbox_attrs(backend, spec, pooled=False)), backend_errors(backend.name):
+        session = await bounded(backend.open_session(spec), backend.shared.open_timeout_sec, backend=backend,
+                                doing="open_session", late=lambda late: close_bounded(late, backend))
+    sandbox_opened(backend.name)
+    return session
+
+
+def _sandbox_attrs(backend: ExecutionBackend, spec: SessionSpec, *, pooled: bool) -> dict[str, str | bool]:
+    return {"execbox.backend": backend.name, "execbox.network": spec.network, "execbox.pooled": pooled}
+
+
+async def _close(session: Session, backend: ExecutionBackend) -> None:
+    """A sandbox ``_open`` opened, closed (bounded: close_bounded) and no longer counted as live."""
+    try:
+        with span("execbox.sandbox.close", {"execbox.backend": backend.name}), backend_errors(backend.name):
+            await close_bounded(session, backend)
+    finally:
+        sandbox_opened(backend.name, -1)
 
 
 async def _check(backend: ExecutionBackend) -> Capabilities:
@@ -529,6 +564,28 @@ async def _exec_in(admission: Admission, session: Session, *, output: LiveOutput
 async def _exec_audited(audit: audit_log.AuditLog, admission: Admission, session: Session, *,
                         records: list[asyncio.Task[str | None]] | None = None,
                         output: LiveOutput | None = None) -> ExecResult:
+    """``_exec_logged`` in its span (``execbox.exec``), its outcome counted in the metrics."""
+    request, backend = admission.request, admission.backend.name
+    attrs: dict[str, str | bool | Sequence[str]] = {
+        "execbox.backend": backend, "execbox.network": request.network or "",
+        "execbox.oneshot": admission.session is None, "execbox.session": admission.session or ""}
+    if admission.settings.otel_command_args and request.argv:  # the operator's opt-in: it may hold a secret
+        attrs["process.command_args"] = list(request.argv)
+    with span("execbox.exec", attrs) as current:
+        result = await _exec_logged(audit, admission, session, records=records, output=output)
+        denied = sum(1 for attempt in result.egress if not attempt.allowed)
+        annotate(current, {"process.exit.code": result.exit_code, "execbox.outcome": outcome(result),
+                           "execbox.timed_out": result.timed_out, "execbox.oom_killed": result.oom_killed,
+                           "execbox.truncated": result.truncated, "execbox.duration_s": result.duration_s,
+                           "execbox.limit": result.limit or "", "execbox.egress.allowed": len(result.egress) - denied,
+                           "execbox.egress.denied": denied})
+    record_run(result, backend=backend)
+    return result
+
+
+async def _exec_logged(audit: audit_log.AuditLog, admission: Admission, session: Session, *,
+                       records: list[asyncio.Task[str | None]] | None = None,
+                       output: LiveOutput | None = None) -> ExecResult:
     """``_exec_in``, recorded in the audit log: what ran (hashes and names, never values), where, and what came
     back; a run that raised is recorded as exec.error. A record that cannot be written is a note on the result,
     never an error instead of it. With ``records``, the record of a run that returned is started there, for the

@@ -20,6 +20,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, bounded, close_bounded
+from execbox.telemetry import sandbox_opened, watch_pool
 
 PoolKey = tuple[int, str, Hashable]
 #: Records a pool event in the audit log: ("sandbox.open" | "sandbox.close", fields).
@@ -42,6 +43,7 @@ class WarmPool:
         #: The last failure of a background refill per backend name (cleared by a success): a run that found no
         #: member says it on its result.
         self.errors: dict[str, str] = {}
+        watch_pool(self)  # its depth is a gauge (execbox.pool.depth) while it lives
 
     @staticmethod
     def key(backend: ExecutionBackend, spec: SessionSpec) -> PoolKey:
@@ -107,6 +109,7 @@ class WarmPool:
         self.errors.pop(backend.name, None)
         self._ids[id(session)] = f"pool-{uuid.uuid4().hex[:16]}"
         self._backends[id(session)] = backend
+        sandbox_opened(backend.name)
         if self._record is not None:
             await self._record("sandbox.open", {"session": self._ids[id(session)], "backend": backend.name,
                                                 "pooled": True, "network": member.network,
@@ -131,12 +134,17 @@ class WarmPool:
                 await close_bounded(session, backend)
             except Exception as exc:  # a removal in the background must not end the runner's task group
                 self.errors[backend.name] = f"removing a member: {type(exc).__name__}: {exc}"
+            sandbox_opened(backend.name, -1)
             member = self._ids.pop(id(session), None)
             if self._record is not None and member is not None:
                 await self._record("sandbox.close", {"session": member, "pooled": True})
 
     def ready(self, backend: ExecutionBackend, spec: SessionSpec) -> int:
         return len(self._members.get(self.key(backend, spec), ()))
+
+    def depths(self) -> list[tuple[str, int]]:
+        """The members ready, per configuration, by the name of its backend."""
+        return [(self._backends[id(queue[0][1])].name, len(queue)) for queue in self._members.values() if queue]
 
     def count(self) -> int:
         return sum(len(q) for q in self._members.values())

@@ -13,7 +13,7 @@ import anyio
 import anyio.abc
 
 from execbox.audit import fields as audit_fields
-from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, bounded, broken, close_bounded
+from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, bounded, broken
 from execbox.contract.models import (
     Capabilities,
     CellError,
@@ -38,6 +38,7 @@ from execbox.runner.pipeline import (
     SandboxHost,
     _bytes,
     _cell_fields,
+    _close,
     _command_request,
     _enough_threads,
     _exec_audited,
@@ -57,6 +58,7 @@ from execbox.runner.snapshots import Snapshot
 from execbox.secrets import values as secrets_inject
 from execbox.secrets.egress import Given
 from execbox.secrets.values import Secret
+from execbox.telemetry import annotate, outcome, record_queued, record_run, span
 
 if TYPE_CHECKING:
     from execbox.kernel.client import Kernel
@@ -153,6 +155,7 @@ class AsyncSandbox:
                            mounts=mounts, tmpfs=tuple(resolved.tmpfs), restore=restore)
         _enough_threads(self.runner.slots.total)
         self.queued_s = await self.runner.slots.acquire(self.runner.settings.queue_timeout_sec, "this sandbox")
+        record_queued(self.queued_s, backend=self.backend.name)
         try:
             self._session = await _open(self.backend, spec)
         except BaseException:
@@ -246,8 +249,7 @@ class AsyncSandbox:
             session, self._session = self._session, None
             try:
                 assert self.backend is not None
-                with backend_errors(self.backend.name):
-                    await close_bounded(session, self.backend)
+                await _close(session, self.backend)
             finally:
                 self.runner.slots.release()
                 await self.runner.audit.arecord("sandbox.close", session=self.id,
@@ -416,25 +418,30 @@ class AsyncSandbox:
         redactor = self._redactor()
         if redactor is not None:
             (on_stdout, on_stderr), finish = secrets_inject.redacted_callbacks(redactor, on_stdout, on_stderr)
-        fields = audit_fields.exec_fields(backend, resolved, [], session=self.id, oneshot=False)
-        try:
-            with secrets_inject.redacting(redactor):  # the interpreter's errors quote what the code left, too
-                result = await deliver(
-                    lambda out: kernel.run_cell(code, timeout=timeout_s, live=out, redactor=redactor), on_stdout,
-                    on_stderr)
-        except BaseException as exc:  # recorded as an exec that raised is (a stuck backend, a broken sandbox)
-            await self.runner.audit.arecord("cell.error", **fields, **audit_fields.error_fields(exc))
-            raise
-        if redactor is not None:
-            await finish()
-        result = finish_cell(result, admission, redactor)
-        if self._state_lost_next:
-            self._state_lost_next = False
-            result = result.model_copy(update={"state_lost": True, "notes": [*result.notes, (
-                "state_lost: this sandbox was started from (or rolled back to) a snapshot of its files only: the "
-                "interpreter started fresh, and variables and imports of earlier cells are gone")]})
-        note = await self.runner.audit.arecord("cell", **fields, **_cell_fields(result, self.runner.audit))
-        return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})
+        with span("execbox.cell", {"execbox.backend": backend.name, "execbox.session": self.id}) as current:
+            fields = audit_fields.exec_fields(backend, resolved, [], session=self.id, oneshot=False)
+            try:
+                with secrets_inject.redacting(redactor):  # the interpreter's errors quote what the code left, too
+                    result = await deliver(
+                        lambda out: kernel.run_cell(code, timeout=timeout_s, live=out, redactor=redactor), on_stdout,
+                        on_stderr)
+            except BaseException as exc:  # recorded as an exec that raised is (a stuck backend, a broken sandbox)
+                await self.runner.audit.arecord("cell.error", **fields, **audit_fields.error_fields(exc))
+                raise
+            if redactor is not None:
+                await finish()
+            result = finish_cell(result, admission, redactor)
+            if self._state_lost_next:
+                self._state_lost_next = False
+                result = result.model_copy(update={"state_lost": True, "notes": [*result.notes, (
+                    "state_lost: this sandbox was started from (or rolled back to) a snapshot of its files only: the "
+                    "interpreter started fresh, and variables and imports of earlier cells are gone")]})
+            note = await self.runner.audit.arecord("cell", **fields, **_cell_fields(result, self.runner.audit))
+            annotate(current, {"execbox.outcome": outcome(result), "execbox.timed_out": result.timed_out,
+                               "execbox.oom_killed": result.oom_killed, "execbox.state_lost": result.state_lost,
+                               "execbox.duration_s": result.duration_s})
+            record_run(result, backend=backend.name)
+            return result if note is None else result.model_copy(update={"notes": [*result.notes, note]})
 
     # -- snapshots --
 
@@ -463,6 +470,10 @@ class AsyncSandbox:
     async def fork(self, count: int = 1) -> list[AsyncSandbox]:
         """``count`` new sandboxes (1-64), each started from this one's state now; this one goes on running. Each
         is open and yours to close; the snapshot they started from is removed when the last of them closes."""
+        with span("execbox.fork", {"execbox.fork.count": count if isinstance(count, int) else 0}):
+            return await self._fork(count)
+
+    async def _fork(self, count: int) -> list[AsyncSandbox]:
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
             raise ConfigError(f"fork takes a count of 1 to 64 sandboxes, not {count!r}")
         self._live()
@@ -510,6 +521,10 @@ class AsyncSandbox:
         """Return this sandbox to ``snapshot``, one taken of it (or of the sandbox it was started from): files
         and packages since are gone, and without memory a run_cell interpreter starts fresh (its first cell says
         ``state_lost``). The sandbox keeps its id and configuration; the snapshot stays for another rollback."""
+        with span("execbox.rollback", {"execbox.backend": self._live()[0].name}):
+            await self._rollback(snapshot)
+
+    async def _rollback(self, snapshot: Snapshot | str) -> None:
         backend, old = self._live()
         snap = await self.runner.load_snapshot(_snapshot_id(snapshot, "rollback"))
         if snap.origin not in self._lineage or snap.backend != backend.name:
@@ -527,9 +542,9 @@ class AsyncSandbox:
         try:
             await self._restore_workspace(backend, new, snap)
         except BaseException:
-            with anyio.CancelScope(shield=True), backend_errors(backend.name):
+            with anyio.CancelScope(shield=True):
                 try:
-                    await close_bounded(new, backend)
+                    await _close(new, backend)
                 finally:
                     self.runner.slots.release()
             raise
@@ -539,8 +554,7 @@ class AsyncSandbox:
             try:
                 if kernel is not None:
                     await kernel.close()
-                with backend_errors(backend.name):
-                    await close_bounded(old, backend)
+                await _close(old, backend)
             finally:
                 self.runner.slots.release()
         await self.runner.audit.arecord("snapshot.rollback", session=self.id, **_snapshot_fields(snap))

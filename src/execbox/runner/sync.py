@@ -196,7 +196,7 @@ class Sandbox:
         runner = self._runner
         loop = runner._loop_thread() if runner is not None else _LoopThread()
         try:
-            loop.portal.call(self.aio.open)
+            loop.call(self.aio.open)  # as every call: the caller's trace context goes along
         except BaseException:
             if runner is None:
                 loop.stop(cancel=True)
