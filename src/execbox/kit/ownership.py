@@ -6,6 +6,7 @@ happens to reuse its pid.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -179,3 +180,27 @@ class OwnerLabels:
         if owner_alive(tags.get(self.owner, "")) is False:
             return "orphaned"
         return None
+
+
+def kill_processes_naming(path: str) -> int:
+    """SIGKILL every process of this user whose command line names ``path`` (a session directory: the launcher's
+    bind arguments carry it); how many. For `execbox kill` of a session whose processes no daemon tracks."""
+    import signal
+
+    needle = os.fsencode(path.rstrip("/"))
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != os.geteuid():
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                words = fh.read(1 << 16).split(b"\0")
+        except OSError:
+            continue
+        if any(w == needle or w.startswith(needle + b"/") for w in words):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+    return killed
