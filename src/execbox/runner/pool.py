@@ -20,6 +20,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, bounded, close_bounded
+from execbox.runner import live
 
 PoolKey = tuple[int, str, Hashable]
 #: Records a pool event in the audit log: ("sandbox.open" | "sandbox.close", fields).
@@ -71,10 +72,11 @@ class WarmPool:
         taken: Session | None = None
         while queue:
             started, session = queue.popleft()
-            if now - started < self.ttl_s:
+            if now - started < self.ttl_s and not live.killed(self._ids[id(session)]):
                 taken = session
+                live.closed(self._ids[id(session)])  # a one-shot's sandbox from now on: out of `execbox ps`
                 break
-            self._tasks.start_soon(self._close, session)  # expired: never handed out
+            self._tasks.start_soon(self._close, session)  # expired, or killed (`execbox kill`): never handed out
         self.refill(backend, spec)
         return taken
 
@@ -107,6 +109,7 @@ class WarmPool:
         self.errors.pop(backend.name, None)
         self._ids[id(session)] = f"pool-{uuid.uuid4().hex[:16]}"
         self._backends[id(session)] = backend
+        live.opened(self._ids[id(session)], backend.name, session, member, pooled=True)
         if self._record is not None:
             await self._record("sandbox.open", {"session": self._ids[id(session)], "backend": backend.name,
                                                 "pooled": True, "network": member.network,
@@ -132,6 +135,8 @@ class WarmPool:
             except Exception as exc:  # a removal in the background must not end the runner's task group
                 self.errors[backend.name] = f"removing a member: {type(exc).__name__}: {exc}"
             member = self._ids.pop(id(session), None)
+            if member is not None:
+                live.closed(member)
             if self._record is not None and member is not None:
                 await self._record("sandbox.close", {"session": member, "pooled": True})
 
