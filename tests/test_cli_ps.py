@@ -123,7 +123,7 @@ def wait_running(sandbox_id: str, what: str) -> dict[str, object]:
     return row
 
 
-@pytest.mark.parametrize("backend", ["bubblewrap", "docker"])
+@pytest.mark.parametrize("backend", ["bubblewrap", "docker", "gvisor"])
 def test_ps_sees_another_process_sandbox_and_kill_ends_it(backend: str, holders: list[Holder]) -> None:
     require(backend)
     holder = Holder(backend)

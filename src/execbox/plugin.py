@@ -66,7 +66,7 @@ each piece's contract.
                      OWNER_FILE, orphaned (a host directory that names its owner); owner_tag, name_owner
                      (PREFIX + pid-start + random names, and reading them back), orphaned_dirs (those of dead owners);
                      OwnerLabels (the labels of a sandbox that carries them: make, orphan_reason, kept);
-                     kill_processes_naming (`execbox kill` of a session directory's processes)
+                     kill_session_processes (`execbox kill` of a session directory's sandbox: its processes)
                      ExecutionBackend.sweeps_on_first_use (gc after the first check of each process; the scope
                      of one sweep: sweep_scope)
     errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError,
@@ -125,7 +125,7 @@ from execbox.kit.lifecycle import create_cleanly
 from execbox.kit.ownership import (
     OWNER_FILE,
     OwnerLabels,
-    kill_processes_naming,
+    kill_session_processes,
     name_owner,
     orphaned,
     orphaned_dirs,
@@ -209,7 +209,7 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # SnapshotParts, SnapshotRestore, ExecutionBackend.delete_snapshot, pack_sandbox_paths, restore_sandbox_paths,
 # snapshot_limits, SnapshotError (a provider's part of a snapshot expired or unknown).
 # 2.5: Session.kill_ref and ExecutionBackend.kill (`execbox kill`: end a sandbox held by another process),
-# kill_processes_naming.
+# kill_session_processes.
 KIT_VERSION = "2.5"
 
 __all__ = [
@@ -253,6 +253,7 @@ __all__ = [
     "host_env",
     "HostWorkspaceSession",
     "is_directory_error",
+    "kill_session_processes",
     "KIT_VERSION",
     "Limits",
     "load_probe_facts",
@@ -262,7 +263,6 @@ __all__ = [
     "mount_sized",
     "mount_sized_soon",
     "mount_tmpfs",
-    "kill_processes_naming",
     "name_owner",
     "NetworkMode",
     "new_run_marker",

@@ -15,7 +15,7 @@ import anyio
 from execbox.backends.bubblewrap.cgroups import CGROUP_PREFIX, cgroup_sweep_dirs, remove_cgroup
 from execbox.backends.bubblewrap.probe import host_report, unavailable
 from execbox.backends.bubblewrap.report import HostReport
-from execbox.backends.bubblewrap.session import SESSION_PREFIX, BubblewrapSession, kill_session, release_mounts
+from execbox.backends.bubblewrap.session import SESSION_PREFIX, BubblewrapSession, release_mounts
 from execbox.backends.bubblewrap.settings import BubblewrapSettings
 from execbox.plugin import (
     Capabilities,
@@ -24,6 +24,7 @@ from execbox.plugin import (
     SessionSpec,
     Settings,
     create_cleanly,
+    kill_session_processes,
     orphaned_dirs,
     remove_tree,
     restore_sandbox_paths,
@@ -120,7 +121,7 @@ class BubblewrapBackend(ExecutionBackend[BubblewrapSettings]):
         return session
 
     async def kill(self, ref: str) -> None:
-        await anyio.to_thread.run_sync(kill_session, ref)
+        await anyio.to_thread.run_sync(kill_session_processes, ref, SESSION_PREFIX)
 
     async def gc(self) -> list[str]:
         """Session directories, size-limited workspaces and cgroups (v1 and v2) of execbox processes that are

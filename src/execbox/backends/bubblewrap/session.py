@@ -43,10 +43,8 @@ from execbox.plugin import (
     armed_script,
     compiled_filter,
     finish_process,
-    kill_processes_naming,
     mount_sized_soon,
     mount_tmpfs,
-    name_owner,
     owner_id,
     owner_tag,
     pack_sandbox_paths,
@@ -109,7 +107,7 @@ class BubblewrapSession(Session):
         self.host_owner = self.owner
         self.root = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-")
         self.host_workspace = os.path.join(self.root, "workspace")
-        self.kill_ref = self.root  # named on its bwrap command lines (kill_session)
+        self.kill_ref = self.root  # named on its bwrap command lines (kill_session_processes)
         self._closed = False
         self._armed: _Launched | None = None
         self._sized: concurrent.futures.Future[None] | None = None  # the size-limited workspace being made
@@ -384,23 +382,6 @@ class BubblewrapSession(Session):
         if armed is not None:
             await armed.discard()
         await anyio.to_thread.run_sync(self.destroy)
-
-
-def kill_session(ref: str, prefix: str = SESSION_PREFIX, parent: str | None = None) -> None:
-    """`execbox kill`: the processes of the session directory ``ref`` killed (the directory stays: its owner, or gc
-    once the owner is gone, removes it). Only a directory we made: PREFIX + owner tag in ``parent`` (the temp dir),
-    a real directory of this user that carries an owner file."""
-    where = os.path.realpath(parent or tempfile.gettempdir())
-    path = os.path.join(where, os.path.basename(ref))
-    try:
-        st = os.lstat(path)
-    except (OSError, ValueError):
-        st = None
-    if (os.path.normpath(ref) != path or name_owner(os.path.basename(path), prefix) is None or st is None
-            or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
-            or not os.path.isfile(os.path.join(path, OWNER_FILE))):
-        raise SandboxError(f"no sandbox session {ref!r} of execbox on this host")
-    kill_processes_naming(path)
 
 
 def release_mounts(root: str) -> None:
