@@ -41,7 +41,7 @@ HOLDER = textwrap.dedent("""
             sys.stdin.readline()
             sys.exit(0)
         with runner.sandbox(backend, limits={"memory_mb": 256}) as sb:
-            print(sb.aio.id, flush=True)
+            print(sb.id, flush=True)
             for line in iter(sys.stdin.readline, ""):
                 try:
                     result = sb.exec(json.loads(line), timeout=60)
@@ -206,12 +206,14 @@ def test_a_stale_record_is_not_listed_and_gc_removes_it(holders: list[Holder]) -
     holder.proc.wait(timeout=30)
     assert sandbox_id not in rows() and cli("ps").stdout.splitlines()[1:] == []
     assert (live.live_dir() / f"{sandbox_id}.json").exists()
+    half = live.live_dir() / f".{sandbox_id}.{holder.proc.pid}.tmp"  # as if it died between a write and its rename
+    half.write_text("{")
     refused = cli("kill", sandbox_id)
     assert refused.exit_code == 2 and "no live sandbox" in refused.stderr, refused.output
     done = cli("gc", "--json")
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)["removed"]["live records"] == [f"live record {sandbox_id} (owner gone)"]
-    assert not (live.live_dir() / f"{sandbox_id}.json").exists()
+    assert not (live.live_dir() / f"{sandbox_id}.json").exists() and not half.exists()
 
 
 @pytest.mark.parametrize("bad", ["../x", "", "a" * 65, "no-such-sandbox", "x/y", "--"])

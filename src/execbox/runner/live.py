@@ -21,7 +21,7 @@ from typing import Any
 from execbox.config.paths import state_dir
 from execbox.contract.backend import Session, SessionSpec
 from execbox.errors import ConfigError
-from execbox.kit.ownership import owner_alive, owner_id
+from execbox.kit.ownership import owner_alive, owner_id, pid_alive
 
 IDLE = "idle"
 #: A sandbox id as the runner makes them (audit_fields.new_session_id, the pool's "pool-..."): also a file name.
@@ -161,4 +161,8 @@ def sweep_stale() -> list[str]:
         for marker in live_dir().glob(f"*{_KILLED}"):
             if not _path(marker.name[:-len(_KILLED)]).exists():
                 marker.unlink()
+        for tmp in live_dir().glob(".*.tmp"):  # a writer that died between its write and its rename
+            pid = tmp.name.rsplit(".", 2)[-2]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                tmp.unlink()
     return removed
