@@ -32,6 +32,7 @@ HOLDER = textwrap.dedent("""
     from execbox import Runner, Settings
     backend, mode = sys.argv[1], sys.argv[2]
     settings = Settings.from_env(backend=backend).model_copy(update={"pool_size": 1 if mode == "pool" else 0})
+    network = "host" if backend == "local_subprocess" else None
     with Runner(settings) as runner:
         if mode == "pool":
             deadline = time.monotonic() + 90
@@ -40,7 +41,7 @@ HOLDER = textwrap.dedent("""
             print("ready", flush=True)
             sys.stdin.readline()
             sys.exit(0)
-        with runner.sandbox(backend, limits={"memory_mb": 256}) as sb:
+        with runner.sandbox(backend, network=network, limits={"memory_mb": 256}) as sb:
             print(sb.id, flush=True)
             for line in iter(sys.stdin.readline, ""):
                 try:
@@ -60,9 +61,10 @@ def cli(*args: str) -> Result:
 class Holder:
     """A python process that holds a sandbox of ``backend`` (or a pool member) until its stdin closes."""
 
-    def __init__(self, backend: str, mode: str = "sandbox") -> None:
+    def __init__(self, backend: str, mode: str = "sandbox", **env: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, backend, mode], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **env})
         self.first = self.line()
 
     def line(self) -> str:
@@ -214,6 +216,16 @@ def test_a_stale_record_is_not_listed_and_gc_removes_it(holders: list[Holder]) -
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)["removed"]["live records"] == [f"live record {sandbox_id} (owner gone)"]
     assert not (live.live_dir() / f"{sandbox_id}.json").exists() and not half.exists()
+
+
+def test_a_backend_that_cannot_kill_refuses_and_the_sandbox_lives_on(holders: list[Holder]) -> None:
+    holder = Holder("local_subprocess", CODE_EXEC_LOCAL="true")
+    holders.append(holder)
+    assert rows()[holder.first]["backend"] == "local_subprocess"
+    done = cli("kill", holder.first)
+    assert done.exit_code == 125 and "cannot be ended from outside" in done.stderr, done.output
+    assert "Traceback" not in done.stderr and not rows()[holder.first]["killed"]
+    assert holder.call("true") == "ok 0"  # its owner goes on using it
 
 
 @pytest.mark.parametrize("bad", ["../x", "", "a" * 65, "no-such-sandbox", "x/y", "--"])
