@@ -36,9 +36,9 @@ HOLDER = textwrap.dedent("""
     with Runner(settings) as runner:
         if mode == "pool":
             deadline = time.monotonic() + 90
-            while runner.warm(backend) < 1 and time.monotonic() < deadline:
+            while (ready := runner.warm(backend)) < 1 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            print("ready", flush=True)
+            print("ready", ready, runner.aio.pool.errors or "", flush=True)
             sys.stdin.readline()
             sys.exit(0)
         with runner.sandbox(backend, network=network, limits={"memory_mb": 256}) as sb:
@@ -186,15 +186,17 @@ def test_ps_lists_a_warm_pool_member_and_kill_ends_it(holders: list[Holder]) -> 
     require("bubblewrap")
     holder = Holder("bubblewrap", "pool")
     holders.append(holder)
-    assert holder.first == "ready"
-    members = [r for r in rows().values() if r["pid"] == holder.proc.pid]
-    assert len(members) == 1 and members[0]["pooled"] is True and members[0]["running"] == "idle"
+    assert holder.first == "ready 1", holder.first
+    listed = rows()
+    members = [r for r in listed.values() if r["pid"] == holder.proc.pid]
+    assert len(members) == 1 and members[0]["pooled"] is True and members[0]["running"] == "idle", listed
     member = str(members[0]["id"])
     assert member.startswith("pool-") and " yes" in cli("ps").stdout
     done = cli("kill", "--json", member)
     assert done.exit_code == 0 and json.loads(done.stdout) == {"killed": member, "backend": "bubblewrap",
-                                                               "pid": holder.proc.pid}
+                                                               "pid": holder.proc.pid}, done.output
     holder.end()
+    assert holder.proc.returncode == 0, holder.proc.stderr.read() if holder.proc.stderr else ""
     assert member not in rows()
 
 
