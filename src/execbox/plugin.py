@@ -65,7 +65,8 @@ each piece's contract.
     gc ownership     owner_id, owner_alive, pid_alive (host:pid:start-time; a reused pid is not the owner);
                      OWNER_FILE, orphaned (a host directory that names its owner); owner_tag, name_owner
                      (PREFIX + pid-start + random names, and reading them back), orphaned_dirs (those of dead owners);
-                     OwnerLabels (the labels of a sandbox that carries them: make, orphan_reason, kept)
+                     OwnerLabels (the labels of a sandbox that carries them: make, orphan_reason, kept);
+                     kill_session_processes (`execbox kill` of a session directory's sandbox: its processes)
                      ExecutionBackend.sweeps_on_first_use (gc after the first check of each process; the scope
                      of one sweep: sweep_scope)
     errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError,
@@ -124,6 +125,7 @@ from execbox.kit.lifecycle import create_cleanly
 from execbox.kit.ownership import (
     OWNER_FILE,
     OwnerLabels,
+    kill_session_processes,
     name_owner,
     orphaned,
     orphaned_dirs,
@@ -206,7 +208,9 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # 2.4: snapshots: Capabilities.snapshot and memory_snapshot, Session.snapshot, SessionSpec.restore, SnapshotPlace,
 # SnapshotParts, SnapshotRestore, ExecutionBackend.delete_snapshot, pack_sandbox_paths, restore_sandbox_paths,
 # snapshot_limits, SnapshotError (a provider's part of a snapshot expired or unknown).
-KIT_VERSION = "2.4"
+# 2.5: Session.kill_ref and ExecutionBackend.kill (`execbox kill`: end a sandbox held by another process),
+# kill_session_processes.
+KIT_VERSION = "2.5"
 
 __all__ = [
     "ARMED",
@@ -249,6 +253,7 @@ __all__ = [
     "host_env",
     "HostWorkspaceSession",
     "is_directory_error",
+    "kill_session_processes",
     "KIT_VERSION",
     "Limits",
     "load_probe_facts",

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
-from execbox.kit.ownership import OWNER_FILE, owner_alive, owner_id, pid_alive, read_owner
+import pytest
+
+from execbox.errors import SandboxError
+from execbox.kit.ownership import (
+    OWNER_FILE,
+    kill_session_processes,
+    owner_alive,
+    owner_id,
+    owner_tag,
+    pid_alive,
+    read_owner,
+)
 
 
 def test_owner_alive() -> None:
@@ -66,3 +80,30 @@ def test_owner_labels_are_one_vocabulary_however_spelled() -> None:
     kept = REMOTE_LABELS.make(60, persist=True)
     assert REMOTE_LABELS.kept(kept) and REMOTE_LABELS.orphan_reason({**kept, REMOTE_LABELS.expires: "1"}) is None
     assert not docker_like.kept(docker_like.make(60, persist=True))  # docker keeps nothing on purpose
+
+
+def test_kill_session_processes_takes_only_a_session_directory_execbox_made(tmp_path: Path) -> None:
+    """`execbox kill`'s way into bubblewrap and gvisor: a process naming the directory dies; anything that is not a
+    session directory of ours (another place, a planted link, no owner file, a path around it) is refused."""
+    session = Path(tempfile.mkdtemp(prefix=f"execbox-test-{owner_tag()}-", dir=tmp_path))
+    (session / OWNER_FILE).write_text(owner_id() + "\n")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"--root={session}/runsc"])
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path)])
+    try:
+        planted = tmp_path / f"execbox-test-{owner_tag()}-planted"
+        planted.symlink_to(session)
+        unowned = Path(tempfile.mkdtemp(prefix=f"execbox-test-{owner_tag()}-", dir=tmp_path))
+        for bad in ("/etc", str(tmp_path), str(planted), str(unowned), f"{session}/..", str(session / "runsc"),
+                    str(tmp_path / "execbox-test-x"), ""):
+            with pytest.raises(SandboxError, match="no sandbox session"):
+                kill_session_processes(bad, "execbox-test-", str(tmp_path))
+        with pytest.raises(SandboxError):  # the right directory under another prefix
+            kill_session_processes(str(session), "execbox-other-", str(tmp_path))
+        assert child.poll() is None and bystander.poll() is None
+        assert kill_session_processes(str(session), "execbox-test-", str(tmp_path)) == 1
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        assert bystander.poll() is None and session.is_dir()  # the directory stays: its owner removes it
+    finally:
+        for proc in (child, bystander):
+            proc.kill()
+            proc.wait()

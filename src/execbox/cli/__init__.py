@@ -1,6 +1,6 @@
 """The execbox command line: one module per command group (run; backends and doctor; gc; snapshot; audit; serve;
-mcp), what they share in ``common`` (exit codes, errors as text or JSON), and the commands backend plugins add
-through the hook ``execbox_register_commands`` (``execbox image build`` is the docker backend's).
+mcp; ps and kill), what they share in ``common`` (exit codes, errors as text or JSON), and the commands backend
+plugins add through the hook ``execbox_register_commands`` (``execbox image build`` is the docker backend's).
 
 Exit status of `execbox run`: the command's own; 124 if it timed out; 125 if the guard or the policy
 refused; 126 if the backend is unavailable; 2 for a usage or configuration error.
@@ -24,7 +24,7 @@ __all__ = ["BUILTIN_COMMANDS", "load_builtin_commands", "main"]
 #: execbox's own commands, each in the module of its group (``module:attribute`` under execbox.cli).
 BUILTIN_COMMANDS = {"run": "run:run", "backends": "doctor:backends", "doctor": "doctor:doctor", "gc": "gc:gc",
                     "audit": "audit:audit_group", "serve": "serve:serve", "mcp": "mcp:mcp_command",
-                    "batch": "batch:batch", "snapshot": "snapshot:snapshot_group"}
+                    "batch": "batch:batch", "snapshot": "snapshot:snapshot_group", "ps": "ps:ps", "kill": "ps:kill"}
 
 
 class ExecboxGroup(click.Group):

@@ -12,7 +12,7 @@ from execbox.cli.common import fail, load_settings
 from execbox.cli.snapshot import kept_summary
 from execbox.contract.backend import bounded
 from execbox.errors import BackendUnavailableError, ConfigError, ExecboxError
-from execbox.runner import AsyncRunner, run_blocking
+from execbox.runner import AsyncRunner, live, run_blocking
 from execbox.runner.snapshots import Snapshot
 
 
@@ -47,6 +47,8 @@ def gc(only: str | None, as_json: bool) -> None:
                 skipped[name] = exc.reason
             except ExecboxError as exc:  # e.g. a backend setting is invalid: that backend only
                 skipped[name] = exc.message
+        if not only:  # the records of `execbox ps` whose owner is gone (the backends' gc removed their sandboxes)
+            removed["live records"] = live.sweep_stale()
         try:
             snapshots["removed"] = await runner.gc_snapshots(only)
         except ExecboxError as exc:  # a snapshot whose backend cannot remove its part: kept, said

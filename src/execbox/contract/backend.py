@@ -149,6 +149,9 @@ class Session(ABC):
     host_owner: tuple[int, int] | None = None
     #: What the sandbox was opened with; set by the runner right after ``open_session``.
     session_spec: SessionSpec | None = None
+    #: What ``ExecutionBackend.kill`` takes to end this sandbox from another process (`execbox kill`): a name
+    #: found again by its ownership labels or files, never a secret. None: it cannot be ended from outside.
+    kill_ref: str | None = None
     #: Why the runner gave up on this sandbox (see ``broken``); an attribute, not a table keyed by the session,
     #: which a plugin's session (a dataclass, say) need not be hashable for.
     _runner_broken: str | None = None
@@ -409,6 +412,13 @@ class ExecutionBackend(ABC, Generic[S]):
     async def gc(self) -> list[str]:
         """Remove expired or orphaned resources this backend created (only its own). Returns what was removed."""
         return []
+
+    async def kill(self, ref: str) -> None:
+        """End the live sandbox whose ``Session.kill_ref`` is ``ref``, held by any process of this user on this
+        host (`execbox kill`): only one this backend made (its ownership labels or files say so); its owner's next
+        call fails. SandboxError when there is no such sandbox."""
+        raise UnsupportedPolicyError(f"the {self.name} backend cannot end a sandbox from another process: "
+                                     "its owner closes it (or `execbox gc` once the owner is gone)", backend=self.name)
 
 
 # --- the runner's bound on every backend call -------------------------------------------------------------------

@@ -6,8 +6,10 @@ happens to reuse its pid.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import socket
 import stat
 import tempfile
@@ -15,6 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from execbox.errors import SandboxError
 from execbox.files.workspace import remove_tree
 
 _DIGITS = re.compile(r"[0-9]{1,10}")
@@ -179,3 +182,37 @@ class OwnerLabels:
         if owner_alive(tags.get(self.owner, "")) is False:
             return "orphaned"
         return None
+
+
+def kill_session_processes(ref: str, prefix: str, parent: str | None = None) -> int:
+    """`execbox kill` of a session directory's sandbox: SIGKILL every process of this user whose command line names
+    the directory ``ref`` (the launcher's arguments carry it: bwrap's binds, runsc's --root); how many. Only a
+    directory execbox made: PREFIX + owner tag directly in ``parent`` (the temp dir), a real directory of this user
+    carrying an owner file, else SandboxError. The directory stays: its owner removes it (gc, once it is gone)."""
+    where = os.path.realpath(parent or tempfile.gettempdir())
+    path = os.path.join(where, os.path.basename(ref))
+    try:
+        st = os.lstat(path)
+    except (OSError, ValueError):
+        st = None
+    if (os.path.normpath(ref) != path or name_owner(os.path.basename(path), prefix) is None or st is None
+            or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or read_owner(path) is None):
+        raise SandboxError(f"no sandbox session {ref!r} of execbox on this host")
+    needle = os.fsencode(path)
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != os.geteuid():
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                words = fh.read(1 << 16).split(b"\0")
+        except OSError:
+            continue
+        # a word that is the directory or below it, alone or as an option's value (--root=DIR/runsc)
+        if any(w == needle or w.startswith(needle + b"/") for word in words for w in (word, word.partition(b"=")[2])):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+    return killed

@@ -30,6 +30,7 @@ from execbox.errors import (
     BackendUnavailableError,
     ConfigError,
     ExecboxError,
+    UnsupportedPolicyError,
 )
 from execbox.files import transfer
 from execbox.files.transfer import Transfer
@@ -37,6 +38,7 @@ from execbox.files.workspace import normalize
 from execbox.guard.guard import Guard
 from execbox.kit import packages, transfers
 from execbox.registry import BUILTIN_DISTRIBUTION, Registry, get_registry
+from execbox.runner import live
 from execbox.runner import snapshots as store
 from execbox.runner.batch import AsyncBatch, Item
 from execbox.runner.pipeline import (
@@ -430,6 +432,28 @@ class AsyncRunner:
                 continue
             removed.append(snapshot_id)
         return removed
+
+    async def kill(self, sandbox_id: str) -> dict[str, Any]:
+        """End the live sandbox ``sandbox_id`` (from `execbox ps`), whichever process of this user on this host
+        holds it, through its backend; audited as sandbox.kill (with who asked). Its owner's next call on it is a
+        SandboxError saying so. Returns its record. ConfigError for an id that names no live sandbox here."""
+        record = live.find(sandbox_id)
+        ref = record.get("ref")
+        backend = self.backend(str(record.get("backend")))
+        if not isinstance(ref, str) or not ref:
+            raise UnsupportedPolicyError(f"sandbox {sandbox_id} cannot be ended from outside: its {backend.name} "
+                                         "session names nothing its backend finds again", backend=backend.name)
+        backend.require_sdk()
+        # Marked first: the owner's call that the kill interrupts already says why it failed.
+        live.mark_killed(sandbox_id, {"pid": os.getpid(), "uid": os.getuid()})
+        try:
+            await bounded(backend.kill(ref), backend.shared.open_timeout_sec, backend=backend, doing="kill")
+        except BaseException:
+            live.unmark_killed(sandbox_id)
+            raise
+        await self.audit.arecord("sandbox.kill", session=sandbox_id, backend=backend.name, owner_pid=record.get("pid"),
+                                 pooled=bool(record.get("pooled")))
+        return record
 
     async def warm(self, backend: str | None = None, *, network: NetworkMode | None = None,
                    limits: Limits | None = None, timeout: float | None = None) -> int:

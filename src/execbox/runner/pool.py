@@ -20,6 +20,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, bounded, close_bounded
+from execbox.runner import live
 from execbox.telemetry import sandbox_opened, watch_pool
 
 PoolKey = tuple[int, str, Hashable]
@@ -73,10 +74,11 @@ class WarmPool:
         taken: Session | None = None
         while queue:
             started, session = queue.popleft()
-            if now - started < self.ttl_s:
+            if now - started < self.ttl_s and not live.killed(self._ids[id(session)]):
                 taken = session
+                live.closed(self._ids[id(session)])  # a one-shot's sandbox from now on: out of `execbox ps`
                 break
-            self._tasks.start_soon(self._close, session)  # expired: never handed out
+            self._tasks.start_soon(self._close, session)  # expired, or killed (`execbox kill`): never handed out
         self.refill(backend, spec)
         return taken
 
@@ -110,6 +112,7 @@ class WarmPool:
         self._ids[id(session)] = f"pool-{uuid.uuid4().hex[:16]}"
         self._backends[id(session)] = backend
         sandbox_opened(backend.name)
+        live.opened(self._ids[id(session)], backend.name, session, member, pooled=True)
         if self._record is not None:
             await self._record("sandbox.open", {"session": self._ids[id(session)], "backend": backend.name,
                                                 "pooled": True, "network": member.network,
@@ -136,6 +139,8 @@ class WarmPool:
                 self.errors[backend.name] = f"removing a member: {type(exc).__name__}: {exc}"
             sandbox_opened(backend.name, -1)
             member = self._ids.pop(id(session), None)
+            if member is not None:
+                live.closed(member)
             if self._record is not None and member is not None:
                 await self._record("sandbox.close", {"session": member, "pooled": True})
 

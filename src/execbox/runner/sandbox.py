@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +28,19 @@ from execbox.contract.models import (
 )
 from execbox.contract.output import LiveOutput, OnText, OutputEvent, deliver, stream_events
 from execbox.contract.snapshots import SnapshotRestore
-from execbox.errors import BackendTimeoutError, ConfigError, RefusedError, SandboxError, UnsupportedPolicyError
+from execbox.errors import (
+    BackendTimeoutError,
+    ConfigError,
+    ExecboxError,
+    RefusedError,
+    SandboxError,
+    UnsupportedPolicyError,
+)
 from execbox.files.transfer import FileInfo, Transfer
 from execbox.files.workspace import is_directory_error, normalize
 from execbox.kernel import magics
 from execbox.kit import packages, transfers
+from execbox.runner import live
 from execbox.runner import snapshots as store
 from execbox.runner.pipeline import (
     Admission,
@@ -113,6 +122,7 @@ class AsyncSandbox:
         #: How the sandbox was admitted when it opened (its backend, network, limits, mounts); its execs' rules.
         self.admission: Admission | None = None
         self._closed = False
+        self._record: dict[str, Any] | None = None  # its record for `execbox ps` (runner.live), while open
         # Why the package cache is not bound, when the backend could bind it (a cache directory it refused).
         self._no_cache: ConfigError | None = None
 
@@ -163,6 +173,7 @@ class AsyncSandbox:
             raise
         self._session.session_spec = spec
         await self.runner.audit.arecord("sandbox.open", **audit_fields.sandbox_fields(self.id, self.backend, spec))
+        self._record = live.opened(self.id, self.backend.name, self._session, spec, name=self._name)
         if restoring is not None:
             try:
                 await self._restore_workspace(self.backend, self._session, restoring)
@@ -252,6 +263,8 @@ class AsyncSandbox:
                 await _close(session, self.backend)
             finally:
                 self.runner.slots.release()
+                self._record = None
+                live.closed(self.id)
                 await self.runner.audit.arecord("sandbox.close", session=self.id,
                                                 backend=self.backend.name if self.backend else None)
 
@@ -265,11 +278,18 @@ class AsyncSandbox:
             raise SandboxError("this sandbox is closed: open another one" if self._closed else
                                "this sandbox is not open yet: use it as `async with runner.sandbox() as sb:` and "
                                "call it inside that block, or open it first (`await sb.open()`)")
+        if self._record is not None and live.killed(self.id):
+            raise self._killed()
         why = broken(self._session)
         if why is not None:
             raise SandboxError(f"this sandbox is broken and was closed: {why}. Open another sandbox",
                                backend=self.backend.name)
         return self.backend, self._session
+
+    def _killed(self) -> SandboxError:
+        return SandboxError(f"sandbox {self.id} was killed from outside (`execbox kill`): what ran in it and its "
+                            "files are gone. Close it and open another", backend=self.backend.name if self.backend
+                            else None)
 
     async def execute(self, request: ExecRequest, *, output: LiveOutput | None = None) -> ExecResult:
         session = self._live()[1]
@@ -278,7 +298,27 @@ class AsyncSandbox:
                 **self.secrets_at_egress, **request.secrets_at_egress}})
         self._given.update(request.secrets)
         admission = await admit(self.runner, request, within=self._opened(), extra_env=self._extra_env)
-        return await _exec_audited(self.runner.audit, admission, session, output=output)
+        with self._running(request.argv[0] if request.argv else request.language):
+            return await _exec_audited(self.runner.audit, admission, session, output=output)
+
+    @contextlib.contextmanager
+    def _running(self, what: str) -> Iterator[None]:
+        """Its `execbox ps` record says ``what`` runs (argv[0] only), then idle again."""
+        record = self._record
+        if record is not None:
+            live.running(record, what)
+        try:
+            yield
+        except ExecboxError as exc:
+            if record is not None and live.killed(self.id):
+                raise self._killed() from exc  # the kill interrupted this call: say so, not the backend's symptom
+            raise
+        else:
+            if record is not None and live.killed(self.id):
+                raise self._killed()  # its result is the kill's doing (a signal's exit status), not the code's
+        finally:
+            if record is not None and self._record is record:
+                live.running(record, live.IDLE)
 
     def _opened(self) -> Admission:
         assert self.admission is not None  # set by __aenter__, before any call reaches _live()
@@ -421,7 +461,8 @@ class AsyncSandbox:
         with span("execbox.cell", {"execbox.backend": backend.name, "execbox.session": self.id}) as current:
             fields = audit_fields.exec_fields(backend, resolved, [], session=self.id, oneshot=False)
             try:
-                with secrets_inject.redacting(redactor):  # the interpreter's errors quote what the code left, too
+                # The interpreter's errors quote what the code left, too: redacted.
+                with secrets_inject.redacting(redactor), self._running("python (cell)"):
                     result = await deliver(
                         lambda out: kernel.run_cell(code, timeout=timeout_s, live=out, redactor=redactor), on_stdout,
                         on_stderr)
@@ -549,6 +590,9 @@ class AsyncSandbox:
                     self.runner.slots.release()
             raise
         kernel, self._kernel, self._session = self._kernel, None, new
+        if self._record is not None:  # the new session is what `execbox kill` ends now
+            self._record["ref"] = new.kill_ref
+            live.running(self._record, live.IDLE)
         self._state_lost_next = not snap.memory
         with anyio.CancelScope(shield=True):
             try:

@@ -230,6 +230,11 @@ class Sandbox:
     def backend(self) -> ExecutionBackend | None:
         return self.aio.backend
 
+    @property
+    def id(self) -> str:
+        """This sandbox's id: in the audit log, and in `execbox ps` / `execbox kill`."""
+        return self.aio.id
+
     def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
         if self._loop is None:
             raise SandboxError("this sandbox is not open (closed already, never opened, or opened by the process "

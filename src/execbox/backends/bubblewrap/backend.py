@@ -24,6 +24,7 @@ from execbox.plugin import (
     SessionSpec,
     Settings,
     create_cleanly,
+    kill_session_processes,
     orphaned_dirs,
     remove_tree,
     restore_sandbox_paths,
@@ -118,6 +119,9 @@ class BubblewrapBackend(ExecutionBackend[BubblewrapSettings]):
                 await session.close()
             raise
         return session
+
+    async def kill(self, ref: str) -> None:
+        await anyio.to_thread.run_sync(kill_session_processes, ref, SESSION_PREFIX)
 
     async def gc(self) -> list[str]:
         """Session directories, size-limited workspaces and cgroups (v1 and v2) of execbox processes that are

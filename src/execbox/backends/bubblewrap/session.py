@@ -107,6 +107,7 @@ class BubblewrapSession(Session):
         self.host_owner = self.owner
         self.root = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-")
         self.host_workspace = os.path.join(self.root, "workspace")
+        self.kill_ref = self.root  # named on its bwrap command lines (kill_session_processes)
         self._closed = False
         self._armed: _Launched | None = None
         self._sized: concurrent.futures.Future[None] | None = None  # the size-limited workspace being made

@@ -35,6 +35,7 @@ from execbox.backends.docker.image import DEFAULT_TAG
 from execbox.backends.docker.session import (
     DOCKER_LABELS,
     L_OWNER,
+    L_SESSION,
     L_WORKSPACE,
     LABEL,
     DockerSession,
@@ -51,6 +52,7 @@ from execbox.plugin import (
     ConfigError,
     ExecRequest,
     ExecutionBackend,
+    SandboxError,
     SessionSpec,
     Settings,
     Verdict,
@@ -467,6 +469,21 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
 
     async def gc(self) -> list[str]:
         return await anyio.to_thread.run_sync(self._gc_blocking)
+
+    async def kill(self, ref: str) -> None:
+        await anyio.to_thread.run_sync(self._kill_blocking, ref)
+
+    def _kill_blocking(self, ref: str) -> None:
+        """Remove the containers of session ``ref``: only ours (the mark), made by a process on this host."""
+        import docker
+
+        found = self.call(lambda c: c.api.containers(all=True, filters={"label": [LABEL, f"{L_SESSION}={ref}"]}))
+        ours = [item for item in found if owner_alive((item.get("Labels") or {}).get(L_OWNER, "")) is not None]
+        if not ours:
+            raise SandboxError(f"no docker sandbox {ref!r} of execbox on this host", backend="docker")
+        for item in ours:
+            with contextlib.suppress(docker.errors.NotFound):
+                self.call(lambda c, cid=item["Id"]: c.api.remove_container(cid, force=True))
 
     def _gc_blocking(self) -> list[str]:
         """Remove what execbox left behind: containers that expired or whose owner process is gone (a killed

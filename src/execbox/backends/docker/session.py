@@ -308,6 +308,7 @@ class DockerSession(Session):
         self.spec = spec
         self.plan = plan
         self.id = uuid.uuid4().hex[:12]
+        self.kill_ref = self.id  # its containers' io.execbox.session label
         self.host_workspace = tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{owner_tag()}-")
         self._owner = parse_user(plan.user)
         # As root: hand the workspace to the sandbox user. Otherwise the sandbox user is the caller

@@ -33,6 +33,7 @@ from execbox.plugin import (
     compiled_filter,
     create_cleanly,
     host_env,
+    kill_session_processes,
     orphaned_dirs,
     restore_sandbox_paths,
     sized_workspace_unavailable,
@@ -88,6 +89,10 @@ class GvisorBackend(ExecutionBackend[GvisorSettings]):
             await self.check()
         assert self.host is not None
         return await _open(self.host, spec, self.shared)
+
+    async def kill(self, ref: str) -> None:
+        # runsc run, its sandbox and gofer all carry --root SESSION/runsc; the owner's close deletes what remains
+        await anyio.to_thread.run_sync(kill_session_processes, ref, SESSION_PREFIX, sessions_dir())
 
     async def gc(self) -> list[str]:
         """Session directories of execbox processes that are gone (their sandbox, runsc state, sized workspace),

@@ -126,6 +126,7 @@ class GvisorSession(Session):
         self._proc: subprocess.Popen[bytes] | None = None
         self.root = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{owner_tag()}-", dir=sessions_dir())
         self.id = os.path.basename(self.root)
+        self.kill_ref = self.root  # named on its runsc command lines (--root SESSION/runsc)
         self.host_workspace = self._workspace = os.path.join(self.root, "workspace")
         self.owner = host.user if os.geteuid() == 0 else None
         self.host_owner = self.owner  # what uploads and restored workspaces are given: the sandbox user's

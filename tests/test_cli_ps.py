@@ -1,0 +1,266 @@
+"""`execbox ps` and `execbox kill`: sandboxes held by another process (a helper python process), on docker,
+bubblewrap and the warm pool; the owner's next call after a kill; stale records; ids that name nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from execbox import Settings
+from execbox.audit import reader as audit_reader
+from execbox.cli import main
+from execbox.config import paths
+from execbox.errors import BackendUnavailableError
+from execbox.runner import AsyncRunner, live, run_blocking
+from execbox.testing import engine_missing
+
+pytestmark = pytest.mark.engine
+
+# The owner: holds one sandbox (or, "pool", one warm-pool member) and runs each argv (a JSON line on stdin) in it.
+HOLDER = textwrap.dedent("""
+    import json, sys, time
+    from execbox import Runner, Settings
+    backend, mode = sys.argv[1], sys.argv[2]
+    settings = Settings.from_env(backend=backend).model_copy(update={"pool_size": 1 if mode == "pool" else 0})
+    network = "host" if backend == "local_subprocess" else None
+    with Runner(settings) as runner:
+        if mode == "pool":
+            deadline = time.monotonic() + 90
+            while (ready := runner.warm(backend)) < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            print("ready", ready, runner.aio.pool.errors or "", flush=True)
+            sys.stdin.readline()
+            sys.exit(0)
+        with runner.sandbox(backend, network=network, limits={"memory_mb": 256}) as sb:
+            print(sb.id, flush=True)
+            for line in iter(sys.stdin.readline, ""):
+                try:
+                    result = sb.exec(json.loads(line), timeout=60)
+                    print("ok", result.exit_code, flush=True)
+                except Exception as exc:
+                    print("error", type(exc).__name__, str(exc).replace("\\n", " "), flush=True)
+""")
+
+SECRET = "s3cr3t-argument-value"
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+class Holder:
+    """A python process that holds a sandbox of ``backend`` (or a pool member) until its stdin closes."""
+
+    def __init__(self, backend: str, mode: str = "sandbox", **env: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, backend, mode], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **env})
+        self.first = self.line()
+
+    def line(self) -> str:
+        assert self.proc.stdout is not None
+        got = self.proc.stdout.readline().strip()
+        assert got, f"the holder ended: {self.proc.stderr.read() if self.proc.stderr else ''}"
+        return got
+
+    def call(self, *argv: str) -> str:
+        self.send(*argv)
+        return self.line()
+
+    def send(self, *argv: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(argv) + "\n")
+        self.proc.stdin.flush()
+
+    def end(self) -> None:
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def holders() -> Iterator[list[Holder]]:
+    made: list[Holder] = []
+    yield made
+    for holder in made:
+        holder.end()
+
+
+def require(backend: str) -> None:
+    async def check() -> None:
+        async with AsyncRunner(Settings.from_env(backend=backend)) as runner:
+            await runner.backend(backend).check()
+
+    try:
+        run_blocking(check)
+    except BackendUnavailableError as exc:
+        engine_missing(f"{backend} cannot run here: {exc}")
+
+
+def rows() -> dict[str, dict[str, object]]:
+    done = cli("ps", "--json")
+    assert done.exit_code == 0, done.output
+    return {r["id"]: r for r in json.loads(done.stdout)["sandboxes"]}
+
+
+def wait_running(sandbox_id: str, what: str) -> dict[str, object]:
+    deadline = time.monotonic() + 30
+    while (row := rows().get(sandbox_id)) is None or row["running"] != what:
+        assert time.monotonic() < deadline, row
+        time.sleep(0.05)
+    return row
+
+
+@pytest.mark.parametrize("backend", ["bubblewrap", "docker", "gvisor"])
+def test_ps_sees_another_process_sandbox_and_kill_ends_it(backend: str, holders: list[Holder]) -> None:
+    require(backend)
+    holder = Holder(backend)
+    holders.append(holder)
+    sandbox_id = holder.first
+    row = rows()[sandbox_id]
+    assert row["backend"] == backend and row["pid"] == holder.proc.pid and row["pooled"] is False
+    assert row["network"] == "none" and row["limits"]["memory_mb"] == 256  # type: ignore[index]
+    assert row["running"] == "idle" and not row["killed"]
+    assert 0 <= row["age_s"] < 120 and 3000 < row["left_s"] <= 3600  # type: ignore[operator]
+    assert set(row) == set(__import__("execbox.cli.ps", fromlist=["FIELDS"]).FIELDS)
+
+    holder.send("/bin/sh", "-c", f"sleep 300 # {SECRET}")  # what runs: argv[0]'s name only, never its arguments
+    row = wait_running(sandbox_id, "sh")
+    table = cli("ps").stdout
+    assert table.splitlines()[0].split() == ["ID", "BACKEND", "PID", "NETWORK", "LIMITS", "AGE", "LEFT", "RUNNING",
+                                             "POOLED"]
+    line = next(ln for ln in table.splitlines() if ln.startswith(sandbox_id))
+    assert f" {backend} " in line and " sh " in line and "mem=256M" in line and line.endswith(" no"), line
+    assert SECRET not in table and SECRET not in json.dumps(rows())
+    assert SECRET not in (live.live_dir() / f"{sandbox_id}.json").read_text()
+    assert oct((live.live_dir() / f"{sandbox_id}.json").stat().st_mode & 0o777) == "0o600"
+
+    killed = cli("kill", sandbox_id)
+    assert killed.exit_code == 0, killed.output
+    assert killed.stdout == f"killed {sandbox_id} ({backend}, held by pid {holder.proc.pid})\n"
+    interrupted = holder.line()  # the exec the kill cut short: its owner is told why
+    assert interrupted.startswith("error SandboxError") and "killed from outside" in interrupted, interrupted
+    after = holder.call("true")  # the owner's next call: a clear error, at once
+    assert after.startswith("error SandboxError") and "killed from outside (`execbox kill`)" in after, after
+    assert rows()[sandbox_id]["killed"] is True
+    records = list(audit_reader.records(paths.state_dir() / "audit.jsonl"))
+    kill = [r for r in records if r["event"] == "sandbox.kill"]
+    assert len(kill) == 1 and kill[0]["session"] == sandbox_id and kill[0]["backend"] == backend
+    assert kill[0]["owner_pid"] == holder.proc.pid and kill[0]["caller"]["pid"] == os.getpid()
+
+    holder.end()  # the owner closes it: its record goes
+    assert holder.proc.returncode == 0, holder.proc.stderr.read() if holder.proc.stderr else ""
+    assert sandbox_id not in rows()
+    assert not list(live.live_dir().iterdir())
+
+
+def test_docker_kill_removes_the_container(holders: list[Holder]) -> None:
+    require("docker")
+    holder = Holder("docker")
+    holders.append(holder)
+    sandbox_id = holder.first
+    ref = json.loads((live.live_dir() / f"{sandbox_id}.json").read_text())["ref"]
+    labels = ["--filter", f"label=io.execbox.session={ref}"]
+    listed = subprocess.run(["docker", "ps", "-aq", *labels], capture_output=True, text=True, timeout=60, check=True)
+    assert listed.stdout.strip()
+    assert cli("kill", sandbox_id).exit_code == 0
+    listed = subprocess.run(["docker", "ps", "-aq", *labels], capture_output=True, text=True, timeout=60, check=True)
+    assert listed.stdout.strip() == ""
+
+
+def test_ps_lists_a_warm_pool_member_and_kill_ends_it(holders: list[Holder]) -> None:
+    require("bubblewrap")
+    holder = Holder("bubblewrap", "pool")
+    holders.append(holder)
+    assert holder.first == "ready 1", holder.first
+    listed = rows()
+    members = [r for r in listed.values() if r["pid"] == holder.proc.pid]
+    assert len(members) == 1 and members[0]["pooled"] is True and members[0]["running"] == "idle", listed
+    member = str(members[0]["id"])
+    assert member.startswith("pool-") and " yes" in cli("ps").stdout
+    done = cli("kill", "--json", member)
+    assert done.exit_code == 0 and json.loads(done.stdout) == {"killed": member, "backend": "bubblewrap",
+                                                               "pid": holder.proc.pid}, done.output
+    holder.end()
+    assert holder.proc.returncode == 0, holder.proc.stderr.read() if holder.proc.stderr else ""
+    assert member not in rows()
+
+
+def test_a_stale_record_is_not_listed_and_gc_removes_it(holders: list[Holder]) -> None:
+    require("bubblewrap")
+    holder = Holder("bubblewrap")
+    holders.append(holder)
+    sandbox_id = holder.first
+    assert sandbox_id in rows()
+    holder.proc.send_signal(signal.SIGKILL)
+    holder.proc.wait(timeout=30)
+    assert sandbox_id not in rows() and cli("ps").stdout.splitlines()[1:] == []
+    assert (live.live_dir() / f"{sandbox_id}.json").exists()
+    half = live.live_dir() / f".{sandbox_id}.{holder.proc.pid}.tmp"  # as if it died between a write and its rename
+    half.write_text("{")
+    refused = cli("kill", sandbox_id)
+    assert refused.exit_code == 2 and "no live sandbox" in refused.stderr, refused.output
+    done = cli("gc", "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["removed"]["live records"] == [f"live record {sandbox_id} (owner gone)"]
+    assert not (live.live_dir() / f"{sandbox_id}.json").exists() and not half.exists()
+
+
+def test_a_backend_that_cannot_kill_refuses_and_the_sandbox_lives_on(holders: list[Holder]) -> None:
+    holder = Holder("local_subprocess", CODE_EXEC_LOCAL="true")
+    holders.append(holder)
+    assert rows()[holder.first]["backend"] == "local_subprocess"
+    done = cli("kill", holder.first)
+    assert done.exit_code == 125 and "cannot be ended from outside" in done.stderr, done.output
+    assert "Traceback" not in done.stderr and not rows()[holder.first]["killed"]
+    assert holder.call("true") == "ok 0"  # its owner goes on using it
+
+
+@pytest.mark.parametrize("bad", ["../x", "", "a" * 65, "no-such-sandbox", "x/y", "--"])
+def test_kill_refuses_ids_that_name_no_live_sandbox(bad: str, tmp_path: Path) -> None:
+    done = cli("kill", "--", bad)
+    assert done.exit_code == 2 and done.stdout == "", done.output
+    assert done.stderr.startswith("execbox: ConfigError: ") and "Traceback" not in done.stderr, done.stderr
+    as_json = cli("kill", "--json", "--", bad)
+    assert as_json.exit_code == 2 and json.loads(as_json.stdout)["error"]["type"] == "ConfigError"
+    assert cli("kill").exit_code == 2  # no id at all: a usage error
+    assert not any(r["event"] == "sandbox.kill" for r in audit_reader.records(paths.state_dir() / "audit.jsonl"))
+
+
+def test_ps_with_nothing_live() -> None:
+    assert cli("ps").stdout.splitlines() == ["ID  BACKEND  PID  NETWORK  LIMITS  AGE  LEFT  RUNNING  POOLED"]
+    assert json.loads(cli("ps", "--json").stdout) == {"sandboxes": []}
+
+
+def test_ps_and_kill_through_the_resident_server(holders: list[Holder], tmp_path: Path) -> None:
+    from tests.test_resident import Server, _env
+
+    require("bubblewrap")
+    holder = Holder("bubblewrap")
+    holders.append(holder)
+    server = Server(str(tmp_path / "execbox.sock"), _env())
+    try:
+        listed = server.run("ps", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert [r["id"] for r in json.loads(listed.stdout)["sandboxes"]] == [holder.first]
+        done = server.run("kill", holder.first)
+        assert done.returncode == 0 and done.stdout.startswith(f"killed {holder.first} "), done.stderr
+        assert "killed from outside" in holder.call("true")
+        bad = server.run("kill", "../x")
+        assert bad.returncode == 2 and "ConfigError" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    finally:
+        server.stop()
