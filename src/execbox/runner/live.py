@@ -27,6 +27,10 @@ IDLE = "idle"
 #: A sandbox id as the runner makes them (audit_fields.new_session_id, the pool's "pool-..."): also a file name.
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _KILLED = ".killed"
+# What runs now, beside the record: rewritten at every exec's start and end, so one small write in place (a few
+# microseconds) rather than the record's atomic rewrite (a file and a rename: ~0.3 ms each time, on the event loop).
+_RUNNING = ".running"
+_RUNNING_BYTES = 64
 
 
 def live_dir() -> Path:
@@ -70,13 +74,31 @@ def opened(sandbox_id: str, backend: str, session: Session, spec: SessionSpec, *
 
 
 def running(record: dict[str, Any], what: str) -> None:
-    """What the sandbox runs now: a command's argv[0] (its base name: never an argument, env or path), or IDLE."""
-    record["running"] = os.path.basename(what)[:64] or IDLE
-    _write(record["id"], record)
+    """What the sandbox runs now: a command's argv[0] (its base name: never an argument, env or path), or IDLE.
+    Written in place, space-padded to one fixed size: a reader sees the old name or the new one, never a mix."""
+    name = (os.path.basename(what) or IDLE).encode(errors="replace")[:_RUNNING_BYTES]
+    with contextlib.suppress(OSError):
+        fd = os.open(_path(record["id"], _RUNNING), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.pwrite(fd, name.ljust(_RUNNING_BYTES), 0)
+        finally:
+            os.close(fd)
+
+
+def _running_now(sandbox_id: str) -> str:
+    try:
+        fd = os.open(_path(sandbox_id, _RUNNING), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            said = os.pread(fd, _RUNNING_BYTES, 0)
+        finally:
+            os.close(fd)
+    except OSError:
+        return IDLE
+    return said.decode(errors="replace").strip() or IDLE
 
 
 def closed(sandbox_id: str) -> None:
-    for suffix in (".json", _KILLED):
+    for suffix in (".json", _KILLED, _RUNNING):
         with contextlib.suppress(OSError):
             os.unlink(_path(sandbox_id, suffix))
 
@@ -138,6 +160,7 @@ def listing() -> list[dict[str, Any]]:
         record["age_s"] = round(now - float(record.get("created", now)), 1)
         record["left_s"] = round(float(record.get("deadline", now)) - now, 1)
         record["killed"] = killed(record["id"])
+        record["running"] = _running_now(record["id"])
         out.append(record)
     return sorted(out, key=lambda r: float(r.get("created", 0)))
 
@@ -161,6 +184,9 @@ def sweep_stale() -> list[str]:
         for marker in live_dir().glob(f"*{_KILLED}"):
             if not _path(marker.name[:-len(_KILLED)]).exists():
                 marker.unlink()
+        for said in live_dir().glob(f"*{_RUNNING}"):
+            if not _path(said.name[:-len(_RUNNING)]).exists():
+                said.unlink()
         for tmp in live_dir().glob(".*.tmp"):  # a writer that died between its write and its rename
             pid = tmp.name.rsplit(".", 2)[-2]
             if pid.isdigit() and not pid_alive(int(pid)):
