@@ -30,6 +30,8 @@ from execbox.runner import AsyncRunner, run_blocking
 if TYPE_CHECKING:
     from execbox.contract.backend import ExecutionBackend
 
+#: The most a listing waits for a backend's availability check (less when CODE_EXEC_OPEN_TIMEOUT_SEC is less: a
+#: check need not wait longer than opening a sandbox would).
 CHECK_TIMEOUT_S = 20.0
 #: The time box of each check of `doctor --self-check` (the slowest, a warm pool member's start and runs, take ~1 min).
 CHECK_BOX_S = 300.0
@@ -41,17 +43,18 @@ async def _probe(runner: AsyncRunner, name: str) -> dict[str, Any]:
     row: dict[str, Any] = {"name": cls.name, "summary": cls.summary, "available": False, "reason": None,
                            "fix": None, "capabilities": cls.capabilities.model_dump(mode="json"),
                            "notes": [], "details": {}, "warning": None}
+    bound = min(CHECK_TIMEOUT_S, runner.settings.open_timeout_sec)
     try:
         backend = runner.backend(name)
         row["notes"] = backend.notes()
         # The runner's bound, not a cancel scope: a check blocked in a thread does not hear a cancellation.
-        caps = await bounded(backend.check(), CHECK_TIMEOUT_S, backend=backend, doing="its availability check")
+        caps = await bounded(backend.check(), bound, backend=backend, doing="its availability check")
         row["available"] = True
         row["capabilities"] = caps.model_dump(mode="json")
         row["details"] = backend.details()
         row["notes"] = backend.notes()
     except BackendTimeoutError:
-        row["reason"] = f"the availability check did not answer within {CHECK_TIMEOUT_S:g}s"
+        row["reason"] = f"the availability check did not answer within {bound:g}s"
     except MissingExtraError as exc:
         row["reason"], row["fix"] = exc.reason, exc.fix
         if exc.present:  # the engine is here, only its extra is not: auto quietly picks a weaker sandbox
