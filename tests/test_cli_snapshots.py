@@ -102,6 +102,17 @@ def test_rm_refuses_what_is_not_a_snapshot_here_and_removes_nothing(two: list[Sn
     assert cli("snapshot", "rm").exit_code == 2  # no id at all: a usage error
 
 
+def test_rm_refuses_a_snapshot_still_being_written_and_removes_nothing(two: list[Snapshot]) -> None:
+    first, _ = two
+    writing = store.new_place("bubblewrap")  # this (live) process is writing it
+    try:
+        done = cli("snapshot", "rm", first.id, writing.id)
+        assert done.exit_code == 1 and "still being written" in done.stderr, done.output
+        assert len(store.listing()) == 2 and (store.root() / writing.id).is_dir()
+    finally:
+        store.remove(writing.id)
+
+
 def test_gc_removes_the_expired_and_the_half_written_and_keeps_the_rest(
         two: list[Snapshot], monkeypatch: pytest.MonkeyPatch) -> None:
     first, second = two

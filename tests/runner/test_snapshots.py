@@ -184,8 +184,11 @@ def test_expired_and_half_written_snapshots_are_collected(runner: Runner, monkey
         old = sb.snapshot()
     half = store.new_place("bubblewrap")
     (half.directory.parent / store.WRITER).write_text("999999999 1")  # its writer died before the manifest
-    mine = store.new_place("bubblewrap")  # this process is still writing it: not collected
+    mine = store.new_place("bubblewrap")  # this process is still writing it: not collected, nor removed by id
     assert sorted(runner.gc_snapshots()) == [half.id]
+    with pytest.raises(SnapshotError, match="still being written"):
+        runner.delete_snapshot(mine.id)
+    assert (store.root() / mine.id).is_dir()
     monkeypatch.setenv("CODE_EXEC_SNAPSHOT_MAX_AGE_SEC", "0.001")
     with Runner(Settings.from_env(backend="bubblewrap")) as strict:
         with pytest.raises(SnapshotError, match="CODE_EXEC_SNAPSHOT_MAX_AGE_SEC"):

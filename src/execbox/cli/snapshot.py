@@ -84,13 +84,14 @@ def snapshot_ls(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def snapshot_rm(ids: tuple[str, ...], as_json: bool) -> None:
     """Remove snapshots by id: their files and what their backend keeps of them. Every id is checked first: an
-    unknown one removes nothing."""
+    unknown one, or one still being written, removes nothing."""
     runner = AsyncRunner(load_settings(as_json))
     try:
         for snapshot_id in ids:
             if store.backend_of(snapshot_id) is None:  # also refuses what is not an id (`../x`, "")
                 raise SnapshotError(f"no snapshot {snapshot_id} here (removed, or expired and collected): nothing "
                                     "was removed; `execbox snapshot ls` lists them")
+            store.refuse_if_being_written(snapshot_id)
         removed: list[str] = []
 
         async def go() -> None:

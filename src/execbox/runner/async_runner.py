@@ -411,6 +411,7 @@ class AsyncRunner:
         name = await anyio.to_thread.run_sync(store.backend_of, snapshot_id)
         if name is None:
             return  # gone already
+        await anyio.to_thread.run_sync(store.refuse_if_being_written, snapshot_id)
         parts = await anyio.to_thread.run_sync(store.read_refs, snapshot_id)
         with backend_errors(name):
             await self._remove_snapshot(self.backend(name), snapshot_id, parts)

@@ -307,6 +307,16 @@ def _directories() -> list[Path]:
         raise SnapshotError(f"cannot read the snapshot store {root()}: {exc.strerror or exc}") from None
 
 
+def refuse_if_being_written(snapshot_id: str) -> None:
+    """SnapshotError when a live process is still writing this snapshot (no manifest yet, its writer alive): its
+    writer would go on writing into a directory being removed, and then seal what is left."""
+    directory = _directory(snapshot_id)
+    if not (directory / MANIFEST).exists() and _writer_alive(directory):
+        raise SnapshotError(f"snapshot {snapshot_id} is still being written by a live process: nothing removed; "
+                            "remove it once it is finished (if its writer dies first, `execbox snapshot gc` "
+                            "removes it)")
+
+
 def leftovers() -> list[str]:
     """Ids of snapshots nobody is writing and nobody will finish: their writer died before the manifest."""
     return [d.name for d in _directories()
