@@ -93,3 +93,35 @@ def test_a_backend_that_keeps_no_snapshots_answers_with_its_refusal(fake_backend
 
     anyio.run(main)
     assert store.listing() == [] and store.leftovers() == []
+
+
+def test_a_sessions_undo_history_keeps_its_latest_snapshots_only() -> None:
+    usable("bubblewrap")
+    server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap",
+                 EXECBOX_MCP_MAX_SNAPSHOTS="2")
+
+    async def session() -> None:
+        async with Client(stdio(server)) as client:
+            taken = []
+            for n in range(4):
+                await client.call_tool("write_file", {"path": "n.txt", "content": str(n)})
+                made = await client.call_tool("snapshot", {"name": f"step {n}"})
+                assert not made.is_error, text(made)
+                data = made.structured_content or {}
+                taken.append(data["snapshot_id"])
+                assert data["dropped"] == taken[-3:-2], data  # past two, each new one removes the oldest
+                assert ("removed" in text(made)) == (n >= 2)
+            assert sorted(s.id for s in store.listing()) == sorted(taken[-2:])  # gone from the store too
+            refused = await client.call_tool("rollback", {"snapshot_id": taken[0]})
+            assert refused.is_error and "is not a snapshot this session took" in text(refused)
+            back = await client.call_tool("rollback", {"snapshot_id": taken[2]})
+            assert not back.is_error, text(back)
+            read = await client.call_tool("read_file", {"path": "n.txt"})
+            assert (read.structured_content or {})["content"] == "2"
+
+    async def main() -> None:
+        with anyio.fail_after(240):
+            await session()
+
+    anyio.run(main)
+    assert store.listing() == [] and store.leftovers() == []

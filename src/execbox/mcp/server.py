@@ -531,11 +531,14 @@ class McpApp:
                         raise SandboxError("this MCP session's sandbox closed while the snapshot was taken; it "
                                            "was not kept")
                     scope.snapshots[snap.id] = snap
+                    dropped = await self._drop_oldest_snapshots(scope)
                     return data_result(
                         {"snapshot_id": snap.id, "name": snap.name, "size": snap.size,
-                         "created": snap.created.isoformat(timespec="seconds")},
+                         "created": snap.created.isoformat(timespec="seconds"), "dropped": dropped},
                         f"snapshot {snap.id} taken ({snap.size} bytes); rollback with snapshot_id={snap.id} returns "
-                        "your sandbox to this state")
+                        "your sandbox to this state"
+                        + (f"; this session keeps {len(scope.snapshots)} snapshots at most: the oldest "
+                           f"({', '.join(dropped)}) removed" if dropped else ""))
                 back = scope.snapshots.get(args["snapshot_id"])  # never a path: only this session's own ids
                 if back is None:
                     return error_result(
@@ -548,6 +551,17 @@ class McpApp:
         return data_result({"snapshot_id": back.id, "state_lost": not back.memory},
                            f"rolled back to snapshot {back.id}: files and packages since are gone"
                            + ("; the python interpreter starts fresh" if not back.memory else ""))
+
+    async def _drop_oldest_snapshots(self, scope: SessionScope) -> list[str]:
+        """A session's undo history is bounded (EXECBOX_MCP_MAX_SNAPSHOTS): past it, its oldest snapshots go, so one
+        agent cannot fill the store every session of this server shares."""
+        dropped = []
+        while len(scope.snapshots) > self.mcp_settings.max_snapshots:
+            oldest = scope.snapshots.pop(next(iter(scope.snapshots)))  # a dict keeps the order they were taken in
+            with anyio.CancelScope(shield=True), contextlib.suppress(ExecboxError):
+                await self.runner.delete_snapshot(oldest)  # one not removable now expires and is collected
+            dropped.append(oldest.id)
+        return dropped
 
     async def delegate(self, ctx: Context, ask: GrantRequest) -> CallToolResult:
         try:

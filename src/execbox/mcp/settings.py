@@ -31,3 +31,6 @@ class McpSettings(EnvSettings):
     grant_ttl_sec: float = setting(
         "EXECBOX_MCP_GRANT_TTL_SEC", 3600.0, "default lifetime of a delegated grant, seconds (never beyond its "
         "parent's)", gt=0, le=30 * 86400, allow_inf_nan=False)
+    max_snapshots: int = setting(
+        "EXECBOX_MCP_MAX_SNAPSHOTS", 16, "undo points one MCP session keeps (its `snapshot` tool): taking one more "
+        "removes its oldest", ge=1, le=1024)

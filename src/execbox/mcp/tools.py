@@ -125,6 +125,7 @@ class SnapshotOutput(BaseModel):
     name: str | None
     size: int = Field(description="bytes it keeps")
     created: str = Field(description="when it was taken (ISO 8601, UTC)")
+    dropped: list[str] = Field(description="ids of this session's oldest snapshots, removed to keep its latest only")
 
 
 class RollbackOutput(BaseModel):
@@ -456,7 +457,8 @@ def descriptions(s: Settings, offered: set[str]) -> dict[str, str]:
         "snapshot": (
             "Keep the state of your persistent sandbox (its files, and packages you installed) as a snapshot, to "
             "come back to with `rollback`: an undo point before something risky. Returns its id and size. Your "
-            "snapshots are removed when this session ends; processes and the python tool's variables are not "
+            "snapshots are removed when this session ends, and only your latest are kept (taking one more past the "
+            "bound removes your oldest: `dropped` names them); processes and the python tool's variables are not "
             "kept."),
         "rollback": (
             "Return your persistent sandbox to a snapshot this session took (`snapshot`): files written and packages "
