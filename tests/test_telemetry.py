@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from execbox import Limits, NotASandboxError, Runner, Settings
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
+from tests.support import otlp
 from tests.support.pool import wait_ready
 
 # The global providers can be set once per process: this module's, set on first use and kept.
@@ -325,55 +326,29 @@ def test_the_mcp_http_server_exports_over_otlp_to_the_endpoint_the_standard_vari
     in the caller's trace (the SDK's client sends it in ``_meta.traceparent``), and execbox's metrics, once the
     server stops."""
     pytest.importorskip("mcp")
-    import http.server
-    import threading
-
     import anyio
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from tests.mcp.support import env, http_client, http_server, usable
 
     usable("bubblewrap")
-    received: dict[str, list[bytes]] = {"/v1/traces": [], "/v1/metrics": []}
-
-    class Receiver(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the handler's name
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            received.setdefault(self.path, []).append(body)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap",
-                 CODE_EXEC_SHELL_BACKEND="bubblewrap", CODE_EXEC_POOL_SIZE="0",
-                 OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{receiver.server_address[1]}")
 
     async def main(url: str, token: str) -> None:
         async with http_client(url, token) as client:
             result = await client.call_tool("run_command", {"command": "echo exported"})
             assert (result.structured_content or {}).get("stdout") == "exported\n", result
 
-    try:
+    with otlp.receiver() as receiver:
+        server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap",
+                     CODE_EXEC_SHELL_BACKEND="bubblewrap", CODE_EXEC_POOL_SIZE="0",
+                     OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url)
         with http_server(server) as (url, token, proc):
             with trace.get_tracer("the caller").start_as_current_span("agent step") as caller:
                 anyio.run(main, url, token)
         assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
-    finally:
-        receiver.shutdown()
     trace_id = f"{caller.get_span_context().trace_id:032x}"
-    exported = [(span.name, span.trace_id.hex()) for body in received["/v1/traces"]
-             for resource in ExportTraceServiceRequest.FromString(body).resource_spans
-             for scope in resource.scope_spans for span in scope.spans]
+    exported = [(span.name, span.trace_id.hex()) for span in receiver.spans()]
     assert ("tools/call run_command", trace_id) in exported and ("execbox.exec", trace_id) in exported, exported
-    names = {metric.name for body in received["/v1/metrics"]
-             for resource in ExportMetricsServiceRequest.FromString(body).resource_metrics
-             for scope in resource.scope_metrics for metric in scope.metrics}
+    names = receiver.metric_names()
     assert {"execbox.run.duration", "execbox.sandboxes.live"} <= names, names
 
 
