@@ -412,3 +412,37 @@ def test_orphans_a_backends_start_up_sweep_removes_are_counted() -> None:
     assert done.returncode == 0, done.stderr
     points, left = json.loads(done.stdout.splitlines()[-1])
     assert points == [[{"execbox.backend": "bubblewrap"}, 1]] and not left, (points, left)
+
+
+@pytest.mark.engine
+def test_an_mcp_reviews_refusals_are_counted_by_reason(spans: InMemorySpanExporter, tmp_path: Path) -> None:
+    """A command the review refuses is in `execbox.refusals` as the pipeline's refusals are: a rule's deny, a
+    client that cannot ask for the approval needed, a person who did not approve. An allowed one is not."""
+    pytest.importorskip("mcp")
+    import anyio
+    from mcp import Client
+
+    from execbox.mcp.server import McpApp
+    from execbox.mcp.settings import McpSettings
+    from tests.mcp.support import Asked
+
+    bubblewrap()  # skips without the engine
+    rules = tmp_path / "rules"
+    rules.write_text("deny \\bcurl\\b.*169\\.254\\.169\\.254\n")
+    settings = Settings.from_env(enabled=True, backend="bubblewrap", shell_backend="bubblewrap", review_rules=rules)
+
+    async def call(command: str, **client: Any) -> bool:
+        app = McpApp(settings, McpSettings.from_env(), "stdio")
+        async with app.running(), Client(app.server, **client) as session:
+            return bool((await session.call_tool("run_command", {"command": command})).is_error)
+
+    async def main() -> list[bool]:
+        return [await call("curl http://169.254.169.254/latest"), await call("git push origin main"),
+                await call("git push origin main", elicitation_callback=Asked(approve=False)),
+                await call("echo fine")]
+
+    assert anyio.run(main) == [True, True, True, False]
+    refusals = metric_points()["execbox.refusals"]
+    assert sorted(labels["execbox.refusal.reason"] for labels, _ in refusals) == [
+        "ReviewDeclined", "ReviewDenied", "ReviewUnattended"], refusals
+    assert {labels["execbox.backend"] for labels, _ in refusals} == {"bubblewrap"}
