@@ -170,6 +170,8 @@ def test_the_mcp_server_serves_prometheus_text_behind_its_token(tmp_path: Path) 
     _, err = proc.communicate(timeout=60)
     assert status == 200 and content_type.startswith("text/plain; version="), (status, content_type, page)
     assert 'execbox_run_duration_seconds_count{execbox_backend="bubblewrap",execbox_outcome="ok"' in page, page
+    # buckets in seconds (the SDK's default ones are for milliseconds)
+    assert 'execbox_run_duration_seconds_bucket{execbox_backend="bubblewrap",execbox_outcome="ok",le="0.5"' in page
     assert "execbox_sandboxes_live" in page and "# TYPE execbox_run_duration_seconds histogram" in page, page
     assert "python_gc_objects_collected_total" not in page, page  # a registry of its own: nothing else leaks in
     assert len(refusals) == 1 and next(iter(refusals))[0] == 401, refusals

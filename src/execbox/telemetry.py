@@ -92,6 +92,11 @@ def carry() -> Callable[[], object]:
 # --- metrics -----------------------------------------------------------------------------------------------------
 
 
+#: The histograms' buckets, in seconds (the SDK's default ones, 0 to 10000, are made for milliseconds: every run
+#: would fall in the first two).
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+
+
 class _Instruments:
     """The instruments, made once on first use (the API's meter is a proxy until a provider is set, then real)."""
 
@@ -100,9 +105,11 @@ class _Instruments:
 
         meter = metrics.get_meter(SCOPE)
         self.duration = meter.create_histogram("execbox.run.duration", unit="s",
-                                               description="How long runs took, by backend and outcome")
+                                               description="How long runs took, by backend and outcome",
+                                               explicit_bucket_boundaries_advisory=SECONDS)
         self.queued = meter.create_histogram("execbox.run.queue_time", unit="s",
-                                             description="How long runs waited for a sandbox slot")
+                                             description="How long runs waited for a sandbox slot",
+                                             explicit_bucket_boundaries_advisory=SECONDS)
         self.timeouts = meter.create_counter("execbox.run.timeouts", description="Runs killed at their timeout")
         self.ooms = meter.create_counter("execbox.run.oom_kills", description="Runs killed at their memory limit")
         self.refusals = meter.create_counter("execbox.refusals", description="Requests refused, by reason")
