@@ -34,8 +34,8 @@ class Receiver:
 
 
 @contextlib.contextmanager
-def receiver() -> Iterator[Receiver]:
-    """An OTLP/HTTP receiver on a free loopback port, answering 200 to every export."""
+def receiver(port: int = 0) -> Iterator[Receiver]:
+    """An OTLP/HTTP receiver on a loopback port (a free one by default), answering 200 to every export."""
     received: dict[str, list[bytes]] = {}
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -50,7 +50,7 @@ def receiver() -> Iterator[Receiver]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield Receiver(f"http://127.0.0.1:{server.server_address[1]}", received)
