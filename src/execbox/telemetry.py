@@ -306,7 +306,7 @@ def export_from_cli(environ: Mapping[str, str]) -> Exporting | None:
     if exporting is not None:
         import atexit
 
-        atexit.register(_flush_at_exit, exporting)
+        atexit.register(flush, exporting)
     if environ.get("TRACEPARENT") and active():
         from opentelemetry import context, propagate
 
@@ -321,7 +321,8 @@ def export_from_cli(environ: Mapping[str, str]) -> Exporting | None:
     return exporting
 
 
-def _flush_at_exit(exporting: Exporting) -> None:
+def flush(exporting: Exporting) -> None:
+    """As a process ends: what is pending goes out within FLUSH_AT_EXIT_S, or is dropped with a line on stderr."""
     if not exporting.shutdown():
         sys.stderr.write(f"execbox: telemetry export did not finish within {FLUSH_AT_EXIT_S:g}s (is the OTLP "
                          "collector answering?); what was pending is dropped\n")

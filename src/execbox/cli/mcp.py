@@ -11,7 +11,7 @@ import click
 from execbox.cli.common import fail, otlp_missing, usage
 from execbox.config.settings import Settings
 from execbox.errors import BackendUnavailableError, ExecboxError
-from execbox.telemetry import PROMETHEUS_FIX, export
+from execbox.telemetry import PROMETHEUS_FIX, export, flush
 
 
 @click.command("mcp")
@@ -75,4 +75,4 @@ def mcp_command(http: str | None, token_file: str | None) -> None:
         fail(exc, False)
     finally:
         if exporting is not None:
-            exporting.shutdown()  # what is still pending goes out before the process ends (bounded)
+            flush(exporting)  # what is still pending goes out before the process ends (bounded)
