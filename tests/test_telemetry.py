@@ -4,6 +4,7 @@ opentelemetry unless the application did."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -328,7 +329,7 @@ def test_the_mcp_http_server_exports_over_otlp_to_the_endpoint_the_standard_vari
     pytest.importorskip("mcp")
     import anyio
 
-    from tests.mcp.support import env, http_client, http_server, usable
+    from tests.mcp.support import env, get, http_client, http_server, usable
 
     usable("bubblewrap")
 
@@ -344,12 +345,16 @@ def test_the_mcp_http_server_exports_over_otlp_to_the_endpoint_the_standard_vari
         with http_server(server) as (url, token, proc):
             with trace.get_tracer("the caller").start_as_current_span("agent step") as caller:
                 anyio.run(main, url, token)
+            # the Prometheus reader beside OTLP's, on the same meter provider (when its extra is installed)
+            status, _, page = get(url.removesuffix("/mcp") + "/metrics", token)
         assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     trace_id = f"{caller.get_span_context().trace_id:032x}"
     exported = [(span.name, span.trace_id.hex()) for span in receiver.spans()]
     assert ("tools/call run_command", trace_id) in exported and ("execbox.exec", trace_id) in exported, exported
     names = receiver.metric_names()
     assert {"execbox.run.duration", "execbox.sandboxes.live"} <= names, names
+    if importlib.util.find_spec("prometheus_client") is not None:
+        assert status == 200 and "execbox_run_duration_seconds_count{" in page, (status, page)
 
 
 @pytest.mark.engine

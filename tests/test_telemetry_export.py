@@ -9,8 +9,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,6 +59,16 @@ def test_a_cli_run_exports_its_spans_under_the_callers_traceparent(tmp_path: Pat
             assert "traced" in done.stdout or '"index": 1' in done.stdout, done.stdout
             _assert_in_the_callers_trace(receiver, 1 if name == "run" else 2)
             assert "telemetry" not in done.stderr, done.stderr
+
+
+def test_a_malformed_traceparent_is_no_parent_and_no_error(tmp_path: Path) -> None:
+    with otlp.receiver() as receiver:
+        env = _env(tmp_path, TRACEPARENT="00-not-a-trace-context", OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url)
+        done = subprocess.run([EXECBOX, "run", "--", "true"], capture_output=True, text=True, env=env, timeout=120,
+                              cwd=tmp_path)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    (run,) = [span for span in receiver.spans() if span.name == "execbox.run"]
+    assert run.parent_span_id == b"" and run.trace_id.hex() != TRACE_ID  # a trace of its own
 
 
 def test_through_execbox_serve_the_clients_environment_decides(tmp_path: Path) -> None:
@@ -130,22 +138,13 @@ def _pythonpath(tmp_path: Path) -> str:
 # --- execbox mcp --http: /metrics ----------------------------------------------------------------------------------
 
 
-def _get(url: str, token: str | None, method: str = "GET") -> tuple[int, str, str]:
-    request = urllib.request.Request(url, method=method, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, answer.headers["Content-Type"], answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers["Content-Type"], exc.read().decode()
-
-
 @pytest.mark.engine
 def test_the_mcp_server_serves_prometheus_text_behind_its_token(tmp_path: Path) -> None:
     pytest.importorskip("mcp")
     pytest.importorskip("prometheus_client")
     import anyio
 
-    from tests.mcp.support import env, http_client, http_server, usable
+    from tests.mcp.support import env, get, http_client, http_server, usable
 
     usable("bubblewrap")
     server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap",
@@ -162,11 +161,11 @@ def test_the_mcp_server_serves_prometheus_text_behind_its_token(tmp_path: Path) 
     with http_server(server) as (url, token, proc):
         anyio.run(main, url, token)
         metrics = url.removesuffix("/mcp") + "/metrics"
-        status, content_type, page = _get(metrics, token)
+        status, content_type, page = get(metrics, token)
         # refused exactly as /mcp refuses: no token, a wrong one
-        refusals = {(_get(where, bad)[0], _get(where, bad)[2]) for where in (url, metrics) for bad in (None, "x" * 32)}
-        as_grant = _get(metrics, grant[0])
-        posted = _get(metrics, token, "POST")
+        refusals = {(get(where, bad)[0], get(where, bad)[2]) for where in (url, metrics) for bad in (None, "x" * 32)}
+        as_grant = get(metrics, grant[0])
+        posted = get(metrics, token, "POST")
     _, err = proc.communicate(timeout=60)
     assert status == 200 and content_type.startswith("text/plain; version="), (status, content_type, page)
     assert 'execbox_run_duration_seconds_count{execbox_backend="bubblewrap",execbox_outcome="ok"' in page, page
@@ -183,14 +182,14 @@ def test_the_mcp_server_serves_prometheus_text_behind_its_token(tmp_path: Path) 
 
 def test_without_the_prometheus_reader_metrics_is_a_clear_error(tmp_path: Path) -> None:
     pytest.importorskip("mcp")
-    from tests.mcp.support import env, http_server
+    from tests.mcp.support import env, get, http_server
 
     _shadow(tmp_path / "blocked", "prometheus_client")
     server = env(PYTHONPATH=_pythonpath(tmp_path))
     with http_server(server) as (url, token, proc):
         metrics = url.removesuffix("/mcp") + "/metrics"
-        status, _, body = _get(metrics, token)
-        unauthorized = _get(metrics, None)[0]
+        status, _, body = get(metrics, token)
+        unauthorized = get(metrics, None)[0]
     _, err = proc.communicate(timeout=60)
     assert status == 501 and json.loads(body)["fix"] == "pip install 'execbox[prometheus]'", (status, body)
     assert unauthorized == 401
