@@ -5,6 +5,10 @@ process has imported ``opentelemetry`` (an application that configured a provide
 ``opentelemetry-instrument``). Until then each call below is one ``sys.modules`` lookup; with the API imported but
 no provider set, the API's no-op tracer and meter record nothing, and no attribute is even built.
 
+execbox's own processes set providers up themselves (``export``), only when asked: `execbox run` and `execbox batch`
+when OTEL_EXPORTER_OTLP_* is set (under the caller's TRACEPARENT), `execbox mcp` for OTLP likewise and over HTTP for
+its /metrics page (``execbox[prometheus]``).
+
 What is recorded is names, numbers and outcomes: never an env value, a secret, a placeholder or output text. The
 command line (``process.command_args``) only when the operator opts in (CODE_EXEC_OTEL_COMMAND_ARGS): it can hold
 a secret the caller typed.
