@@ -60,7 +60,7 @@ def batch(source: IO[bytes], backend: str | None, concurrency: int | None, as_co
     Exits 0 when every item passed (ran and exited 0), 1 when one did not, 130 when interrupted (Ctrl-C, SIGTERM,
     SIGHUP: what still ran is stopped and removed), 2 for a usage error."""
     settings = load_settings(False)
-    export_telemetry(False)
+    export_telemetry()
     stop_signals_interrupt()
     shown = sys.stderr.isatty() if progress is None else progress
     with Runner(settings) as runner:

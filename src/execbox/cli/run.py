@@ -122,7 +122,7 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
         env[name] = value
     secrets = _secrets(secret_specs, as_json)
     settings = load_settings(as_json)
-    export_telemetry(as_json)
+    export_telemetry()
     runner = Runner(settings)
     stop_signals_interrupt()
     # Only on request: an inherited pipe that never closes must not hang a run. Bounded: never more than the cap
