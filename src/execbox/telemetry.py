@@ -314,7 +314,7 @@ def export_from_cli(environ: Mapping[str, str]) -> Exporting | None:
     if environ.get("TRACEPARENT") and active():
         from opentelemetry import context, propagate
 
-        try:  # the API's own carrier (1.40 on); before it, the two variables as the headers they are
+        try:  # the API's own carrier (recent APIs); before it, the two variables as the headers they are
             from opentelemetry.propagators._envcarrier import EnvironmentGetter
         except ImportError:
             carrier = {name.lower(): environ[name] for name in TRACE_VARS if environ.get(name)}
