@@ -672,7 +672,6 @@ class BearerAuth:
                  "user": AuthenticatedUser(AccessToken(token=grant.id, client_id=grant.id, scopes=[]))}
         await self.app(scope, receive, send)
 
-
     async def _metrics(self, scope: Mapping[str, Any], send: Any, grant: Grant) -> None:
         if grant is not self.state.own_grant:  # what every caller of the server did is the operator's to see
             await _answer(send, 403, b'{"error": "forbidden: /metrics takes the server token (EXECBOX_MCP_TOKEN or '
