@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EXTRAS = ["", "docker", "ssh", "singularity", "modal", "daytona", "vercel", "mcp", "egress-secrets", "ray", "inspect",
-          "smolagents", "pydantic-ai", "otel"]
+          "smolagents", "pydantic-ai", "otel", "prometheus"]
 # The backend each extra's SDK serves (singularity drives the apptainer binary; its extra only adds spython).
 BACKEND_OF = {"docker": "docker", "ssh": "ssh", "modal": "modal", "daytona": "daytona", "vercel": "vercel_sandbox",
               "ray": "ray"}
@@ -37,6 +37,12 @@ else:
     print("imported")
 """
 ROOT = os.geteuid() == 0
+#: What `execbox mcp --http` would serve at /metrics: a page with its extra, else the module that is missing.
+PROMETHEUS_CHECK = """
+from execbox.telemetry import export
+exporting = export({}, prometheus=True)
+print("page" if exporting.metrics_page() else f"missing {exporting.missing}")
+"""
 
 
 def _pip(*args: str) -> None:
@@ -153,3 +159,9 @@ def test_each_command_works_with_only_this_extra(environments: dict[str, Path], 
             "CODE_EXEC_NETWORK": "proxy"})
         assert sealed.returncode != 0 and "pip install 'execbox[egress-secrets]'" in sealed.stdout + sealed.stderr, \
             sealed.stdout + sealed.stderr
+
+    # The metrics page needs its extra (the SDK and its Prometheus reader); without it, what is missing is named.
+    page = subprocess.run([str(bin_dir / "python"), "-c", PROMETHEUS_CHECK], capture_output=True, text=True,
+                          timeout=180, stdin=subprocess.DEVNULL)
+    assert page.returncode == 0, page.stderr
+    assert page.stdout.strip() == "page" if extra == "prometheus" else page.stdout.startswith("missing "), page.stdout

@@ -312,3 +312,28 @@ def test_a_docker_run_imports_no_other_backend_and_not_paramiko(docker_py: None,
             engine_missing(f"the sandbox image is missing: {exc}")
         raise
     assert loaded == ["docker"]
+
+
+@pytest.mark.parametrize("extra, loaded", [({}, False), ({"TRACEPARENT": "00-4bf92f3577b34da6a3ce929d0e0e4736-"
+                                                                         "00f067aa0ba902b7-01"}, False),
+                                           ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}, True)],
+                         ids=["plain", "a traceparent alone", "control: an OTLP endpoint"])
+def test_a_run_imports_opentelemetry_only_to_export(tmp_path: Path, extra: dict[str, str], loaded: bool) -> None:
+    """`execbox run` loads opentelemetry only when OTEL_EXPORTER_OTLP_* is set: a TRACEPARENT alone, with nothing
+    that records, changes nothing. (Probed at exit: the command ends the process.)"""
+    code = """
+        import atexit, json, os, sys
+        atexit.register(lambda: os.write(1, ("\\n" + json.dumps(sorted(
+            m for m in sys.modules if m.startswith("opentelemetry")))).encode()))
+        sys.argv = ["execbox", "run", "--backend", "local_subprocess", "--", "true"]
+        from execbox.cli import main
+        main()
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRACE"))}
+    env.update(HOME=str(tmp_path), CODE_EXEC_LOCAL="true", CODE_EXEC_NETWORK="host", CODE_EXEC_AUDIT_LOG="off",
+               **extra)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    modules = json.loads(done.stdout.splitlines()[-1])
+    assert bool(modules) == loaded and ("opentelemetry.sdk.trace" in modules) == loaded, modules

@@ -4,6 +4,7 @@ opentelemetry unless the application did."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from execbox import Limits, NotASandboxError, Runner, Settings
 from execbox.runner import run_blocking
 from execbox.testing import engine_missing
+from tests.support import otlp
 from tests.support.pool import wait_ready
 
 # The global providers can be set once per process: this module's, set on first use and kept.
@@ -325,56 +327,34 @@ def test_the_mcp_http_server_exports_over_otlp_to_the_endpoint_the_standard_vari
     in the caller's trace (the SDK's client sends it in ``_meta.traceparent``), and execbox's metrics, once the
     server stops."""
     pytest.importorskip("mcp")
-    import http.server
-    import threading
-
     import anyio
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from tests.mcp.support import env, http_client, http_server, usable
+    from tests.mcp.support import env, get, http_client, http_server, usable
 
     usable("bubblewrap")
-    received: dict[str, list[bytes]] = {"/v1/traces": [], "/v1/metrics": []}
-
-    class Receiver(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the handler's name
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            received.setdefault(self.path, []).append(body)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap",
-                 CODE_EXEC_SHELL_BACKEND="bubblewrap", CODE_EXEC_POOL_SIZE="0",
-                 OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{receiver.server_address[1]}")
 
     async def main(url: str, token: str) -> None:
         async with http_client(url, token) as client:
             result = await client.call_tool("run_command", {"command": "echo exported"})
             assert (result.structured_content or {}).get("stdout") == "exported\n", result
 
-    try:
+    with otlp.receiver() as receiver:
+        server = env(CODE_EXEC_ENABLED="true", AGENT_COMPUTE_POSTURE="1", CODE_EXEC_BACKEND="bubblewrap",
+                     CODE_EXEC_SHELL_BACKEND="bubblewrap", CODE_EXEC_POOL_SIZE="0",
+                     OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url)
         with http_server(server) as (url, token, proc):
             with trace.get_tracer("the caller").start_as_current_span("agent step") as caller:
                 anyio.run(main, url, token)
+            # the Prometheus reader beside OTLP's, on the same meter provider (when its extra is installed)
+            status, _, page = get(url.removesuffix("/mcp") + "/metrics", token)
         assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
-    finally:
-        receiver.shutdown()
     trace_id = f"{caller.get_span_context().trace_id:032x}"
-    exported = [(span.name, span.trace_id.hex()) for body in received["/v1/traces"]
-             for resource in ExportTraceServiceRequest.FromString(body).resource_spans
-             for scope in resource.scope_spans for span in scope.spans]
+    exported = [(span.name, span.trace_id.hex()) for span in receiver.spans()]
     assert ("tools/call run_command", trace_id) in exported and ("execbox.exec", trace_id) in exported, exported
-    names = {metric.name for body in received["/v1/metrics"]
-             for resource in ExportMetricsServiceRequest.FromString(body).resource_metrics
-             for scope in resource.scope_metrics for metric in scope.metrics}
+    names = receiver.metric_names()
     assert {"execbox.run.duration", "execbox.sandboxes.live"} <= names, names
+    if importlib.util.find_spec("prometheus_client") is not None:
+        assert status == 200 and "execbox_run_duration_seconds_count{" in page, (status, page)
 
 
 @pytest.mark.engine
@@ -437,3 +417,37 @@ def test_orphans_a_backends_start_up_sweep_removes_are_counted() -> None:
     assert done.returncode == 0, done.stderr
     points, left = json.loads(done.stdout.splitlines()[-1])
     assert points == [[{"execbox.backend": "bubblewrap"}, 1]] and not left, (points, left)
+
+
+@pytest.mark.engine
+def test_an_mcp_reviews_refusals_are_counted_by_reason(spans: InMemorySpanExporter, tmp_path: Path) -> None:
+    """A command the review refuses is in `execbox.refusals` as the pipeline's refusals are: a rule's deny, a
+    client that cannot ask for the approval needed, a person who did not approve. An allowed one is not."""
+    pytest.importorskip("mcp")
+    import anyio
+    from mcp import Client
+
+    from execbox.mcp.server import McpApp
+    from execbox.mcp.settings import McpSettings
+    from tests.mcp.support import Asked
+
+    bubblewrap()  # skips without the engine
+    rules = tmp_path / "rules"
+    rules.write_text("deny \\bcurl\\b.*169\\.254\\.169\\.254\n")
+    settings = Settings.from_env(enabled=True, backend="bubblewrap", shell_backend="bubblewrap", review_rules=rules)
+
+    async def call(command: str, **client: Any) -> bool:
+        app = McpApp(settings, McpSettings.from_env(), "stdio")
+        async with app.running(), Client(app.server, **client) as session:
+            return bool((await session.call_tool("run_command", {"command": command})).is_error)
+
+    async def main() -> list[bool]:
+        return [await call("curl http://169.254.169.254/latest"), await call("git push origin main"),
+                await call("git push origin main", elicitation_callback=Asked(approve=False)),
+                await call("echo fine")]
+
+    assert anyio.run(main) == [True, True, True, False]
+    refusals = metric_points()["execbox.refusals"]
+    assert sorted(labels["execbox.refusal.reason"] for labels, _ in refusals) == [
+        "ReviewDeclined", "ReviewDenied", "ReviewUnattended"], refusals
+    assert {labels["execbox.backend"] for labels, _ in refusals} == {"bubblewrap"}

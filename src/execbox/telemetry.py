@@ -5,6 +5,10 @@ process has imported ``opentelemetry`` (an application that configured a provide
 ``opentelemetry-instrument``). Until then each call below is one ``sys.modules`` lookup; with the API imported but
 no provider set, the API's no-op tracer and meter record nothing, and no attribute is even built.
 
+execbox's own processes set providers up themselves (``export``), only when asked: `execbox run` and `execbox batch`
+when OTEL_EXPORTER_OTLP_* is set (under the caller's TRACEPARENT), `execbox mcp` for OTLP likewise and over HTTP for
+its /metrics page (``execbox[prometheus]``).
+
 What is recorded is names, numbers and outcomes: never an env value, a secret, a placeholder or output text. The
 command line (``process.command_args``) only when the operator opts in (CODE_EXEC_OTEL_COMMAND_ARGS): it can hold
 a secret the caller typed.
@@ -92,6 +96,11 @@ def carry() -> Callable[[], object]:
 # --- metrics -----------------------------------------------------------------------------------------------------
 
 
+#: The histograms' buckets, in seconds (the SDK's default ones, 0 to 10000, are made for milliseconds: every run
+#: would fall in the first two).
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+
+
 class _Instruments:
     """The instruments, made once on first use (the API's meter is a proxy until a provider is set, then real)."""
 
@@ -100,9 +109,11 @@ class _Instruments:
 
         meter = metrics.get_meter(SCOPE)
         self.duration = meter.create_histogram("execbox.run.duration", unit="s",
-                                               description="How long runs took, by backend and outcome")
+                                               description="How long runs took, by backend and outcome",
+                                               explicit_bucket_boundaries_advisory=SECONDS)
         self.queued = meter.create_histogram("execbox.run.queue_time", unit="s",
-                                             description="How long runs waited for a sandbox slot")
+                                             description="How long runs waited for a sandbox slot",
+                                             explicit_bucket_boundaries_advisory=SECONDS)
         self.timeouts = meter.create_counter("execbox.run.timeouts", description="Runs killed at their timeout")
         self.ooms = meter.create_counter("execbox.run.oom_kills", description="Runs killed at their memory limit")
         self.refusals = meter.create_counter("execbox.refusals", description="Requests refused, by reason")
@@ -186,42 +197,136 @@ def _pool_depth(options: CallbackOptions) -> Iterable[Observation]:
     return [Observation(depth, {"execbox.backend": backend}) for backend, depth in totals.items()]
 
 
-# --- a long-running server's own export ----------------------------------------------------------------------------
+# --- export: a long-running server's, and a CLI command's ---------------------------------------------------------
 
-#: Any of these set: ``execbox mcp`` exports its spans and metrics over OTLP (the standard variables; the SDK reads
-#: the rest of them: headers, timeouts, OTEL_SERVICE_NAME, OTEL_METRIC_EXPORT_INTERVAL).
+#: Any of these set: execbox exports its spans and metrics over OTLP (the standard variables; the SDK reads the rest
+#: of them: headers, timeouts, OTEL_SERVICE_NAME, OTEL_METRIC_EXPORT_INTERVAL).
 OTLP_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
              "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
 OTLP_PACKAGES = "opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
+#: What serves the Prometheus page (`execbox mcp --http`'s /metrics): the SDK and its Prometheus reader.
+PROMETHEUS_FIX = "pip install 'execbox[prometheus]'"
+#: The most a process waits, as it ends, for what is pending to reach the collector: a collector that accepts the
+#: connection and never answers must not hold a command (or a server's stop) for the exporter's own timeouts.
+FLUSH_AT_EXIT_S = 3.0
 
 
-def export_otlp(environ: Mapping[str, str]) -> Callable[[], None] | None:
-    """When the environment names an OTLP endpoint: the SDK's tracer and meter providers, exporting over OTLP/HTTP,
-    set as the process's global ones; returns their shutdown (which flushes what is pending). None when no endpoint
-    is named. ModuleNotFoundError when the SDK or the exporter (OTLP_PACKAGES) is not installed."""
-    if not any(environ.get(var) for var in OTLP_VARS):
+class Exporting:
+    """The SDK's providers that ``export`` set as the process's global ones: ONE meter provider for every reader
+    (OTLP's, Prometheus's), and a tracer provider when spans go over OTLP."""
+
+    def __init__(self, providers: list[Any], registry: Any | None, missing: str | None) -> None:
+        self._providers = providers
+        #: The private prometheus_client registry the Prometheus reader is in (None: no page served).
+        self.registry = registry
+        #: Why there is no Prometheus page although one was asked for (a module not installed), else None.
+        self.missing = missing
+
+    def metrics_page(self) -> tuple[bytes, str] | None:
+        """The Prometheus text exposition of this process's metrics, and its content type; None without a reader."""
+        if self.registry is None:
+            return None
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def shutdown(self, timeout_s: float = FLUSH_AT_EXIT_S) -> bool:
+        """Flush what is pending and stop the providers, waiting ``timeout_s`` at most (the flush goes on in a
+        daemon thread, dropped when the process ends); False when it did not finish in time."""
+        import threading
+
+        def stop() -> None:
+            for provider in self._providers:
+                with contextlib.suppress(Exception):  # the SDK logs an exporter's failure; the process goes on
+                    provider.shutdown()
+
+        stopping = threading.Thread(target=stop, daemon=True, name="execbox-telemetry-flush")
+        stopping.start()
+        stopping.join(timeout_s)
+        return not stopping.is_alive()
+
+
+def export(environ: Mapping[str, str], *, prometheus: bool = False) -> Exporting | None:
+    """The SDK's providers, set as the process's global ones, for what the environment asks: over OTLP/HTTP when it
+    names an endpoint (OTLP_VARS), and to a Prometheus page when ``prometheus``. None when neither. Raises
+    ModuleNotFoundError when OTLP is asked for and the SDK or its exporter (OTLP_PACKAGES) is not installed; a
+    missing Prometheus reader is ``Exporting.missing`` instead (the page says so, the rest goes on)."""
+    otlp = any(environ.get(var) for var in OTLP_VARS)
+    if not otlp and not prometheus:
         return None
+    readers: list[Any] = []
+    registry, missing = None, None
+    if otlp:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    if prometheus:
+        try:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import CollectorRegistry
+        except ModuleNotFoundError as exc:
+            missing = exc.name or "opentelemetry-exporter-prometheus"
+        else:
+            # A registry of its own: the page holds execbox's metrics, not whatever else registered in the default one
+            registry = CollectorRegistry(auto_describe=True)
+            readers.append(PrometheusMetricReader(registry=registry))
+    if not readers:
+        return Exporting([], None, missing)
     from opentelemetry import metrics, trace
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     # OTEL_SERVICE_NAME (or OTEL_RESOURCE_ATTRIBUTES) names the service when set; execbox's name otherwise
     named = environ.get("OTEL_SERVICE_NAME") or "service.name=" in environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
     resource = Resource.create({} if named else {"service.name": "execbox"})
-    tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    meter_provider = MeterProvider(resource=resource,
-                                   metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])
-    trace.set_tracer_provider(tracer_provider)
-    metrics.set_meter_provider(meter_provider)
+    # shutdown_on_exit=False: the SDK's own atexit shutdown would wait on the exporter unbounded; Exporting's is
+    providers: list[Any] = [MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)]
+    metrics.set_meter_provider(providers[0])
+    if otlp:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    def shutdown() -> None:
-        tracer_provider.shutdown()
-        meter_provider.shutdown()
+        tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        trace.set_tracer_provider(tracer_provider)
+        providers.insert(0, tracer_provider)  # spans flushed first: the metrics' last collection follows them
+    return Exporting(providers, registry, missing)
 
-    return shutdown
+
+#: The caller's trace, in the environment (OpenTelemetry's environment-variable carrier: the W3C trace context's
+#: headers as upper-case variables).
+TRACE_VARS = ("TRACEPARENT", "TRACESTATE")
+
+
+def export_from_cli(environ: Mapping[str, str]) -> Exporting | None:
+    """For a CLI command that runs code (`execbox run`, `execbox batch`, also in a child of `execbox serve`): its spans
+    and metrics over OTLP when the environment names an endpoint, flushed at exit within FLUSH_AT_EXIT_S; and the
+    caller's trace (TRACEPARENT, TRACESTATE) as the parent of its spans, when something records them (that export,
+    or an application's provider: `opentelemetry-instrument execbox ...`). Nothing imported, and None, otherwise.
+    Raises ModuleNotFoundError as ``export`` does."""
+    exporting = export(environ)
+    if exporting is not None:
+        import atexit
+
+        atexit.register(flush, exporting)
+    if environ.get("TRACEPARENT") and active():
+        from opentelemetry import context, propagate
+
+        try:  # the API's own carrier (recent APIs); before it, the two variables as the headers they are
+            from opentelemetry.propagators._envcarrier import EnvironmentGetter
+        except ImportError:
+            carrier = {name.lower(): environ[name] for name in TRACE_VARS if environ.get(name)}
+            parent = propagate.extract(carrier)
+        else:
+            parent = propagate.extract(environ, getter=EnvironmentGetter())
+        context.attach(parent)  # for the rest of the process: never detached
+    return exporting
+
+
+def flush(exporting: Exporting) -> None:
+    """As a process ends: what is pending goes out within FLUSH_AT_EXIT_S, or is dropped with a line on stderr."""
+    if not exporting.shutdown():
+        sys.stderr.write(f"execbox: telemetry export did not finish within {FLUSH_AT_EXIT_S:g}s (is the OTLP "
+                         "collector answering?); what was pending is dropped\n")

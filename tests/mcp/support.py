@@ -12,6 +12,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -122,6 +124,16 @@ def http_server(server_env: dict[str, str],
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def get(url: str, token: str | None, method: str = "GET") -> tuple[int, str, str]:
+    """A plain request to the HTTP server (its /metrics): status, content type, body."""
+    request = urllib.request.Request(url, method=method, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.headers["Content-Type"], answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read().decode()
 
 
 @contextlib.asynccontextmanager

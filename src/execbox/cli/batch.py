@@ -9,7 +9,7 @@ from typing import IO
 
 import click
 
-from execbox.cli.common import fail, load_settings, stop_signals_interrupt
+from execbox.cli.common import export_telemetry, fail, load_settings, stop_signals_interrupt
 from execbox.errors import ConfigError, ExecboxError
 from execbox.runner import Runner
 from execbox.runner.batch import Item
@@ -60,6 +60,7 @@ def batch(source: IO[bytes], backend: str | None, concurrency: int | None, as_co
     Exits 0 when every item passed (ran and exited 0), 1 when one did not, 130 when interrupted (Ctrl-C, SIGTERM,
     SIGHUP: what still ran is stopped and removed), 2 for a usage error."""
     settings = load_settings(False)
+    export_telemetry()
     stop_signals_interrupt()
     shown = sys.stderr.isatty() if progress is None else progress
     with Runner(settings) as runner:

@@ -8,6 +8,7 @@ exits with the same codes for the same errors.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from typing import NoReturn
@@ -22,6 +23,7 @@ from execbox.errors import (
     RefusedError,
     WorkspacePathError,
 )
+from execbox.telemetry import OTLP_PACKAGES, export_from_cli
 
 EXIT_TIMEOUT, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = 124, 125, 126, 2
 
@@ -72,3 +74,21 @@ def load_settings(as_json: bool) -> Settings:
         return Settings.from_env()
     except ConfigError as exc:
         fail(exc, as_json)
+
+
+def otlp_missing(exc: ModuleNotFoundError) -> BackendUnavailableError:
+    """OTEL_EXPORTER_OTLP_* is set and what exports over OTLP is not installed: what to install."""
+    return BackendUnavailableError(f"OTEL_EXPORTER_OTLP_* is set, and exporting over OTLP needs {exc.name}, which is "
+                                   "not installed", fix=f"pip install {OTLP_PACKAGES}")
+
+
+def export_telemetry() -> None:
+    """A command that runs code: its spans and metrics over OTLP when OTEL_EXPORTER_OTLP_* is set, under the caller's
+    trace when TRACEPARENT names one (telemetry.export_from_cli); nothing imported when neither is set. Without the
+    exporter installed, a note and the command goes on: a variable set for other programs must not stop every run
+    (a server, which starts once, refuses instead)."""
+    try:
+        export_from_cli(os.environ)
+    except ModuleNotFoundError as exc:
+        missing = otlp_missing(exc)
+        click.echo(f"execbox: note: {missing.reason}; this command is not exported. Fix: {missing.fix}", err=True)

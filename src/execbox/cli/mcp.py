@@ -8,10 +8,10 @@ import os
 import anyio
 import click
 
-from execbox.cli.common import fail, usage
+from execbox.cli.common import fail, otlp_missing, usage
 from execbox.config.settings import Settings
 from execbox.errors import BackendUnavailableError, ExecboxError
-from execbox.telemetry import OTLP_PACKAGES, export_otlp
+from execbox.telemetry import PROMETHEUS_FIX, export, flush
 
 
 @click.command("mcp")
@@ -31,7 +31,7 @@ def mcp_command(http: str | None, token_file: str | None) -> None:
     if importlib.util.find_spec("mcp") is None:
         fail(BackendUnavailableError("the MCP server needs the mcp SDK, which is not installed",
                                       fix="pip install 'execbox[mcp]'"), False)
-    from execbox.mcp.server import OFF, McpApp, serve_http, serve_stdio, server_token
+    from execbox.mcp.server import METRICS_PATH, OFF, McpApp, serve_http, serve_stdio, server_token
     from execbox.mcp.settings import McpSettings
 
     def ready(app: McpApp, *lines: str) -> None:
@@ -42,10 +42,10 @@ def mcp_command(http: str | None, token_file: str | None) -> None:
             click.echo(f"execbox mcp: {line}", err=True)
 
     try:
-        exporting = export_otlp(os.environ)  # OTEL_EXPORTER_OTLP_*: this server's spans and metrics, over OTLP
+        # OTEL_EXPORTER_OTLP_*: this server's spans and metrics, over OTLP; over HTTP, its metrics at /metrics too
+        exporting = export(os.environ, prometheus=http is not None)
     except ModuleNotFoundError as exc:
-        fail(BackendUnavailableError(f"OTEL_EXPORTER_OTLP_* is set, and exporting over OTLP needs {exc.name}, which "
-                                     "is not installed", fix=f"pip install {OTLP_PACKAGES}"), False)
+        fail(otlp_missing(exc), False)
     try:
         settings, mcp_settings = Settings.from_env(), McpSettings.from_env()
         if http is None:
@@ -62,10 +62,17 @@ def mcp_command(http: str | None, token_file: str | None) -> None:
                          "front of it")
         shown = f"[{host}]" if ":" in host else host
         lines.append(f"serving http://{shown}:{port}/mcp")
+        if exporting is not None and exporting.registry is not None:
+            lines.append(f"serving metrics at http://{shown}:{port}{METRICS_PATH} (Prometheus text format; the "
+                         "server token)")
+        else:
+            missing = exporting.missing if exporting is not None else None
+            lines.append(f"no metrics at {METRICS_PATH}: the Prometheus reader is not installed ({missing}); "
+                         f"{PROMETHEUS_FIX}")
         anyio.run(functools.partial(serve_http, settings, mcp_settings, host, int(port), token,
-                                    ready=lambda app: ready(app, *lines)))
+                                    ready=lambda app: ready(app, *lines), exporting=exporting))
     except ExecboxError as exc:
         fail(exc, False)
     finally:
         if exporting is not None:
-            exporting()  # what is still pending goes out before the process ends
+            flush(exporting)  # what is still pending goes out before the process ends (bounded)

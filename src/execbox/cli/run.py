@@ -13,7 +13,15 @@ from typing import Any, NoReturn, cast
 
 import click
 
-from execbox.cli.common import EXIT_TIMEOUT, exit_code, fail, load_settings, stop_signals_interrupt, usage
+from execbox.cli.common import (
+    EXIT_TIMEOUT,
+    exit_code,
+    export_telemetry,
+    fail,
+    load_settings,
+    stop_signals_interrupt,
+    usage,
+)
 from execbox.contract.models import NETWORK_MODES, ExecRequest, ExecResult, Language, Mount
 from execbox.contract.output import OutputEvent, stream_events
 from execbox.errors import ConfigError, ExecboxError
@@ -114,6 +122,7 @@ def run(backend: str | None, network: str | None, timeout: float | None, max_out
         env[name] = value
     secrets = _secrets(secret_specs, as_json)
     settings = load_settings(as_json)
+    export_telemetry()
     runner = Runner(settings)
     stop_signals_interrupt()
     # Only on request: an inherited pipe that never closes must not hang a run. Bounded: never more than the cap

@@ -9,6 +9,8 @@ the server closes its sandboxes and exits. HTTP (``--http HOST:PORT``, streamabl
 unless told otherwise, and every request needs ``Authorization: Bearer <token>``: the server token
 (EXECBOX_MCP_TOKEN or --token-file) or a delegated grant's token; anything else is a 401 whose challenge points at
 no OAuth metadata, and /.well-known/* is a 404: the server is no OAuth resource, a client is to send the token.
+GET /metrics is the server's metrics in the Prometheus text format, behind the same check, for the server token
+only (a grant's token is an agent's: 403).
 A session is bound to the credential that opened it. A persistent sandbox (posture 1) belongs to an MCP session:
 over stdio, the process; over HTTP, the Mcp-Session-Id session, closed when the client deletes it or it is idle for
 EXECBOX_MCP_IDLE_SEC. (The 2026-07-28 protocol over HTTP has no sessions: its requests get one-shot tools only.)
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import importlib.metadata
+import json
 import logging
 import signal
 import socket
@@ -71,6 +74,7 @@ from execbox.mcp.tools import (
 )
 from execbox.runner import AsyncRunner, AsyncSandbox
 from execbox.runner.snapshots import Snapshot
+from execbox.telemetry import PROMETHEUS_FIX, Exporting, record_refusal
 
 #: Warm sandboxes per configuration for the server's one-shot tools, unless CODE_EXEC_POOL_SIZE says otherwise.
 SERVER_POOL_SIZE = 2
@@ -78,6 +82,8 @@ SERVER_POOL_SIZE = 2
 SESSION_LIFETIME_S = 24 * 3600.0
 SANDBOX_WORKSPACE = "/workspace"
 GRANT_SCOPE_KEY = "execbox.grant"
+#: Where `execbox mcp --http` serves its metrics (Prometheus text exposition format).
+METRICS_PATH = "/metrics"
 OFF = ("code execution is off on this server (CODE_EXEC_ENABLED is not true): it offers no tools; its operator "
        "turns them on with CODE_EXEC_ENABLED=true")
 
@@ -441,6 +447,9 @@ class McpApp:
                 command_sha256=audit_fields.sha256(text), rules=[d.rule for d in found],
                 reasons=[f"{d.source}: {d.reason}" for d in found])
         if not allowed:
+            # counted as the pipeline counts its refusals: by reason (denied by a rule, not askable, not approved)
+            record_refusal("ReviewDenied" if decision == "deny" else "ReviewUnattended" if verdict == "unattended"
+                           else "ReviewDeclined", backend=plan.backend)
             return error_result(outcome.message if isinstance(outcome, Gate) and outcome.message
                                 else refusal(request, found, unattended=False))
         try:
@@ -641,12 +650,14 @@ def _decode(content: str, encoding: str, cap: int) -> bytes:
 
 
 class BearerAuth:
-    """ASGI middleware: every HTTP request needs the server token or a grant token; else 401."""
+    """ASGI middleware: every HTTP request needs the server token or a grant token; else 401. It answers
+    METRICS_PATH itself (``exporting``'s Prometheus page)."""
 
-    def __init__(self, app: Any, state: McpApp, token: str) -> None:
+    def __init__(self, app: Any, state: McpApp, token: str, exporting: Exporting | None = None) -> None:
         self.app = app
         self.state = state
         self.token = token
+        self.exporting = exporting
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -666,16 +677,38 @@ class BearerAuth:
                                      b'EXECBOX_MCP_TOKEN, or a grant token)"}',
                           (b"www-authenticate", b'Bearer realm="execbox"'))
             return
+        if scope["type"] == "http" and scope.get("path") == METRICS_PATH:
+            await self._metrics(scope, send, grant)
+            return
         scope = {**scope, GRANT_SCOPE_KEY: grant,
                  # The SDK binds a session to the principal that opened it: a request with another credential is
                  # answered as if the session did not exist.
                  "user": AuthenticatedUser(AccessToken(token=grant.id, client_id=grant.id, scopes=[]))}
         await self.app(scope, receive, send)
 
+    async def _metrics(self, scope: Mapping[str, Any], send: Any, grant: Grant) -> None:
+        if grant is not self.state.own_grant:  # what every caller of the server did is the operator's to see
+            await _answer(send, 403, b'{"error": "forbidden: /metrics takes the server token (EXECBOX_MCP_TOKEN or '
+                                     b'--token-file), not a grant token"}')
+            return
+        if scope.get("method") != "GET":
+            await _answer(send, 405, b'{"error": "method not allowed: GET /metrics"}', (b"allow", b"GET"))
+            return
+        page = self.exporting.metrics_page() if self.exporting is not None else None
+        if page is None:
+            missing = self.exporting.missing if self.exporting is not None else None
+            body = json.dumps({"error": f"metrics need the Prometheus reader, which is not installed ({missing}): "
+                                        f"{PROMETHEUS_FIX}", "fix": PROMETHEUS_FIX})
+            await _answer(send, 501, body.encode())
+            return
+        text, content_type = page
+        await _answer(send, 200, text, content_type=content_type.encode())
 
-async def _answer(send: Any, status: int, body: bytes, *headers: tuple[bytes, bytes]) -> None:
+
+async def _answer(send: Any, status: int, body: bytes, *headers: tuple[bytes, bytes],
+                  content_type: bytes = b"application/json") -> None:
     await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), *headers, (b"content-length", str(len(body)).encode())]})
+        (b"content-type", content_type), *headers, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -749,16 +782,16 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 async def serve_http(settings: Settings, mcp_settings: McpSettings, host: str, port: int, token: str,
-                     *, ready: Callable[[McpApp], None] | None = None) -> None:
-    """Serve streamable HTTP at /mcp; ``ready`` is told once the settings are accepted and the port is bound, so
-    that nothing says "serving" before it is true."""
+                     *, ready: Callable[[McpApp], None] | None = None, exporting: Exporting | None = None) -> None:
+    """Serve streamable HTTP at /mcp, and ``exporting``'s metrics at METRICS_PATH; ``ready`` is told once the
+    settings are accepted and the port is bound, so that nothing says "serving" before it is true."""
     import uvicorn
 
     _QuietServer = _uvicorn_server()
     app = McpApp(settings, mcp_settings, "http")
     sock = listen(host, port)
     starlette = app.server.streamable_http_app(host=host, session_idle_timeout=mcp_settings.session_idle_sec)
-    config = uvicorn.Config(BearerAuth(starlette, app, token), host=host, port=port, log_level="warning",
+    config = uvicorn.Config(BearerAuth(starlette, app, token, exporting), host=host, port=port, log_level="warning",
                             lifespan="on", timeout_graceful_shutdown=5)
     server = _QuietServer(config)
     if ready is not None:
