@@ -314,14 +314,9 @@ def export_from_cli(environ: Mapping[str, str]) -> Exporting | None:
     if environ.get("TRACEPARENT") and active():
         from opentelemetry import context, propagate
 
-        try:  # the API's own carrier (recent APIs); before it, the two variables as the headers they are
-            from opentelemetry.propagators._envcarrier import EnvironmentGetter
-        except ImportError:
-            carrier = {name.lower(): environ[name] for name in TRACE_VARS if environ.get(name)}
-            parent = propagate.extract(carrier)
-        else:
-            parent = propagate.extract(environ, getter=EnvironmentGetter())
-        context.attach(parent)  # for the rest of the process: never detached
+        # The variables are the W3C headers by another name: the configured propagator reads them as headers
+        carrier = {name.lower(): environ[name] for name in TRACE_VARS if environ.get(name)}
+        context.attach(propagate.extract(carrier))  # for the rest of the process: never detached
     return exporting
 
 
