@@ -1,5 +1,6 @@
 """`execbox ps` and `execbox kill`: sandboxes held by another process (a helper python process), on docker,
-bubblewrap and the warm pool; the owner's next call after a kill; stale records; ids that name nothing."""
+bubblewrap and the warm pool, and one-shot runs' sandboxes; the owner's next call after a kill; stale records; ids
+that name nothing."""
 
 from __future__ import annotations
 
@@ -31,9 +32,20 @@ HOLDER = textwrap.dedent("""
     import json, sys, time
     from execbox import Runner, Settings
     backend, mode = sys.argv[1], sys.argv[2]
-    settings = Settings.from_env(backend=backend).model_copy(update={"pool_size": 1 if mode == "pool" else 0})
+    settings = Settings.from_env(backend=backend)
+    settings = settings.model_copy(update={"pool_size": 1}) if mode == "pool" else settings
     network = "host" if backend == "local_subprocess" else None
     with Runner(settings) as runner:
+        if mode == "oneshot":  # each argv a one-shot run of its own
+            print("ready", flush=True)
+            for line in iter(sys.stdin.readline, ""):
+                try:
+                    result = runner.run(json.loads(line), backend=backend, network=network, timeout=60,
+                                        limits={"memory_mb": 256})
+                    print("ok", result.exit_code, result.pooled, flush=True)
+                except Exception as exc:
+                    print("error", type(exc).__name__, str(exc).replace("\\n", " "), flush=True)
+            sys.exit(0)
         if mode == "pool":
             deadline = time.monotonic() + 90
             while (ready := runner.warm(backend)) < 1 and time.monotonic() < deadline:
@@ -133,6 +145,7 @@ def test_ps_sees_another_process_sandbox_and_kill_ends_it(backend: str, holders:
     sandbox_id = holder.first
     row = rows()[sandbox_id]
     assert row["backend"] == backend and row["pid"] == holder.proc.pid and row["pooled"] is False
+    assert row["kind"] == "sandbox"
     assert row["network"] == "none" and row["limits"]["memory_mb"] == 256  # type: ignore[index]
     assert row["running"] == "idle" and not row["killed"]
     assert 0 <= row["age_s"] < 120 and 3000 < row["left_s"] <= 3600  # type: ignore[operator]
@@ -141,10 +154,10 @@ def test_ps_sees_another_process_sandbox_and_kill_ends_it(backend: str, holders:
     holder.send("/bin/sh", "-c", f"sleep 300 # {SECRET}")  # what runs: argv[0]'s name only, never its arguments
     row = wait_running(sandbox_id, "sh")
     table = cli("ps").stdout
-    assert table.splitlines()[0].split() == ["ID", "BACKEND", "PID", "NETWORK", "LIMITS", "AGE", "LEFT", "RUNNING",
-                                             "POOLED"]
+    assert table.splitlines()[0].split() == ["ID", "KIND", "BACKEND", "PID", "NETWORK", "LIMITS", "AGE", "LEFT",
+                                             "RUNNING"]
     line = next(ln for ln in table.splitlines() if ln.startswith(sandbox_id))
-    assert f" {backend} " in line and " sh " in line and "mem=256M" in line and line.endswith(" no"), line
+    assert f" {backend} " in line and line.endswith(" sh") and "mem=256M" in line and " sandbox " in line, line
     assert SECRET not in table and SECRET not in json.dumps(rows())
     assert SECRET not in (live.live_dir() / f"{sandbox_id}.json").read_text()
     assert oct((live.live_dir() / f"{sandbox_id}.json").stat().st_mode & 0o777) == "0o600"
@@ -191,7 +204,8 @@ def test_ps_lists_a_warm_pool_member_and_kill_ends_it(holders: list[Holder]) -> 
     members = [r for r in listed.values() if r["pid"] == holder.proc.pid]
     assert len(members) == 1 and members[0]["pooled"] is True and members[0]["running"] == "idle", listed
     member = str(members[0]["id"])
-    assert member.startswith("pool-") and " yes" in cli("ps").stdout
+    assert member.startswith("pool-") and members[0]["kind"] == "pooled"
+    assert next(ln for ln in cli("ps").stdout.splitlines() if ln.startswith(member)).split()[1] == "pooled"
     done = cli("kill", "--json", member)
     assert done.exit_code == 0 and json.loads(done.stdout) == {"killed": member, "backend": "bubblewrap",
                                                                "pid": holder.proc.pid}, done.output
@@ -242,7 +256,7 @@ def test_kill_refuses_ids_that_name_no_live_sandbox(bad: str, tmp_path: Path) ->
 
 
 def test_ps_with_nothing_live() -> None:
-    assert cli("ps").stdout.splitlines() == ["ID  BACKEND  PID  NETWORK  LIMITS  AGE  LEFT  RUNNING  POOLED"]
+    assert cli("ps").stdout.splitlines() == ["ID  KIND  BACKEND  PID  NETWORK  LIMITS  AGE  LEFT  RUNNING"]
     assert json.loads(cli("ps", "--json").stdout) == {"sandboxes": []}
 
 
@@ -264,3 +278,72 @@ def test_ps_and_kill_through_the_resident_server(holders: list[Holder], tmp_path
         assert bad.returncode == 2 and "ConfigError" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("backend", ["bubblewrap", "docker"])
+def test_ps_lists_a_one_shot_run_and_kill_ends_it(backend: str, holders: list[Holder]) -> None:
+    require(backend)
+    holder = Holder(backend, "oneshot")
+    holders.append(holder)
+    assert holder.first == "ready"
+    assert holder.call("true") == "ok 0 False" and rows() == {}  # a one-shot's record goes with its sandbox
+    assert not list(live.live_dir().glob("*"))
+
+    holder.send("/bin/sh", "-c", f"sleep 300 # {SECRET}")
+    deadline = time.monotonic() + 60
+    while not (listed := [r for r in rows().values() if r["pid"] == holder.proc.pid]):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert len(listed) == 1, listed
+    row = listed[0]
+    sandbox_id = str(row["id"])
+    assert row["kind"] == "one-shot" and row["backend"] == backend and row["running"] == "sh", row
+    assert row["pooled"] is False and row["network"] == "none" and row["limits"]["memory_mb"] == 256  # type: ignore[index]
+    assert 0 <= row["age_s"] < 60 and 0 < row["left_s"] <= 60  # type: ignore[operator]  # its timeout, not its backstop
+    line = next(ln for ln in cli("ps").stdout.splitlines() if ln.startswith(sandbox_id))
+    assert line.split()[1:3] == ["one-shot", backend] and line.endswith(" sh"), line
+    assert SECRET not in json.dumps(rows()) and SECRET not in (live.live_dir() / f"{sandbox_id}.json").read_text()
+    assert oct((live.live_dir() / f"{sandbox_id}.json").stat().st_mode & 0o777) == "0o600"
+
+    killed = cli("kill", sandbox_id)
+    assert killed.exit_code == 0, killed.output
+    said = holder.line()  # the run the kill cut short says why, not the backend's symptom
+    assert said.startswith("error SandboxError") and f"sandbox {sandbox_id} was killed from outside" in said, said
+    assert rows() == {} and not list(live.live_dir().glob("*"))  # its record and kill marker went with it
+    records = list(audit_reader.records(paths.state_dir() / "audit.jsonl"))
+    assert [r["session"] for r in records if r["event"] == "sandbox.kill"] == [sandbox_id]
+    # the one-shot's id in `execbox ps` is its id in the audit log (the run the kill ended: its signal's status)
+    assert [r["oneshot"] for r in records if r["event"].startswith("exec") and r["session"] == sandbox_id] == [True]
+    assert holder.call("true") == "ok 0 False"  # the next run is unaffected
+
+
+def test_a_one_shot_served_by_the_warm_pool_is_listed_as_one(holders: list[Holder]) -> None:
+    require("bubblewrap")
+    holder = Holder("bubblewrap", "oneshot", CODE_EXEC_POOL_SIZE="1")
+    holders.append(holder)
+    deadline = time.monotonic() + 90
+    while not any(r["kind"] == "pooled" for r in rows().values()):
+        assert time.monotonic() < deadline, rows()
+        holder.call("true")  # the first run starts the refill of its configuration
+        time.sleep(0.2)
+    holder.send("/bin/sleep", "300")
+    while not (running := [r for r in rows().values() if r["kind"] == "one-shot"]):
+        assert time.monotonic() < deadline, rows()
+        time.sleep(0.05)
+    assert running[0]["pooled"] is True and running[0]["running"] == "sleep", running
+    assert cli("kill", str(running[0]["id"])).exit_code == 0
+    assert "killed from outside" in holder.line()
+
+
+def test_an_unreadable_record_being_written_is_not_collected(tmp_path: Path) -> None:
+    """A one-shot's record is created in place: gc must not take it for a broken one while it is written."""
+    live.live_dir().mkdir(parents=True, exist_ok=True)
+    fresh, old = live.live_dir() / "beingwritten.json", live.live_dir() / "broken.json"
+    fresh.write_text("")
+    old.write_text("{")
+    os.utime(old, (time.time() - 120, time.time() - 120))
+    assert rows() == {}
+    done = cli("gc", "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["removed"]["live records"] == ["live record broken (owner gone)"]
+    assert fresh.exists() and not old.exists()

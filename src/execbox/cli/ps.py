@@ -13,8 +13,8 @@ from execbox.errors import ExecboxError
 from execbox.runner import AsyncRunner, live, run_blocking
 
 #: What `--json` gives of a record (the kill_ref is the backend's business).
-FIELDS = ("id", "backend", "pid", "name", "network", "limits", "created", "deadline", "age_s", "left_s", "running",
-          "pooled", "killed")
+FIELDS = ("id", "kind", "backend", "pid", "name", "network", "limits", "created", "deadline", "age_s", "left_s",
+          "running", "pooled", "killed")
 
 
 def _duration(seconds: float) -> str:
@@ -32,17 +32,18 @@ def _limits(limits: Any) -> str:
 @click.command()
 @click.option("--json", "as_json", is_flag=True)
 def ps(as_json: bool) -> None:
-    """List the live sandboxes of this user on this host, across processes and backends: owner pid, backend,
-    network and limits, age, time left, what runs (argv[0] only, or idle), pooled or not."""
+    """List the live sandboxes of this user on this host, across processes and backends: kind (a sandbox, a
+    warm-pool member, a one-shot run's), owner pid, backend, network and limits, age, time left (to its lifetime's
+    end; a one-shot's: to its timeout), what runs (argv[0] only, or idle)."""
     records = live.listing()
     if as_json:
         click.echo(json.dumps({"sandboxes": [{k: r.get(k) for k in FIELDS} for r in records]}))
         return
-    rows = [("ID", "BACKEND", "PID", "NETWORK", "LIMITS", "AGE", "LEFT", "RUNNING", "POOLED")]
+    rows = [("ID", "KIND", "BACKEND", "PID", "NETWORK", "LIMITS", "AGE", "LEFT", "RUNNING")]
     for r in records:
-        rows.append((str(r["id"]), str(r.get("backend")), str(r.get("pid")), str(r.get("network")),
+        rows.append((str(r["id"]), str(r["kind"]), str(r.get("backend")), str(r.get("pid")), str(r.get("network")),
                      _limits(r.get("limits")), _duration(r["age_s"]), _duration(r["left_s"]),
-                     "(killed)" if r["killed"] else str(r.get("running")), "yes" if r.get("pooled") else "no"))
+                     "(killed)" if r["killed"] else str(r.get("running"))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

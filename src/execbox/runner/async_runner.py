@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from execbox.audit import fields as audit_fields
 from execbox.audit import log as audit_log
 from execbox.config.settings import Settings
 from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, Verdict, bounded
@@ -278,15 +279,22 @@ class AsyncRunner:
                     with span("execbox.sandbox.open", _sandbox_attrs(impl, spec, pooled=True)):
                         pass  # taken from the pool: the open it saves is the point of the span
                 session.session_spec = spec
+                # Listed by `execbox ps` (and killable) while it runs, under its id in the audit log.
+                oneshot_id = audit_fields.new_session_id()
+                live.oneshot(oneshot_id, impl.name, session, spec, resolved.argv[0] if resolved.argv else
+                             resolved.language, timeout_s=resolved.timeout or spec.lifetime_s, pooled=pooled)
                 try:
-                    for local, remote in uploads:
-                        await self.upload_to(impl, session, local, remote)
-                    result = await _exec_audited(self.audit, admission, session, output=output, records=records)
-                    for remote, local in downloads:
-                        moved = await self.download_from(impl, session, remote, local,
-                                                         secrets_inject.redactor_for(resolved.secrets))
-                        result.notes.extend(f"download: {s}" for s in moved.skipped)
+                    with live.told_if_killed(oneshot_id, impl.name, "Run it again"):
+                        for local, remote in uploads:
+                            await self.upload_to(impl, session, local, remote)
+                        result = await _exec_audited(self.audit, admission, session, output=output, records=records,
+                                                     oneshot_id=oneshot_id)
+                        for remote, local in downloads:
+                            moved = await self.download_from(impl, session, remote, local,
+                                                             secrets_inject.redactor_for(resolved.secrets))
+                            result.notes.extend(f"download: {s}" for s in moved.skipped)
                 finally:
+                    live.closed(oneshot_id, marks=live.killed(oneshot_id))
                     if pooled:
                         await self.pool.discard(session)  # used once; removed in the background
                     else:
