@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from click.testing import CliRunner, Result
 
@@ -129,6 +130,12 @@ def rows() -> dict[str, dict[str, object]]:
     return {r["id"]: r for r in json.loads(done.stdout)["sandboxes"]}
 
 
+def recorded() -> dict[str, dict[str, object]]:
+    """The rows from records: other processes of this user (other tests' state dirs) have sandboxes too, which
+    their backends find (unrecorded, or orphans)."""
+    return {k: r for k, r in rows().items() if r["kind"] not in ("orphan", "unrecorded")}
+
+
 def wait_running(sandbox_id: str, what: str) -> dict[str, object]:
     deadline = time.monotonic() + 30
     while (row := rows().get(sandbox_id)) is None or row["running"] != what:
@@ -222,7 +229,10 @@ def test_a_stale_record_is_not_listed_and_gc_removes_it(holders: list[Holder]) -
     assert sandbox_id in rows()
     holder.proc.send_signal(signal.SIGKILL)
     holder.proc.wait(timeout=30)
-    assert sandbox_id not in rows() and cli("ps").stdout.splitlines()[1:] == []
+    assert recorded() == {}
+    ref = json.loads((live.live_dir() / f"{sandbox_id}.json").read_text())["ref"]
+    orphan = [r for r in rows().values() if r["pid"] == holder.proc.pid]  # its backend still finds it
+    assert [(r["kind"], r["id"]) for r in orphan] == [("orphan", f"bubblewrap-{os.path.basename(ref)}")], orphan
     assert (live.live_dir() / f"{sandbox_id}.json").exists()
     half = live.live_dir() / f".{sandbox_id}.{holder.proc.pid}.tmp"  # as if it died between a write and its rename
     half.write_text("{")
@@ -232,6 +242,7 @@ def test_a_stale_record_is_not_listed_and_gc_removes_it(holders: list[Holder]) -
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)["removed"]["live records"] == [f"live record {sandbox_id} (owner gone)"]
     assert not (live.live_dir() / f"{sandbox_id}.json").exists() and not half.exists()
+    assert not [r for r in rows().values() if r["pid"] == holder.proc.pid]  # gc removed its sandbox too
 
 
 def test_a_backend_that_cannot_kill_refuses_and_the_sandbox_lives_on(holders: list[Holder]) -> None:
@@ -256,8 +267,10 @@ def test_kill_refuses_ids_that_name_no_live_sandbox(bad: str, tmp_path: Path) ->
 
 
 def test_ps_with_nothing_live() -> None:
-    assert cli("ps").stdout.splitlines() == ["ID  KIND  BACKEND  PID  NETWORK  LIMITS  AGE  LEFT  RUNNING"]
-    assert json.loads(cli("ps", "--json").stdout) == {"sandboxes": []}
+    assert cli("ps").stdout.splitlines()[0].split() == ["ID", "KIND", "BACKEND", "PID", "NETWORK", "LIMITS", "AGE",
+                                                        "LEFT", "RUNNING"]
+    said = json.loads(cli("ps", "--json").stdout)
+    assert set(said) == {"sandboxes", "unanswered"} and said["unanswered"] == {} and recorded() == {}
 
 
 def test_ps_and_kill_through_the_resident_server(holders: list[Holder], tmp_path: Path) -> None:
@@ -286,7 +299,7 @@ def test_ps_lists_a_one_shot_run_and_kill_ends_it(backend: str, holders: list[Ho
     holder = Holder(backend, "oneshot")
     holders.append(holder)
     assert holder.first == "ready"
-    assert holder.call("true") == "ok 0 False" and rows() == {}  # a one-shot's record goes with its sandbox
+    assert holder.call("true") == "ok 0 False" and recorded() == {}  # a one-shot's record goes with its sandbox
     assert not list(live.live_dir().glob("*"))
 
     holder.send("/bin/sh", "-c", f"sleep 300 # {SECRET}")
@@ -309,7 +322,7 @@ def test_ps_lists_a_one_shot_run_and_kill_ends_it(backend: str, holders: list[Ho
     assert killed.exit_code == 0, killed.output
     said = holder.line()  # the run the kill cut short says why, not the backend's symptom
     assert said.startswith("error SandboxError") and f"sandbox {sandbox_id} was killed from outside" in said, said
-    assert rows() == {} and not list(live.live_dir().glob("*"))  # its record and kill marker went with it
+    assert recorded() == {} and not list(live.live_dir().glob("*"))  # its record and kill marker went with it
     records = list(audit_reader.records(paths.state_dir() / "audit.jsonl"))
     assert [r["session"] for r in records if r["event"] == "sandbox.kill"] == [sandbox_id]
     # the one-shot's id in `execbox ps` is its id in the audit log (the run the kill ended: its signal's status)
@@ -342,8 +355,97 @@ def test_an_unreadable_record_being_written_is_not_collected(tmp_path: Path) -> 
     fresh.write_text("")
     old.write_text("{")
     os.utime(old, (time.time() - 120, time.time() - 120))
-    assert rows() == {}
+    assert recorded() == {}
     done = cli("gc", "--json")
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)["removed"]["live records"] == ["live record broken (owner gone)"]
     assert fresh.exists() and not old.exists()
+
+
+def _gone_owner(holder: Holder) -> None:
+    holder.proc.send_signal(signal.SIGKILL)
+    holder.proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("backend", ["bubblewrap", "docker"])
+def test_an_orphan_is_listed_from_its_backend_and_kill_ends_it(backend: str, holders: list[Holder]) -> None:
+    """Its owner was SIGKILLed before gc ran: no record lists it (stale), its backend's labels or files do."""
+    require(backend)
+    holder = Holder(backend)
+    holders.append(holder)
+    record = json.loads((live.live_dir() / f"{holder.first}.json").read_text())
+    _gone_owner(holder)
+    listed = rows()
+    assert holder.first not in listed
+    orphans = [r for r in listed.values() if r["kind"] == "orphan" and r["pid"] == holder.proc.pid]
+    assert len(orphans) == 1, listed
+    orphan = orphans[0]
+    assert orphan["backend"] == backend and orphan["running"] is None and 0 <= orphan["age_s"] < 120  # type: ignore[operator]
+    line = next(ln for ln in cli("ps").stdout.splitlines() if ln.startswith(str(orphan["id"])))
+    assert line.split()[1:4] == ["orphan", backend, str(holder.proc.pid)], line
+
+    done = cli("kill", "--json", str(orphan["id"]))
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout) == {"killed": orphan["id"], "backend": backend, "pid": holder.proc.pid}
+    assert orphan["id"] not in rows()
+    if backend == "docker":
+        labels = ["--filter", f"label=io.execbox.session={record['ref']}"]
+        left = subprocess.run(["docker", "ps", "-aq", *labels], capture_output=True, text=True, timeout=60, check=True)
+        assert left.stdout.strip() == ""
+    else:
+        assert not os.path.lexists(record["ref"])  # its session directory, as gc would have removed it
+    kills = [r for r in audit_reader.records(paths.state_dir() / "audit.jsonl") if r["event"] == "sandbox.kill"]
+    assert [(k["session"], k["kind"], k["owner_pid"]) for k in kills] == [(orphan["id"], "orphan", holder.proc.pid)]
+    again = cli("kill", str(orphan["id"]))
+    assert again.exit_code == 2 and "no live sandbox" in again.stderr, again.output
+
+
+def test_a_sandbox_without_a_record_is_listed_as_unrecorded(holders: list[Holder],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    require("bubblewrap")
+    monkeypatch.setattr(live, "_OPENING_S", 0.0)  # listed at once (not only once it is older than an open takes)
+    holder = Holder("bubblewrap")
+    holders.append(holder)
+    for said in live.live_dir().glob(f"{holder.first}.*"):  # as if its owner could not write it
+        said.unlink()
+    listed = [r for r in rows().values() if r["pid"] == holder.proc.pid]
+    assert [(r["kind"], r["backend"]) for r in listed] == [("unrecorded", "bubblewrap")], listed
+    assert 0 <= listed[0]["age_s"] < 60, listed  # type: ignore[operator]
+    holder.send("/bin/sh", "-c", "sleep 300")
+    time.sleep(1)  # nothing says it runs: no record
+    started = time.monotonic()
+    assert cli("kill", str(listed[0]["id"])).exit_code == 0
+    ended = holder.line()  # what ran is ended (no record: no marker tells its owner why)
+    assert ended != "ok 0" and time.monotonic() - started < 30, ended
+
+
+def test_a_record_whose_sandbox_its_backend_does_not_find_is_not_listed() -> None:
+    live.live_dir().mkdir(parents=True, exist_ok=True)
+    me = live.owner_id()
+    for backend in ("bubblewrap", "local_subprocess"):  # local_subprocess cannot say: its record is taken as is
+        record = {"id": f"gone-{backend.replace('_', '-')}", "owner": me, "pid": os.getpid(), "backend": backend,
+                  "ref": "/tmp/execbox-bwrap-1-2-nosuchsession", "created": time.time(),
+                  "deadline": time.time() + 60, "running": "idle"}
+        (live.live_dir() / f"{record['id']}.json").write_text(json.dumps(record))
+    assert list(recorded()) == ["gone-local-subprocess"]
+
+
+def test_a_backend_that_never_answers_does_not_hang_ps(monkeypatch: pytest.MonkeyPatch) -> None:
+    from execbox.backends.bubblewrap.backend import BubblewrapBackend
+
+    async def never(self: object) -> None:
+        await anyio.sleep_forever()
+
+    monkeypatch.setattr(BubblewrapBackend, "owned", never)
+    monkeypatch.setenv("CODE_EXEC_OPEN_TIMEOUT_SEC", "1")
+    live.live_dir().mkdir(parents=True, exist_ok=True)
+    record = {"id": "held", "owner": live.owner_id(), "pid": os.getpid(), "backend": "bubblewrap", "ref": "/nowhere",
+              "created": time.time(), "deadline": time.time() + 60, "running": "idle"}
+    (live.live_dir() / "held.json").write_text(json.dumps(record))
+    started = time.monotonic()
+    done = cli("ps", "--json")
+    assert done.exit_code == 0 and time.monotonic() - started < 20, done.output
+    said = json.loads(done.stdout)
+    assert "held" in [r["id"] for r in said["sandboxes"]] and "bubblewrap" in said["unanswered"], said
+    table = cli("ps")
+    assert "execbox: bubblewrap did not say which sandboxes it has" in table.stderr

@@ -14,9 +14,10 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from execbox.contract.backend import OwnedSandbox
 from execbox.errors import SandboxError
 from execbox.files.workspace import remove_tree
 
@@ -96,19 +97,15 @@ def orphaned(directory: str, pid: int, started: str) -> bool:
     return not pid_alive(pid, started)
 
 
-def orphaned_dirs(prefix: str, parent: str | None = None, owner_file: bool = True) -> list[str]:
-    """The directories PREFIX + owner_tag() + "-" + RANDOM in PARENT (the temp dir by default) whose execbox
-    process is gone: only real directories (never a symlink) of this process's user, as anyone can plant such a
-    name in a shared /tmp and gc may run as root. Judged by ``orphaned`` (OWNER_FILE, else the name); with
-    ``owner_file=False`` by the pid and start time in the name alone: for a directory that holds no file of ours
-    (a cgroup) or whose files the sandbox writes (docker's workspace: an owner file there is the code's). The
-    caller removes them (``workspace.remove_tree``)."""
+def _session_dirs(prefix: str, parent: str | None) -> Iterator[tuple[str, int, str]]:
+    """(path, pid, start time) of each directory PREFIX + owner tag + "-" + RANDOM in PARENT (the temp dir by
+    default): only real directories (never a symlink) of this process's user, as anyone can plant such a name in
+    a shared /tmp and gc may run as root."""
     where = tempfile.gettempdir() if parent is None else parent
-    found = []
     try:
         names = os.listdir(where)
     except OSError:
-        return []
+        return
     for name in names:
         owner = name_owner(name, prefix)
         path = os.path.join(where, name)
@@ -118,9 +115,31 @@ def orphaned_dirs(prefix: str, parent: str | None = None, owner_file: bool = Tru
             st = os.lstat(path)
         except OSError:
             continue
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and (
-                orphaned(path, *owner) if owner_file else not pid_alive(*owner)):
-            found.append(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            yield path, *owner
+
+
+def orphaned_dirs(prefix: str, parent: str | None = None, owner_file: bool = True) -> list[str]:
+    """The session directories (``_session_dirs``) whose execbox process is gone. Judged by ``orphaned``
+    (OWNER_FILE, else the name); with ``owner_file=False`` by the pid and start time in the name alone: for a
+    directory that holds no file of ours (a cgroup) or whose files the sandbox writes (docker's workspace: an owner
+    file there is the code's). The caller removes them (``workspace.remove_tree``)."""
+    return [path for path, pid, started in _session_dirs(prefix, parent)
+            if (orphaned(path, pid, started) if owner_file else not pid_alive(pid, started))]
+
+
+def owned_session_dirs(prefix: str, parent: str | None = None) -> list[OwnedSandbox]:
+    """The session directories (``_session_dirs``) of a backend whose ``kill_ref`` is its directory, for its
+    ``owned``: each with its owner (its OWNER_FILE; else, made here, the pid and start time in its name) and when
+    it was made (its OWNER_FILE's time: written once, where the directory's own changes with what it holds)."""
+    here = socket.gethostname()
+    found = []
+    for path, pid, started in _session_dirs(prefix, parent):
+        try:
+            created: float | None = os.lstat(os.path.join(path, OWNER_FILE)).st_mtime
+        except OSError:
+            created = None
+        found.append(OwnedSandbox(path, read_owner(path) or f"{here}:{pid}:{started}", created))
     return found
 
 

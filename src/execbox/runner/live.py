@@ -11,6 +11,7 @@ A record whose owner (``owner_id``: host, pid, start time) is gone is stale: not
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from execbox.config.paths import state_dir
-from execbox.contract.backend import Session, SessionSpec
+from execbox.contract.backend import OwnedSandbox, Session, SessionSpec
 from execbox.errors import ConfigError, ExecboxError, SandboxError
 from execbox.kit.ownership import owner_alive, owner_id, pid_alive
 
@@ -35,6 +36,9 @@ _RUNNING_BYTES = 64
 # A record being written is unreadable for a moment (a one-shot's is created in place, not renamed into place):
 # gc removes an unreadable one only once it is older than this.
 _WRITING_S = 60.0
+# A sandbox is there before its record (written once it opened): one no record names, of a live owner, is listed
+# as unrecorded only once it is older than this (a docker open with an image to unpack takes seconds).
+_OPENING_S = 30.0
 
 
 def live_dir() -> Path:
@@ -236,6 +240,43 @@ def listing() -> list[dict[str, Any]]:
         record["kind"] = kind(record)
         out.append(record)
     return sorted(out, key=lambda r: float(r.get("created", 0)))
+
+
+def merged(records: list[dict[str, Any]], found: Mapping[str, list[OwnedSandbox] | None]) -> list[dict[str, Any]]:
+    """The records (``listing``) checked against the sandboxes each backend found (``found[backend]``; None or
+    absent: it cannot say): a record whose sandbox its backend no longer finds is left out (it closed between the
+    two looks, or its owner's close failed), unless it was killed (listed as that until its owner closes it); a
+    sandbox that no record names is added (``unrecorded``), after them. Read the
+    records first: a sandbox opened between the two looks is then in neither, never wrongly left out."""
+    named = {(str(r.get("backend")), r.get("ref")) for r in records}
+    out = [r for r in records if r.get("ref") is None or r.get("killed") or found.get(str(r.get("backend"))) is None
+           or r.get("ref") in {s.ref for s in found[str(r.get("backend"))] or ()}]
+    for backend, sandboxes in sorted(found.items()):
+        for sandbox in sandboxes or ():
+            row = None if (backend, sandbox.ref) in named else unrecorded(backend, sandbox)
+            if row is not None:
+                out.append(row)
+    return out
+
+
+def unrecorded(backend: str, sandbox: OwnedSandbox) -> dict[str, Any] | None:
+    """The `execbox ps` row of a sandbox no record names: an ``orphan`` (its owner is gone: SIGKILLed before it
+    closed it, and gc has not run since) or ``unrecorded`` (its owner lives, or its labels do not say who it is,
+    and wrote no record: it could not, or it is of an execbox before records). None for one another host made."""
+    alive = owner_alive(sandbox.owner) if sandbox.owner else True
+    now = time.time()
+    if alive is None or alive and (sandbox.created is None or now - sandbox.created < _OPENING_S):
+        return None  # another host's; or opening, its record not written yet
+    name = os.path.basename(sandbox.ref.rstrip("/"))
+    sandbox_id = f"{backend}-{name}"
+    if not _ID.fullmatch(sandbox_id):
+        sandbox_id = f"{backend[:40]}-{hashlib.sha256(sandbox.ref.encode(errors='replace')).hexdigest()[:16]}"
+    pid = sandbox.owner.split(":")[1] if sandbox.owner.count(":") == 2 else ""
+    return {"id": sandbox_id, "kind": "unrecorded" if alive else "orphan", "backend": backend, "ref": sandbox.ref,
+            "pid": int(pid) if pid.isdigit() else None, "name": None, "network": None, "limits": None,
+            "created": sandbox.created, "deadline": None,
+            "age_s": None if sandbox.created is None else round(now - sandbox.created, 1), "left_s": None,
+            "running": None, "pooled": False, "killed": False}
 
 
 def kind(record: Mapping[str, Any]) -> str:
