@@ -22,7 +22,7 @@ from execbox import Settings
 from execbox.audit import reader as audit_reader
 from execbox.cli import main
 from execbox.config import paths
-from execbox.errors import BackendUnavailableError
+from execbox.errors import BackendUnavailableError, SandboxError
 from execbox.runner import AsyncRunner, live, run_blocking
 from execbox.testing import engine_missing
 
@@ -367,7 +367,7 @@ def _gone_owner(holder: Holder) -> None:
     holder.proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("backend", ["bubblewrap", "docker"])
+@pytest.mark.parametrize("backend", ["bubblewrap", "docker", "gvisor"])
 def test_an_orphan_is_listed_from_its_backend_and_kill_ends_it(backend: str, holders: list[Holder]) -> None:
     """Its owner was SIGKILLed before gc ran: no record lists it (stale), its backend's labels or files do."""
     require(backend)
@@ -449,3 +449,20 @@ def test_a_backend_that_never_answers_does_not_hang_ps(monkeypatch: pytest.Monke
     assert "held" in [r["id"] for r in said["sandboxes"]] and "bubblewrap" in said["unanswered"], said
     table = cli("ps")
     assert "execbox: bubblewrap did not say which sandboxes it has" in table.stderr
+
+
+def test_a_rolled_back_sandbox_is_listed_and_killed_as_its_new_session() -> None:
+    """A rollback replaces the sandbox's session: its record names the new one (what its backend finds, and kills)."""
+    require("bubblewrap")
+
+    async def go() -> None:
+        async with AsyncRunner(Settings.from_env(backend="bubblewrap")) as runner, runner.sandbox("bubblewrap") as sb:
+            await sb.rollback(await sb.snapshot())
+            ref = json.loads((live.live_dir() / f"{sb.id}.json").read_text())["ref"]
+            assert ref and os.path.isdir(ref)
+            assert (await runner.sandboxes())[0][0]["id"] == sb.id
+            await runner.kill(sb.id)
+            with pytest.raises(SandboxError, match="killed from outside"):
+                await sb.exec("true")
+
+    run_blocking(go)

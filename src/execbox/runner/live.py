@@ -98,6 +98,11 @@ def opened(sandbox_id: str, backend: str, session: Session, spec: SessionSpec, *
     return record
 
 
+def rewrite(record: dict[str, Any]) -> None:
+    """A sandbox's record after its session changed (a restore in place: a new ``ref``), atomically."""
+    _write(record["id"], record)
+
+
 def oneshot(sandbox_id: str, backend: str, session: Session, spec: SessionSpec, what: str, *, timeout_s: float,
             pooled: bool) -> None:
     """The record of a one-shot run's sandbox, which runs ``what`` (argv[0]'s name) until ``timeout_s`` from now

@@ -589,6 +589,7 @@ class AsyncSandbox:
         kernel, self._kernel, self._session = self._kernel, None, new
         if self._record is not None:  # the new session is what `execbox kill` ends now
             self._record["ref"] = new.kill_ref
+            live.rewrite(self._record)
             live.running(self._record, live.IDLE)
         self._state_lost_next = not snap.memory
         with anyio.CancelScope(shield=True):
