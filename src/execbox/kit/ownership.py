@@ -188,6 +188,10 @@ class OwnerLabels:
         """Made by execbox and kept on purpose."""
         return tags.get(self.mark) == "1" and self.persist is not None and tags.get(self.persist) == "true"
 
+    def made_here(self, tags: Mapping[str, str]) -> bool:
+        """Made by execbox, by a process on this host (alive or not): what `execbox kill` may end from here."""
+        return tags.get(self.mark) == "1" and owner_alive(tags.get(self.owner, "")) is not None
+
     def orphan_reason(self, tags: Mapping[str, str], now: float | None = None) -> str | None:
         """Why gc may remove a sandbox with these labels ("expired", "orphaned": its owner is gone), or None to
         keep it (not execbox's, kept on purpose, or alive and in time)."""

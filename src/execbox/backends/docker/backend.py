@@ -498,7 +498,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         import docker
 
         found = self.call(lambda c: c.api.containers(all=True, filters={"label": [LABEL, f"{L_SESSION}={ref}"]}))
-        ours = [item for item in found if owner_alive((item.get("Labels") or {}).get(L_OWNER, "")) is not None]
+        ours = [item for item in found if DOCKER_LABELS.made_here(item.get("Labels") or {})]
         if not ours:
             raise SandboxError(f"no docker sandbox {ref!r} of execbox on this host", backend="docker")
         for item in ours:
