@@ -207,11 +207,12 @@ class OwnerLabels:
         return None
 
 
-def kill_session_processes(ref: str, prefix: str, parent: str | None = None) -> int:
+def kill_session_processes(ref: str, prefix: str, parent: str | None = None, owner_file: bool = True) -> int:
     """`execbox kill` of a session directory's sandbox: SIGKILL every process of this user whose command line names
     the directory ``ref`` (the launcher's arguments carry it: bwrap's binds, runsc's --root); how many. Only a
     directory execbox made: PREFIX + owner tag directly in ``parent`` (the temp dir), a real directory of this user
-    carrying an owner file, else SandboxError. The directory stays: its owner removes it (gc, once it is gone)."""
+    carrying an owner file (``owner_file=False``: a workspace, whose files are the code's, goes by its name alone),
+    else SandboxError. The directory stays: its owner removes it (gc, once it is gone)."""
     where = os.path.realpath(parent or tempfile.gettempdir())
     path = os.path.join(where, os.path.basename(ref))
     try:
@@ -219,7 +220,7 @@ def kill_session_processes(ref: str, prefix: str, parent: str | None = None) -> 
     except (OSError, ValueError):
         st = None
     if (os.path.normpath(ref) != path or name_owner(os.path.basename(path), prefix) is None or st is None
-            or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or read_owner(path) is None):
+            or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or owner_file and read_owner(path) is None):
         raise SandboxError(f"no sandbox session {ref!r} of execbox on this host")
     needle = os.fsencode(path)
     killed = 0
