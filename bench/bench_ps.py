@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any
+from typing import Any, cast
 
 from execbox import Runner, Settings
-from execbox.contract.backend import SessionSpec
+from execbox.contract.backend import Session, SessionSpec
 from execbox.contract.models import Limits
 from execbox.runner import live
 
@@ -56,7 +56,8 @@ def main() -> None:
     n = 3000
     started = time.perf_counter()
     for i in range(n):
-        live.oneshot(f"bench{i}", args.backend, _Session(), spec, "python3", timeout_s=30, pooled=False)
+        live.oneshot(f"bench{i}", args.backend, cast(Session, _Session()), spec, "python3", timeout_s=30,
+                     pooled=False)
         with live.told_if_killed(f"bench{i}", args.backend, ""):
             pass
         live.closed(f"bench{i}", marks=live.killed(f"bench{i}"))
