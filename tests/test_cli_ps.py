@@ -55,6 +55,12 @@ HOLDER = textwrap.dedent("""
             sys.stdin.readline()
             sys.exit(0)
         with runner.sandbox(backend, network=network, limits={"memory_mb": 256}) as sb:
+            if mode == "unwatched":  # docker's watchdog stopped (as where it cannot start): a SIGKILL leaves an orphan
+                import os
+                from execbox.backends.docker import session as ds
+                if os.getpid() in ds._watchdogs:
+                    ds._watchdogs[os.getpid()].kill()
+                    ds._watchdogs[os.getpid()].wait()
             print(sb.id, flush=True)
             for line in iter(sys.stdin.readline, ""):
                 try:
@@ -371,7 +377,7 @@ def _gone_owner(holder: Holder) -> None:
 def test_an_orphan_is_listed_from_its_backend_and_kill_ends_it(backend: str, holders: list[Holder]) -> None:
     """Its owner was SIGKILLed before gc ran: no record lists it (stale), its backend's labels or files do."""
     require(backend)
-    holder = Holder(backend)
+    holder = Holder(backend, "unwatched")
     holders.append(holder)
     record = json.loads((live.live_dir() / f"{holder.first}.json").read_text())
     _gone_owner(holder)
