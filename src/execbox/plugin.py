@@ -67,6 +67,8 @@ each piece's contract.
                      (PREFIX + pid-start + random names, and reading them back), orphaned_dirs (those of dead owners);
                      OwnerLabels (the labels of a sandbox that carries them: make, orphan_reason, kept);
                      kill_session_processes (`execbox kill` of a session directory's sandbox: its processes)
+                     ExecutionBackend.owned, OwnedSandbox (the sandboxes it finds by its labels or files, for
+                     `execbox ps`), owned_session_dirs (those of a backend whose kill_ref is its session directory)
                      ExecutionBackend.sweeps_on_first_use (gc after the first check of each process; the scope
                      of one sweep: sweep_scope)
     errors           the error tree of ``execbox`` (BackendUnavailableError with ``fix=``, SandboxError,
@@ -79,7 +81,7 @@ from __future__ import annotations
 from execbox.config.paths import state_dir
 from execbox.config.settings import EnvSettings as BackendSettings
 from execbox.config.settings import Settings, comma_list, setting, uid_gid
-from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, SharedSettings, Verdict
+from execbox.contract.backend import ExecutionBackend, OwnedSandbox, Session, SessionSpec, SharedSettings, Verdict
 from execbox.contract.hookspecs import PluginWarning, Register, hookimpl
 from execbox.contract.models import (
     Capabilities,
@@ -129,6 +131,7 @@ from execbox.kit.ownership import (
     name_owner,
     orphaned,
     orphaned_dirs,
+    owned_session_dirs,
     owner_alive,
     owner_id,
     owner_tag,
@@ -210,7 +213,10 @@ from execbox.policy.seccomp import DENY_ERRNO as SECCOMP_DENY_ERRNO
 # snapshot_limits, SnapshotError (a provider's part of a snapshot expired or unknown).
 # 2.5: Session.kill_ref and ExecutionBackend.kill (`execbox kill`: end a sandbox held by another process),
 # kill_session_processes.
-KIT_VERSION = "2.5"
+# 2.6: ExecutionBackend.owned and OwnedSandbox (the sandboxes a backend finds by its ownership labels or files, for
+# `execbox ps` to list orphans and leave out records whose sandbox is gone; default None: it cannot say),
+# owned_session_dirs.
+KIT_VERSION = "2.6"
 
 __all__ = [
     "ARMED",
@@ -272,6 +278,8 @@ __all__ = [
     "orphaned",
     "orphaned_dirs",
     "OutputEvent",
+    "owned_session_dirs",
+    "OwnedSandbox",
     "owner_alive",
     "OWNER_FILE",
     "owner_id",

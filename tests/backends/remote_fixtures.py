@@ -262,3 +262,32 @@ def check_restored_session_checks_paths(backend: str) -> None:
 
     anyio.run(go)
     runner.delete_snapshot(snap)
+
+
+def check_kill(backend: str, ended: Callable[[str], bool], foreign: str) -> None:
+    """`execbox kill` of a sandbox another runner holds ends it through the provider (``ended(ref)``), and its
+    owner's next call says so; a sandbox execbox did not make (``foreign``, its ref) and a ref that names none
+    are refused."""
+    import json
+
+    from execbox import Runner, Settings
+    from execbox.errors import SandboxError
+    from execbox.runner import AsyncRunner, live, run_blocking
+
+    with Runner(Settings.from_env(backend=backend)).sandbox(backend) as sb:
+        sb.exec("true")
+        ref = json.loads((live.live_dir() / f"{sb.id}.json").read_text())["ref"]
+        assert ref and not ended(ref)
+
+        async def kill(what: str, *, direct: bool = False) -> None:
+            async with AsyncRunner(Settings.from_env(backend=backend)) as other:
+                await (other.backend(backend).kill(what) if direct else other.kill(what))
+
+        run_blocking(lambda: kill(sb.id))
+        assert ended(ref)
+        with pytest.raises(SandboxError, match=r"killed from outside \(`execbox kill`\)"):
+            sb.exec("true")
+    for bad in (foreign, "no-such-sandbox"):
+        with pytest.raises(SandboxError, match="no .* sandbox .* of execbox on this host"):
+            run_blocking(lambda bad=bad: kill(bad, direct=True))  # type: ignore[misc]
+    assert not ended(foreign)

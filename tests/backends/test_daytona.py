@@ -16,6 +16,7 @@ from execbox.contract.models import Limits
 from execbox.errors import BackendUnavailableError, ConfigError, UnsupportedPolicyError
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
+    check_kill,
     check_restored_session_checks_paths,
     check_session_file_calls,
     check_snapshots,
@@ -319,3 +320,22 @@ def test_a_persisted_named_sandbox_does_not_start_from_a_snapshot(daytona_fake,
 
 def test_a_restored_session_checks_paths_from_the_start(daytona_fake) -> None:
     check_restored_session_checks_paths("daytona")
+
+
+def test_kill_deletes_the_sandbox_of_another_runner(daytona_fake) -> None:
+    import daytona
+
+    foreign = daytona.Daytona().create(daytona.CreateSandboxFromImageParams(image="x", name="foreign",
+                                                                              labels={"team": "other"}))
+    check_kill("daytona", lambda ref: ref not in daytona_fake.sandboxes, foreign.id)
+
+
+def test_kill_stops_a_kept_sandbox_rather_than_deleting_it(daytona_fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    import daytona
+
+    from execbox.plugin import REMOTE_LABELS
+
+    kept = daytona.Daytona().create(daytona.CreateSandboxFromImageParams(
+        image="x", name="kept", labels=REMOTE_LABELS.make(60, persist=True)))
+    anyio.run(runner().aio.backend("daytona").kill, kept.id)
+    assert daytona_fake.sandboxes[kept.id].state == daytona.SandboxState.STOPPED

@@ -17,6 +17,7 @@ from execbox.errors import BackendUnavailableError, SandboxError
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
     assert_settings_read_on_use,
+    check_kill,
     check_restored_session_checks_paths,
     check_session_file_calls,
     check_snapshots,
@@ -244,3 +245,12 @@ def test_an_expired_image_is_a_snapshot_error(modal_fake) -> None:
 
 def test_a_restored_session_checks_paths_from_the_start(modal_fake) -> None:
     check_restored_session_checks_paths("modal")
+
+
+def test_kill_terminates_the_sandbox_of_another_runner(modal_fake) -> None:
+    import modal
+
+    app = modal.App.lookup("execbox", create_if_missing=True)
+    foreign = modal.Sandbox.create(app=app, tags={"owner": "someone-else"})
+    check_kill("modal", lambda ref: modal_fake.sandboxes[ref].poll() is not None, foreign.object_id)
+    foreign.terminate()

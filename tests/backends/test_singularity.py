@@ -310,3 +310,67 @@ def test_gc_removes_what_dead_processes_left(apptainer: Fake) -> None:
         assert live.exists() and not stale.exists()
     finally:
         fake.stop_all(apptainer.state)
+
+
+# --- execbox kill --------------------------------------------------------------------------------------------
+
+def _kill_from_another_runner(sandbox_id: str) -> None:
+    from execbox.runner import AsyncRunner, run_blocking
+
+    async def kill() -> None:
+        async with AsyncRunner(Settings.from_env(backend="singularity")) as other:
+            await other.kill(sandbox_id)
+
+    run_blocking(kill)
+
+
+def _instances(apptainer: Fake) -> list[str]:
+    listed = subprocess.run([str(apptainer.bin / "apptainer"), "instance", "list", "--json"], capture_output=True,
+                            text=True, check=True).stdout
+    return [i["instance"] for i in json.loads(listed)["instances"]]
+
+
+def test_kill_stops_a_session_s_instance(apptainer: Fake) -> None:
+    from execbox.runner import live
+
+    with apptainer.runner().sandbox("singularity") as sb:
+        sb.exec("true")
+        ref = json.loads((live.live_dir() / f"{sb.id}.json").read_text())["ref"]
+        assert ref in _instances(apptainer)
+        _kill_from_another_runner(sb.id)
+        assert ref not in _instances(apptainer)
+        with pytest.raises(SandboxError, match=r"killed from outside \(`execbox kill`\)"):
+            sb.exec("true")
+
+
+def test_kill_ends_a_one_shot_run_s_processes(apptainer: Fake) -> None:
+    import threading
+
+    from execbox.runner import live
+
+    marker = f"oneshot-{uuid.uuid4().hex}"
+    said: list[object] = []
+
+    def run() -> None:
+        try:
+            said.append(apptainer.runner().run(["sh", "-c", f"sleep 300; : {marker}"], timeout=120))
+        except SandboxError as exc:
+            said.append(exc)
+
+    holder = threading.Thread(target=run)
+    holder.start()
+    assert wait_until(lambda: list(live.live_dir().glob("*.json")) if live.live_dir().exists() else [], 30)
+    sandbox_id = next(live.live_dir().glob("*.json")).stem
+    assert wait_until(lambda: marker in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout,
+                      30)
+    _kill_from_another_runner(sandbox_id)
+    holder.join(30)
+    assert not holder.is_alive() and isinstance(said[0], SandboxError), said
+    assert "killed from outside" in str(said[0])
+    assert marker not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("ref", ["execbox-1-2-abc123", "someone-elses", "/tmp", "/tmp/execbox-sing-nope"])
+def test_kill_refuses_what_execbox_did_not_start_here(apptainer: Fake, ref: str) -> None:
+    with pytest.raises(SandboxError, match="no singularity instance|no sandbox session"):
+        anyio.run(SingularityBackend(Settings.from_env()).kill, ref)

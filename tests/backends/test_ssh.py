@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import tracemalloc
 import uuid
@@ -34,6 +35,7 @@ from execbox import (
 from execbox.backends.ssh import SshBackend
 from execbox.contract.backend import SessionSpec
 from execbox.plugin import ExecSpec
+from execbox.runner import AsyncRunner, run_blocking
 from tests.support.sshd import SshServer, paramiko_installed, remote_processes, sshd_server  # noqa: F401  (fixtures)
 from tests.support.waiting import wait_until
 
@@ -402,3 +404,43 @@ def test_absolute_paths_outside_the_workspace_go_through_the_remote_shell(ssh_en
         with pytest.raises(SandboxIsADirectoryError):
             sb.read_file(str(tmp_path))
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# --- execbox kill --------------------------------------------------------------------------------------------
+
+def test_kill_ends_the_session_s_remote_processes_and_its_owner_is_told(sshd_server: SshServer, ssh_env) -> None:
+    marker = f"killed-{uuid.uuid4().hex}"
+    said: list[BaseException | object] = []
+    with attested(ssh_env).sandbox("ssh", network="host") as sb:
+        sb.write_file("kept.txt", b"x")
+        workspace = sb.exec(["pwd"]).stdout.strip()
+
+        def hold() -> None:
+            try:
+                said.append(sb.exec(f"sleep 300; : {marker}", timeout=120))
+            except Exception as exc:
+                said.append(exc)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert wait_until(lambda: leftovers(sshd_server, marker), 10)
+
+        async def kill() -> None:
+            async with AsyncRunner(Settings.from_env(backend="ssh")) as other:
+                await other.kill(sb.id)
+
+        run_blocking(kill)
+        holder.join(30)
+        assert not holder.is_alive() and not leftovers(sshd_server, marker)
+        assert isinstance(said[0], SandboxError) and "killed from outside" in str(said[0]), said
+        assert not os.path.exists(workspace)  # its files went with it
+        with pytest.raises(SandboxError, match=r"killed from outside \(`execbox kill`\)"):
+            sb.exec("true")
+
+
+@pytest.mark.parametrize("ref", ["../etc", "1-2", "9999999999-0123456789abcdef", "x" * 40])
+def test_kill_refuses_what_names_no_session_here(ssh_env, ref: str) -> None:
+    ssh_env(CODE_EXEC_SSH_SANDBOXED="true")
+    backend = SshBackend(Settings.from_env(backend="ssh"))
+    with pytest.raises(SandboxError, match="no ssh sandbox"):
+        run_blocking(lambda: backend.kill(ref))

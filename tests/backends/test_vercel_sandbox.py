@@ -15,6 +15,7 @@ from execbox.errors import BackendUnavailableError, UnsupportedPolicyError
 from execbox.testing.conformance import BackendConformance
 from tests.backends.remote_fixtures import (  # noqa: F401 - fixtures
     assert_settings_read_on_use,
+    check_kill,
     check_session_file_calls,
     fake_service,
     recorded,
@@ -187,3 +188,10 @@ def test_recorded_calls_bind_against_the_real_sdk(vercel_fake, recorded) -> None
         sb.run_code("import time; time.sleep(10)", timeout=1)
     anyio.run(r.aio.backend("vercel_sandbox").gc)
     recorded("vercel", vercel_fake)
+
+
+def test_kill_destroys_the_sandbox_of_another_runner(vercel_fake) -> None:
+    from vercel.sandbox import sync
+
+    sync.create_sandbox(name="foreign", tags={"team": "x"})
+    check_kill("vercel_sandbox", lambda ref: ref not in vercel_fake.sandboxes, "foreign")

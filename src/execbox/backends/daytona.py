@@ -139,6 +139,7 @@ class DaytonaSession(RemoteSession):
         super().__init__(sandbox, workspace, oneshot=oneshot, dirty=persist)
         self.backend = backend
         self.persist = persist
+        self.kill_ref = sandbox.id  # Daytona.get finds it again
         self._finished: list[str] = []  # control directories of runs collected, for the next run to remove
         self._finished_lock = threading.Lock()
 
@@ -444,6 +445,31 @@ class DaytonaBackend(ExecutionBackend[DaytonaSettings]):
             raise self.credentials_error(str(exc)) from exc
         except daytona.DaytonaError as exc:
             raise SandboxError(f"daytona could not delete snapshot {name!r}: {exc}", backend=self.name) from exc
+
+    async def kill(self, ref: str) -> None:
+        await sdk_call(self._kill, ref)
+
+    def _kill(self, ref: str) -> None:
+        """`execbox kill`: delete the sandbox ``ref`` (its id), only one execbox made on this host; one kept on
+        purpose (a named, resumable one) is stopped instead, as its owner's close does."""
+        daytona = _errors()
+        client = self._client()
+        try:
+            sandbox = client.get(ref)
+            labels = dict(sandbox.labels or {})
+        except daytona.DaytonaAuthenticationError as exc:
+            raise self.credentials_error(str(exc)) from exc
+        except daytona.DaytonaError:  # not found, or not an id at all
+            labels = {}
+        if not REMOTE_LABELS.made_here(labels):
+            raise SandboxError(f"no daytona sandbox {ref!r} of execbox on this host", backend=self.name)
+        try:
+            if REMOTE_LABELS.kept(labels):
+                sandbox.stop()
+            else:
+                sandbox.delete()
+        except daytona.DaytonaError as exc:
+            raise SandboxError(f"daytona could not end sandbox {ref}: {exc}", backend=self.name) from exc
 
     async def gc(self) -> list[str]:
         return await sdk_call(self._gc)

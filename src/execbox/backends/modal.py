@@ -93,6 +93,7 @@ class ModalSession(RemoteSession):
     def __init__(self, backend: ModalBackend, sandbox: Any, oneshot: bool) -> None:
         super().__init__(sandbox, WORKSPACE, oneshot=oneshot)
         self.backend = backend
+        self.kill_ref = sandbox.object_id  # Sandbox.from_id finds it again
 
     def sdk_error(self, exc: Exception, doing: str, path: str | None = None) -> ExecboxError | None:
         errors = _modal_errors()
@@ -300,6 +301,28 @@ class ModalBackend(ExecutionBackend[ModalSettings]):
         # Nothing to call: Modal has no deletion for a filesystem snapshot's image; it expires at its ttl
         # (CODE_EXEC_SNAPSHOT_MAX_AGE_SEC and an hour when it was taken), which bounds what a removed snapshot leaves.
         return None
+
+    async def kill(self, ref: str) -> None:
+        await sdk_call(self._kill, ref)
+
+    def _kill(self, ref: str) -> None:
+        """`execbox kill`: terminate the sandbox ``ref`` (its object id), only one execbox made on this host."""
+        import modal
+
+        errors = _modal_errors()
+        try:
+            sandbox = modal.Sandbox.from_id(ref, client=self._client())
+            ours = REMOTE_LABELS.made_here(sandbox.get_tags())
+        except errors.AuthError as exc:
+            raise self.credentials_error(str(exc)) from exc
+        except (errors.NotFoundError, errors.InvalidError):
+            ours = False
+        if not ours:
+            raise SandboxError(f"no modal sandbox {ref!r} of execbox on this host", backend=self.name)
+        try:
+            sandbox.terminate()
+        except errors.Error as exc:
+            raise SandboxError(f"modal could not terminate sandbox {ref}: {exc}", backend=self.name) from exc
 
     async def gc(self) -> list[str]:
         return await sdk_call(self._gc)

@@ -61,6 +61,7 @@ from execbox.plugin import (
     Settings,
     Verdict,
     create_cleanly,
+    kill_session_processes,
     name_owner,
     orphaned_dirs,
     owner_tag,
@@ -118,6 +119,9 @@ class SingularitySession(Session):
         self.host_dir = host_dir
         self.host_workspace = host_dir
         self.instance = instance
+        # `execbox kill`: a session's instance by its name; a one-shot's processes by its workspace on their
+        # command lines (the bind)
+        self.kill_ref = instance or host_dir
         self._closed = False
 
     def _argv(self, request: ExecSpec) -> list[str]:
@@ -319,6 +323,27 @@ class SingularityBackend(ExecutionBackend[SingularitySettings]):
 
         # runs `instance start` to its end even if the caller is cancelled meanwhile, then stops what it made
         return await create_cleanly(start, SingularitySession.close_blocking)
+
+    async def kill(self, ref: str) -> None:
+        if not ref.startswith("/"):
+            await self._stop_instance(ref)
+            return
+        tmpdir = self.settings.tmpdir
+        await anyio.to_thread.run_sync(lambda: kill_session_processes(
+            ref, _WORKSPACE_PREFIX, str(tmpdir) if tmpdir else None, owner_file=False))
+
+    async def _stop_instance(self, name: str) -> None:
+        """A session's instance stopped (its close's call): only an instance execbox named, that is running."""
+        listed = await self.run_binary(["instance", "list", "--json"], timeout=60)
+        try:
+            running = {str(i.get("instance", "")) for i in json.loads(listed.stdout or "{}").get("instances", [])}
+        except (json.JSONDecodeError, AttributeError):
+            running = set()
+        if name_owner(name, f"{_INSTANCE_PREFIX}-") is None or name not in running:
+            raise SandboxError(f"no singularity instance {name!r} of execbox on this host", backend=NAME)
+        stopped = await self.run_binary(["instance", "stop", "-t", "5", name], timeout=60)
+        if stopped.returncode != 0:
+            raise SandboxError(f"could not stop the instance {name}: {_tail(stopped.stderr)}", backend=NAME)
 
     async def gc(self) -> list[str]:
         """Stop instances and remove workspaces whose execbox process is gone: both are named pid-starttime

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import posixpath
+import re
 import secrets
 import select
 import shlex
@@ -174,6 +175,10 @@ for tok in "$@"; do
   rm -rf -- "$dir/execbox-$tok" "$dir/execbox-$tok".stdin-*
 done
 """
+
+
+#: A session's token (and ``kill_ref``): its expiry (Unix seconds), then 16 random hex digits.
+_TOKEN = re.compile(r"[0-9]{1,12}-[0-9a-f]{16}")
 
 
 class SshSettings(BackendSettings):
@@ -410,6 +415,7 @@ class SshSession(Session):
         self.conn = conn
         self.workspace = workspace
         self.token = token
+        self.kill_ref = token  # its remote workspace's name, and the marker its processes carry
         self._closed = False
         self._has_python: bool | None = None
 
@@ -683,7 +689,7 @@ class SshBackend(ExecutionBackend[SshSettings]):
 
     def _open(self, spec: SessionSpec, made: list[SshSession]) -> None:
         conn = self._connect()
-        token = f"{int(time.time() + spec.lifetime_s)}-{secrets.token_hex(8)}"
+        token = f"{int(time.time() + spec.lifetime_s)}-{secrets.token_hex(8)}"  # _TOKEN
         workspace = posixpath.join(self.settings.remote_tmp, f"execbox-{token}")
         try:
             with conn.sftp_lock:
@@ -693,6 +699,28 @@ class SshBackend(ExecutionBackend[SshSettings]):
             raise SandboxError(f"cannot create the remote workspace {workspace} on {self.settings.target}: {exc}",
                                backend=NAME) from None
         made.append(SshSession(self, conn, workspace, token))
+
+    async def kill(self, ref: str) -> None:
+        await anyio.to_thread.run_sync(self._kill, ref)
+
+    def _kill(self, ref: str) -> None:
+        """`execbox kill`: what the session ``ref`` runs on the remote host killed and its workspace removed (its
+        close's clean-up); its owner's connection stays, for its owner's close. Only a workspace execbox names."""
+        workspace = posixpath.join(self.settings.remote_tmp, f"execbox-{ref}")
+        if _TOKEN.fullmatch(ref) is None:
+            raise SandboxError(f"no ssh sandbox {ref!r} of execbox", backend=NAME)
+        conn = self._connect()
+        try:
+            try:
+                with conn.sftp_lock:
+                    found = stat.S_ISDIR(conn.sftp.lstat(workspace).st_mode or 0)
+            except OSError:
+                found = False
+            if not found:
+                raise SandboxError(f"no ssh sandbox {ref!r} of execbox on {self.settings.target}", backend=NAME)
+            conn.run_small(_CLEANUP, [self.settings.remote_tmp, ref], timeout=60)
+        finally:
+            conn.close()
 
     async def gc(self) -> list[str]:
         return await anyio.to_thread.run_sync(self._gc)

@@ -81,6 +81,7 @@ class VercelSession(RemoteSession):
     def __init__(self, backend: VercelSandboxBackend, sandbox: Any, oneshot: bool) -> None:
         super().__init__(sandbox, WORKSPACE, oneshot=oneshot)
         self.backend = backend
+        self.kill_ref = sandbox.name  # get_sandbox finds it again
 
     def sdk_error(self, exc: Exception, doing: str, path: str | None = None) -> ExecboxError | None:
         sync = _sync()
@@ -223,6 +224,27 @@ class VercelSandboxBackend(ExecutionBackend[VercelSettings]):
                 persistent=False, network_policy=policy, tags=REMOTE_LABELS.make(spec.lifetime_s)))
         except sync.SandboxError as exc:
             raise self.sdk_error(exc, "creating a sandbox") from exc
+
+    async def kill(self, ref: str) -> None:
+        await sdk_call(self._kill, ref)
+
+    def _kill(self, ref: str) -> None:
+        """`execbox kill`: stop and destroy the sandbox ``ref`` (its name), only one execbox made on this host."""
+        sync = _sync()
+        try:
+            sandbox = sync.get_sandbox(name=ref)
+            ours = REMOTE_LABELS.made_here(dict(sandbox.tags or {}))
+        except sync.SandboxError as exc:
+            if getattr(exc, "status_code", None) not in (400, 404, 410):
+                raise self.sdk_error(exc, f"looking up sandbox {ref}") from exc
+            ours = False
+        if not ours:
+            raise SandboxError(f"no vercel sandbox {ref!r} of execbox on this host", backend=self.name)
+        try:
+            sandbox.stop()
+            sandbox.destroy()
+        except sync.SandboxError as exc:
+            raise self.sdk_error(exc, f"ending sandbox {ref}") from exc
 
     async def gc(self) -> list[str]:
         return await sdk_call(self._gc)

@@ -1,5 +1,6 @@
 """`execbox ps`: the live sandboxes of this user on this host, whatever process and backend holds them; `execbox kill
-ID`: end one through its backend (audited). Both read the runner's records (execbox.runner.live)."""
+ID`: end one through its backend (audited). Both read the runner's records (execbox.runner.live), checked against
+what the backends find by their ownership labels or files (AsyncRunner.sandboxes)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import click
 
 from execbox.cli.common import fail, load_settings
 from execbox.errors import ExecboxError
-from execbox.runner import AsyncRunner, live, run_blocking
+from execbox.runner import AsyncRunner, run_blocking
 
 #: What `--json` gives of a record (the kill_ref is the backend's business).
-FIELDS = ("id", "backend", "pid", "name", "network", "limits", "created", "deadline", "age_s", "left_s", "running",
-          "pooled", "killed")
+FIELDS = ("id", "kind", "backend", "pid", "name", "network", "limits", "created", "deadline", "age_s", "left_s",
+          "running", "pooled", "killed")
 
 
-def _duration(seconds: float) -> str:
+def _duration(seconds: float | None) -> str:
+    if seconds is None:  # an orphan's, or an unrecorded one's: its backend's labels or files do not say
+        return "-"
     s = max(int(seconds), 0)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
@@ -32,20 +35,37 @@ def _limits(limits: Any) -> str:
 @click.command()
 @click.option("--json", "as_json", is_flag=True)
 def ps(as_json: bool) -> None:
-    """List the live sandboxes of this user on this host, across processes and backends: owner pid, backend,
-    network and limits, age, time left, what runs (argv[0] only, or idle), pooled or not."""
-    records = live.listing()
+    """List the live sandboxes of this user on this host, across processes and backends: kind (a sandbox, a
+    warm-pool member, a one-shot run's; an orphan, whose owner is gone, or an unrecorded one, found by its
+    backend's ownership labels or files), owner pid, backend, network and limits, age, time left (to its
+    lifetime's end; a one-shot's: to its timeout), what runs (argv[0] only, or idle)."""
+    runner = AsyncRunner(load_settings(as_json))
+
+    async def go() -> tuple[list[dict[str, Any]], dict[str, str]]:
+        try:
+            return await runner.sandboxes()
+        finally:
+            await runner.aclose()
+
+    try:
+        records, unanswered = run_blocking(go)
+    except ExecboxError as exc:
+        fail(exc, as_json)
     if as_json:
-        click.echo(json.dumps({"sandboxes": [{k: r.get(k) for k in FIELDS} for r in records]}))
+        click.echo(json.dumps({"sandboxes": [{k: r.get(k) for k in FIELDS} for r in records],
+                               "unanswered": unanswered}))
         return
-    rows = [("ID", "BACKEND", "PID", "NETWORK", "LIMITS", "AGE", "LEFT", "RUNNING", "POOLED")]
+    rows = [("ID", "KIND", "BACKEND", "PID", "NETWORK", "LIMITS", "AGE", "LEFT", "RUNNING")]
     for r in records:
-        rows.append((str(r["id"]), str(r.get("backend")), str(r.get("pid")), str(r.get("network")),
-                     _limits(r.get("limits")), _duration(r["age_s"]), _duration(r["left_s"]),
-                     "(killed)" if r["killed"] else str(r.get("running")), "yes" if r.get("pooled") else "no"))
+        rows.append((str(r["id"]), str(r["kind"]), str(r.get("backend")), str(r.get("pid") or "-"),
+                     str(r.get("network") or "-"), _limits(r.get("limits")), _duration(r.get("age_s")),
+                     _duration(r.get("left_s")), "(killed)" if r["killed"] else str(r.get("running") or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for name, why in sorted(unanswered.items()):
+        click.echo(f"execbox: {name} did not say which sandboxes it has ({why}): its records are listed as they "
+                   "are", err=True)
 
 
 @click.command()

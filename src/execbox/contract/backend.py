@@ -132,6 +132,18 @@ class SessionSpec:
     restore: SnapshotRestore | None = None
 
 
+@dataclass(frozen=True)
+class OwnedSandbox:
+    """A live sandbox a backend finds by its ownership labels or files (``ExecutionBackend.owned``)."""
+
+    #: What ``ExecutionBackend.kill`` takes: the ``Session.kill_ref`` of the session it is.
+    ref: str
+    #: ``owner_id()`` of the process that made it (host:pid:start time); "" when its labels or files do not say.
+    owner: str
+    #: When it was made (Unix seconds), if its labels or files say.
+    created: float | None = None
+
+
 class Session(ABC):
     """One live sandbox: a workspace that persists across execs until ``close``.
 
@@ -412,6 +424,14 @@ class ExecutionBackend(ABC, Generic[S]):
     async def gc(self) -> list[str]:
         """Remove expired or orphaned resources this backend created (only its own). Returns what was removed."""
         return []
+
+    async def owned(self) -> list[OwnedSandbox] | None:
+        """Every sandbox this backend made that is there now on this host (found as gc finds them: its ownership
+        labels or files), whichever process of this user holds it, or held it and is gone. `execbox ps` lists
+        those no record names (an orphan, whose owner is gone, or one whose owner wrote no record), and leaves out a
+        record whose sandbox is not among them. Cheap (a directory listing, one API call), and never starting an
+        engine that is not running. None (the default): it cannot say; the records are listed as they are."""
+        return None
 
     async def kill(self, ref: str) -> None:
         """End the live sandbox whose ``Session.kill_ref`` is ``ref``, held by any process of this user on this

@@ -14,9 +14,10 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from execbox.contract.backend import OwnedSandbox
 from execbox.errors import SandboxError
 from execbox.files.workspace import remove_tree
 
@@ -96,19 +97,15 @@ def orphaned(directory: str, pid: int, started: str) -> bool:
     return not pid_alive(pid, started)
 
 
-def orphaned_dirs(prefix: str, parent: str | None = None, owner_file: bool = True) -> list[str]:
-    """The directories PREFIX + owner_tag() + "-" + RANDOM in PARENT (the temp dir by default) whose execbox
-    process is gone: only real directories (never a symlink) of this process's user, as anyone can plant such a
-    name in a shared /tmp and gc may run as root. Judged by ``orphaned`` (OWNER_FILE, else the name); with
-    ``owner_file=False`` by the pid and start time in the name alone: for a directory that holds no file of ours
-    (a cgroup) or whose files the sandbox writes (docker's workspace: an owner file there is the code's). The
-    caller removes them (``workspace.remove_tree``)."""
+def _session_dirs(prefix: str, parent: str | None) -> Iterator[tuple[str, int, str]]:
+    """(path, pid, start time) of each directory PREFIX + owner tag + "-" + RANDOM in PARENT (the temp dir by
+    default): only real directories (never a symlink) of this process's user, as anyone can plant such a name in
+    a shared /tmp and gc may run as root."""
     where = tempfile.gettempdir() if parent is None else parent
-    found = []
     try:
         names = os.listdir(where)
     except OSError:
-        return []
+        return
     for name in names:
         owner = name_owner(name, prefix)
         path = os.path.join(where, name)
@@ -118,9 +115,31 @@ def orphaned_dirs(prefix: str, parent: str | None = None, owner_file: bool = Tru
             st = os.lstat(path)
         except OSError:
             continue
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and (
-                orphaned(path, *owner) if owner_file else not pid_alive(*owner)):
-            found.append(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            yield path, *owner
+
+
+def orphaned_dirs(prefix: str, parent: str | None = None, owner_file: bool = True) -> list[str]:
+    """The session directories (``_session_dirs``) whose execbox process is gone. Judged by ``orphaned``
+    (OWNER_FILE, else the name); with ``owner_file=False`` by the pid and start time in the name alone: for a
+    directory that holds no file of ours (a cgroup) or whose files the sandbox writes (docker's workspace: an owner
+    file there is the code's). The caller removes them (``workspace.remove_tree``)."""
+    return [path for path, pid, started in _session_dirs(prefix, parent)
+            if (orphaned(path, pid, started) if owner_file else not pid_alive(pid, started))]
+
+
+def owned_session_dirs(prefix: str, parent: str | None = None) -> list[OwnedSandbox]:
+    """The session directories (``_session_dirs``) of a backend whose ``kill_ref`` is its directory, for its
+    ``owned``: each with its owner (its OWNER_FILE; else, made here, the pid and start time in its name) and when
+    it was made (its OWNER_FILE's time: written once, where the directory's own changes with what it holds)."""
+    here = socket.gethostname()
+    found = []
+    for path, pid, started in _session_dirs(prefix, parent):
+        try:
+            created: float | None = os.lstat(os.path.join(path, OWNER_FILE)).st_mtime
+        except OSError:
+            created = None
+        found.append(OwnedSandbox(path, read_owner(path) or f"{here}:{pid}:{started}", created))
     return found
 
 
@@ -169,6 +188,10 @@ class OwnerLabels:
         """Made by execbox and kept on purpose."""
         return tags.get(self.mark) == "1" and self.persist is not None and tags.get(self.persist) == "true"
 
+    def made_here(self, tags: Mapping[str, str]) -> bool:
+        """Made by execbox, by a process on this host (alive or not): what `execbox kill` may end from here."""
+        return tags.get(self.mark) == "1" and owner_alive(tags.get(self.owner, "")) is not None
+
     def orphan_reason(self, tags: Mapping[str, str], now: float | None = None) -> str | None:
         """Why gc may remove a sandbox with these labels ("expired", "orphaned": its owner is gone), or None to
         keep it (not execbox's, kept on purpose, or alive and in time)."""
@@ -184,11 +207,12 @@ class OwnerLabels:
         return None
 
 
-def kill_session_processes(ref: str, prefix: str, parent: str | None = None) -> int:
+def kill_session_processes(ref: str, prefix: str, parent: str | None = None, owner_file: bool = True) -> int:
     """`execbox kill` of a session directory's sandbox: SIGKILL every process of this user whose command line names
     the directory ``ref`` (the launcher's arguments carry it: bwrap's binds, runsc's --root); how many. Only a
     directory execbox made: PREFIX + owner tag directly in ``parent`` (the temp dir), a real directory of this user
-    carrying an owner file, else SandboxError. The directory stays: its owner removes it (gc, once it is gone)."""
+    carrying an owner file (``owner_file=False``: a workspace, whose files are the code's, goes by its name alone),
+    else SandboxError. The directory stays: its owner removes it (gc, once it is gone)."""
     where = os.path.realpath(parent or tempfile.gettempdir())
     path = os.path.join(where, os.path.basename(ref))
     try:
@@ -196,7 +220,7 @@ def kill_session_processes(ref: str, prefix: str, parent: str | None = None) -> 
     except (OSError, ValueError):
         st = None
     if (os.path.normpath(ref) != path or name_owner(os.path.basename(path), prefix) is None or st is None
-            or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or read_owner(path) is None):
+            or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or owner_file and read_owner(path) is None):
         raise SandboxError(f"no sandbox session {ref!r} of execbox on this host")
     needle = os.fsencode(path)
     killed = 0

@@ -11,9 +11,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from execbox.audit import fields as audit_fields
 from execbox.audit import log as audit_log
 from execbox.config.settings import Settings
-from execbox.contract.backend import ExecutionBackend, Session, SessionSpec, Verdict, bounded
+from execbox.contract.backend import ExecutionBackend, OwnedSandbox, Session, SessionSpec, Verdict, bounded
 from execbox.contract.models import (
     ISOLATION_STRENGTH,
     Capabilities,
@@ -278,15 +279,22 @@ class AsyncRunner:
                     with span("execbox.sandbox.open", _sandbox_attrs(impl, spec, pooled=True)):
                         pass  # taken from the pool: the open it saves is the point of the span
                 session.session_spec = spec
+                # Listed by `execbox ps` (and killable) while it runs, under its id in the audit log.
+                oneshot_id = audit_fields.new_session_id()
+                live.oneshot(oneshot_id, impl.name, session, spec, resolved.argv[0] if resolved.argv else
+                             resolved.language, timeout_s=resolved.timeout or spec.lifetime_s, pooled=pooled)
                 try:
-                    for local, remote in uploads:
-                        await self.upload_to(impl, session, local, remote)
-                    result = await _exec_audited(self.audit, admission, session, output=output, records=records)
-                    for remote, local in downloads:
-                        moved = await self.download_from(impl, session, remote, local,
-                                                         secrets_inject.redactor_for(resolved.secrets))
-                        result.notes.extend(f"download: {s}" for s in moved.skipped)
+                    with live.told_if_killed(oneshot_id, impl.name, "Run it again"):
+                        for local, remote in uploads:
+                            await self.upload_to(impl, session, local, remote)
+                        result = await _exec_audited(self.audit, admission, session, output=output, records=records,
+                                                     oneshot_id=oneshot_id)
+                        for remote, local in downloads:
+                            moved = await self.download_from(impl, session, remote, local,
+                                                             secrets_inject.redactor_for(resolved.secrets))
+                            result.notes.extend(f"download: {s}" for s in moved.skipped)
                 finally:
+                    live.closed(oneshot_id, marks=live.killed(oneshot_id))
                     if pooled:
                         await self.pool.discard(session)  # used once; removed in the background
                     else:
@@ -434,26 +442,65 @@ class AsyncRunner:
             removed.append(snapshot_id)
         return removed
 
+    async def sandboxes(self) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """Every live sandbox of this user on this host (`execbox ps`): the runner's records (execbox.runner.live),
+        checked against what each backend that can say finds by its ownership labels or files
+        (ExecutionBackend.owned, each under the bound of an open, all at once): a record whose sandbox is gone is
+        left out, a sandbox no record names is listed (an orphan, or unrecorded). Also the backends that did not
+        answer, and why (their records are listed as they are). A backend whose SDK or engine is not here is not
+        asked (docker: no engine's socket answers)."""
+        records = live.listing()  # first: see live.merged
+        found: dict[str, list[OwnedSandbox] | None] = {}
+        unanswered: dict[str, str] = {}
+
+        async def ask(name: str) -> None:
+            try:
+                backend = self.backend(name)
+                if type(backend).owned is ExecutionBackend.owned:
+                    return  # it cannot say: nothing to start or import
+                backend.require_sdk()
+                found[name] = await bounded(backend.owned(), backend.shared.open_timeout_sec, backend=backend,
+                                            doing="listing its sandboxes")
+            except BackendUnavailableError:  # its SDK or its engine is not here (or not usable from here)
+                return
+            except ExecboxError as exc:
+                unanswered[name] = exc.message
+            except Exception as exc:  # a plugin's bug: its records are listed as they are, `ps` goes on
+                unanswered[name] = f"{type(exc).__name__}: {exc}"
+
+        async with anyio.create_task_group() as tasks:
+            for name in self.registry.names():
+                tasks.start_soon(ask, name)
+        return live.merged(records, found), unanswered
+
     async def kill(self, sandbox_id: str) -> dict[str, Any]:
         """End the live sandbox ``sandbox_id`` (from `execbox ps`), whichever process of this user on this host
-        holds it, through its backend; audited as sandbox.kill (with who asked). Its owner's next call on it is a
-        SandboxError saying so. Returns its record. ConfigError for an id that names no live sandbox here."""
-        record = live.find(sandbox_id)
+        holds it (or held it: an orphan), through its backend; audited as sandbox.kill (with who asked). Its
+        owner's next call on it is a SandboxError saying so. Returns its record (or `ps` row). ConfigError for an
+        id that names no live sandbox here."""
+        try:
+            record, recorded = live.find(sandbox_id), True
+        except ConfigError:  # an orphan, or a sandbox whose owner wrote no record: its backend finds it
+            rows = [r for r in (await self.sandboxes())[0] if r["id"] == sandbox_id and r.get("kind") in (
+                "orphan", "unrecorded")]
+            if not rows:
+                raise
+            record, recorded = rows[0], False
         ref = record.get("ref")
         backend = self.backend(str(record.get("backend")))
         if not isinstance(ref, str) or not ref:
             raise UnsupportedPolicyError(f"sandbox {sandbox_id} cannot be ended from outside: its {backend.name} "
                                          "session names nothing its backend finds again", backend=backend.name)
         backend.require_sdk()
-        # Marked first: the owner's call that the kill interrupts already says why it failed.
-        live.mark_killed(sandbox_id, {"pid": os.getpid(), "uid": os.getuid()})
+        if recorded:  # marked first: the owner's call that the kill interrupts already says why it failed
+            live.mark_killed(sandbox_id, {"pid": os.getpid(), "uid": os.getuid()})
         try:
             await bounded(backend.kill(ref), backend.shared.open_timeout_sec, backend=backend, doing="kill")
         except BaseException:
             live.unmark_killed(sandbox_id)
             raise
         await self.audit.arecord("sandbox.kill", session=sandbox_id, backend=backend.name, owner_pid=record.get("pid"),
-                                 pooled=bool(record.get("pooled")))
+                                 pooled=bool(record.get("pooled")), kind=record.get("kind") or live.kind(record))
         return record
 
     async def warm(self, backend: str | None = None, *, network: NetworkMode | None = None,

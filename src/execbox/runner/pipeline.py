@@ -563,8 +563,9 @@ async def _exec_in(admission: Admission, session: Session, *, output: LiveOutput
 
 async def _exec_audited(audit: audit_log.AuditLog, admission: Admission, session: Session, *,
                         records: list[asyncio.Task[str | None]] | None = None,
-                        output: LiveOutput | None = None) -> ExecResult:
-    """``_exec_logged`` in its span (``execbox.exec``), its outcome counted in the metrics."""
+                        output: LiveOutput | None = None, oneshot_id: str | None = None) -> ExecResult:
+    """``_exec_logged`` in its span (``execbox.exec``), its outcome counted in the metrics. ``oneshot_id``: a
+    one-shot's id in the audit log (its `execbox ps` id), or a new one."""
     request, backend = admission.request, admission.backend.name
     attrs: dict[str, str | bool | Sequence[str]] = {
         "execbox.backend": backend, "execbox.network": request.network or "",
@@ -572,7 +573,7 @@ async def _exec_audited(audit: audit_log.AuditLog, admission: Admission, session
     if admission.settings.otel_command_args and request.argv:  # the operator's opt-in: it may hold a secret
         attrs["process.command_args"] = list(request.argv)
     with span("execbox.exec", attrs) as current:
-        result = await _exec_logged(audit, admission, session, records=records, output=output)
+        result = await _exec_logged(audit, admission, session, records=records, output=output, oneshot_id=oneshot_id)
         denied = sum(1 for attempt in result.egress if not attempt.allowed)
         annotate(current, {"process.exit.code": result.exit_code, "execbox.outcome": outcome(result),
                            "execbox.timed_out": result.timed_out, "execbox.oom_killed": result.oom_killed,
@@ -585,7 +586,7 @@ async def _exec_audited(audit: audit_log.AuditLog, admission: Admission, session
 
 async def _exec_logged(audit: audit_log.AuditLog, admission: Admission, session: Session, *,
                        records: list[asyncio.Task[str | None]] | None = None,
-                       output: LiveOutput | None = None) -> ExecResult:
+                       output: LiveOutput | None = None, oneshot_id: str | None = None) -> ExecResult:
     """``_exec_in``, recorded in the audit log: what ran (hashes and names, never values), where, and what came
     back; a run that raised is recorded as exec.error. A record that cannot be written is a note on the result,
     never an error instead of it. With ``records``, the record of a run that returned is started there, for the
@@ -593,7 +594,7 @@ async def _exec_logged(audit: audit_log.AuditLog, admission: Admission, session:
     if not audit.enabled:
         return await _exec_in(admission, session, output=output)
     fields = audit_fields.exec_fields(admission.backend, admission.request, admission.dropped,
-                                   session=admission.session or audit_fields.new_session_id(),
+                                   session=admission.session or oneshot_id or audit_fields.new_session_id(),
                                    oneshot=admission.session is None)
     try:
         result = await _exec_in(admission, session, output=output)

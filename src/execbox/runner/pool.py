@@ -76,7 +76,7 @@ class WarmPool:
             started, session = queue.popleft()
             if now - started < self.ttl_s and not live.killed(self._ids[id(session)]):
                 taken = session
-                live.closed(self._ids[id(session)])  # a one-shot's sandbox from now on: out of `execbox ps`
+                live.closed(self._ids[id(session)])  # a one-shot's sandbox from now on: listed as that
                 break
             self._tasks.start_soon(self._close, session)  # expired, or killed (`execbox kill`): never handed out
         self.refill(backend, spec)

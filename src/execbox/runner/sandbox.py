@@ -31,7 +31,6 @@ from execbox.contract.snapshots import SnapshotRestore
 from execbox.errors import (
     BackendTimeoutError,
     ConfigError,
-    ExecboxError,
     RefusedError,
     SandboxError,
     UnsupportedPolicyError,
@@ -287,9 +286,11 @@ class AsyncSandbox:
         return self.backend, self._session
 
     def _killed(self) -> SandboxError:
-        return SandboxError(f"sandbox {self.id} was killed from outside (`execbox kill`): what ran in it and its "
-                            "files are gone. Close it and open another", backend=self.backend.name if self.backend
-                            else None)
+        return live.killed_error(self.id, self._opened_on, "Close it and open another")
+
+    @property
+    def _opened_on(self) -> str | None:
+        return self.backend.name if self.backend else None
 
     async def execute(self, request: ExecRequest, *, output: LiveOutput | None = None) -> ExecResult:
         session = self._live()[1]
@@ -305,19 +306,15 @@ class AsyncSandbox:
     def _running(self, what: str) -> Iterator[None]:
         """Its `execbox ps` record says ``what`` runs (argv[0] only), then idle again."""
         record = self._record
-        if record is not None:
-            live.running(record, what)
-        try:
+        if record is None:
             yield
-        except ExecboxError as exc:
-            if record is not None and live.killed(self.id):
-                raise self._killed() from exc  # the kill interrupted this call: say so, not the backend's symptom
-            raise
-        else:
-            if record is not None and live.killed(self.id):
-                raise self._killed()  # its result is the kill's doing (a signal's exit status), not the code's
+            return
+        live.running(record, what)
+        try:
+            with live.told_if_killed(self.id, self._opened_on, "Close it and open another"):
+                yield
         finally:
-            if record is not None and self._record is record:
+            if self._record is record:
                 live.running(record, live.IDLE)
 
     def _opened(self) -> Admission:
@@ -592,6 +589,7 @@ class AsyncSandbox:
         kernel, self._kernel, self._session = self._kernel, None, new
         if self._record is not None:  # the new session is what `execbox kill` ends now
             self._record["ref"] = new.kill_ref
+            live.rewrite(self._record)
             live.running(self._record, live.IDLE)
         self._state_lost_next = not snap.memory
         with anyio.CancelScope(shield=True):

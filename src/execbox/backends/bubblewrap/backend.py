@@ -21,11 +21,13 @@ from execbox.plugin import (
     Capabilities,
     ConfigError,
     ExecutionBackend,
+    OwnedSandbox,
     SessionSpec,
     Settings,
     create_cleanly,
     kill_session_processes,
     orphaned_dirs,
+    owned_session_dirs,
     remove_tree,
     restore_sandbox_paths,
     sweep_orphaned_proxies,
@@ -120,8 +122,17 @@ class BubblewrapBackend(ExecutionBackend[BubblewrapSettings]):
             raise
         return session
 
+    async def owned(self) -> list[OwnedSandbox]:
+        return await anyio.to_thread.run_sync(owned_session_dirs, SESSION_PREFIX)
+
     async def kill(self, ref: str) -> None:
-        await anyio.to_thread.run_sync(kill_session_processes, ref, SESSION_PREFIX)
+        def end() -> None:
+            kill_session_processes(ref, SESSION_PREFIX)
+            if ref in orphaned_dirs(SESSION_PREFIX):  # an orphan's (its owner is gone): removed here, as gc would
+                release_mounts(ref)
+                remove_tree(ref)
+
+        await anyio.to_thread.run_sync(end)
 
     async def gc(self) -> list[str]:
         """Session directories, size-limited workspaces and cgroups (v1 and v2) of execbox processes that are

@@ -34,6 +34,7 @@ from execbox.backends.docker.hardening import (
 from execbox.backends.docker.image import DEFAULT_TAG
 from execbox.backends.docker.session import (
     DOCKER_LABELS,
+    L_CREATED,
     L_OWNER,
     L_SESSION,
     L_WORKSPACE,
@@ -52,6 +53,7 @@ from execbox.plugin import (
     ConfigError,
     ExecRequest,
     ExecutionBackend,
+    OwnedSandbox,
     SandboxError,
     SessionSpec,
     Settings,
@@ -470,6 +472,24 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
     async def gc(self) -> list[str]:
         return await anyio.to_thread.run_sync(self._gc_blocking)
 
+    async def owned(self) -> list[OwnedSandbox] | None:
+        if engine_here() is None:  # no engine answers here: none is started to ask it
+            return None
+        return await anyio.to_thread.run_sync(self._owned_blocking)
+
+    def _owned_blocking(self) -> list[OwnedSandbox]:
+        """One sandbox per session label, among the containers of ours that are not over (an exited one is a
+        one-shot's end, or a session whose owner's deadline stopped it: gc removes those)."""
+        found = self.call(lambda c: c.api.containers(all=True, filters={"label": LABEL}))
+        sessions: dict[str, OwnedSandbox] = {}
+        for item in found:
+            labels = item.get("Labels") or {}
+            if labels.get(L_SESSION) and item.get("State") not in ("exited", "dead", "removing"):
+                created = labels.get(L_CREATED, "")
+                sessions.setdefault(labels[L_SESSION], OwnedSandbox(
+                    labels[L_SESSION], labels.get(L_OWNER, ""), float(created) if created.isdigit() else None))
+        return list(sessions.values())
+
     async def kill(self, ref: str) -> None:
         await anyio.to_thread.run_sync(self._kill_blocking, ref)
 
@@ -478,7 +498,7 @@ class DockerBackend(ExecutionBackend[DockerSettings]):
         import docker
 
         found = self.call(lambda c: c.api.containers(all=True, filters={"label": [LABEL, f"{L_SESSION}={ref}"]}))
-        ours = [item for item in found if owner_alive((item.get("Labels") or {}).get(L_OWNER, "")) is not None]
+        ours = [item for item in found if DOCKER_LABELS.made_here(item.get("Labels") or {})]
         if not ours:
             raise SandboxError(f"no docker sandbox {ref!r} of execbox on this host", backend="docker")
         for item in ours:

@@ -26,6 +26,7 @@ from execbox.plugin import (
     Capabilities,
     ExecSpec,
     ExecutionBackend,
+    OwnedSandbox,
     SandboxError,
     SeccompUnavailable,
     SessionSpec,
@@ -35,6 +36,7 @@ from execbox.plugin import (
     host_env,
     kill_session_processes,
     orphaned_dirs,
+    owned_session_dirs,
     restore_sandbox_paths,
     sized_workspace_unavailable,
     untrusted_binary,
@@ -90,9 +92,19 @@ class GvisorBackend(ExecutionBackend[GvisorSettings]):
         assert self.host is not None
         return await _open(self.host, spec, self.shared)
 
+    async def owned(self) -> list[OwnedSandbox]:
+        return await anyio.to_thread.run_sync(owned_session_dirs, SESSION_PREFIX, sessions_dir())
+
     async def kill(self, ref: str) -> None:
-        # runsc run, its sandbox and gofer all carry --root SESSION/runsc; the owner's close deletes what remains
-        await anyio.to_thread.run_sync(kill_session_processes, ref, SESSION_PREFIX, sessions_dir())
+        runsc = self.settings.runsc
+
+        def end() -> None:
+            # runsc run, its sandbox and gofer all carry --root SESSION/runsc; the owner's close deletes what remains
+            kill_session_processes(ref, SESSION_PREFIX, sessions_dir())
+            if ref in orphaned_dirs(SESSION_PREFIX, sessions_dir()):  # an orphan's: nobody else removes it (gc would)
+                release(ref, [runsc, "--root", os.path.join(ref, "runsc")])
+
+        await anyio.to_thread.run_sync(end)
 
     async def gc(self) -> list[str]:
         """Session directories of execbox processes that are gone (their sandbox, runsc state, sized workspace),
