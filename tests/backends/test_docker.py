@@ -68,7 +68,7 @@ def runner(engine: Any) -> Runner:
 
 def ours(engine: Any) -> list[Any]:
     """Containers this test process owns (by the owner label)."""
-    return engine.containers.list(all=True, filters={"label": f"{ds.L_OWNER}={owner_id()}"})
+    return engine.containers.list(ignore_removed=True, all=True, filters={"label": f"{ds.L_OWNER}={owner_id()}"})
 
 
 @pytest.fixture(autouse=True)
@@ -504,7 +504,7 @@ def test_gc_removes_orphans_and_expired_but_never_foreign_containers(engine: Any
             ids[kind] = engine.containers.create(docker_image.DEFAULT_TAG, ["true"], labels=labels,
                                                  name=f"execbox-gc-test-{kind}-{tag}").id
         removed = run_blocking(backend.gc)
-        remaining = {c.id for c in engine.containers.list(all=True)}
+        remaining = {c.id for c in engine.containers.list(ignore_removed=True, all=True)}
         assert ids["orphan"] not in remaining and ids["expired"] not in remaining
         assert {ids["live"], ids["foreign"], ids["lookalike"]} <= remaining
         # Another execbox process sweeping at start-up may have taken them first; whatever this gc removed

@@ -286,12 +286,13 @@ def stop_watchdog(caller: subprocess.Popen[bytes]) -> None:
 
 
 def running(engine: Any, owner: str) -> list[Any]:
-    return engine.containers.list(filters={"label": f"{ds.L_OWNER}={owner}", "status": "running"})
+    return engine.containers.list(ignore_removed=True, filters={"label": f"{ds.L_OWNER}={owner}", "status": "running"})
 
 
 def leftovers(engine: Any, pid: int, owner: str) -> list[str]:
     """Everything a dead caller could have left: containers in any state, workspaces, disk images, mounts."""
-    found = [c.name for c in engine.containers.list(all=True, filters={"label": f"{ds.L_OWNER}={owner}"})]
+    found = [c.name for c in engine.containers.list(ignore_removed=True, all=True,
+                                                    filters={"label": f"{ds.L_OWNER}={owner}"})]
     found += [name for name in os.listdir(tempfile.gettempdir()) if name.startswith(f"{ds.WORKSPACE_PREFIX}{pid}-")]
     found += [path for path in Path("/proc/self/mounts").read_text().split() if f"{ds.WORKSPACE_PREFIX}{pid}-" in path]
     return found
@@ -311,7 +312,7 @@ def stopped_by_itself(engine: Any, container: Any, since: float, seconds: float)
     """Wait until ``container`` no longer runs (fails after ``seconds``); the engine's events for it since
     ``since`` (epoch seconds), after its start and without execs: the backstop's die comes without a kill."""
     deadline = time.monotonic() + seconds
-    while container.id in {c.id for c in engine.containers.list(filters={"status": "running"})}:
+    while container.id in {c.id for c in engine.containers.list(ignore_removed=True, filters={"status": "running"})}:
         if time.monotonic() > deadline:
             pytest.fail(f"a container of the killed caller still runs {seconds:.0f} s later")
         time.sleep(0.2)

@@ -185,7 +185,7 @@ def test_gc_never_removes_a_live_owners_workspace(engine: Any, runner: Runner, p
             ds.LABEL: "1", ds.L_OWNER: owner_id(), ds.L_EXPIRES: str(int(time.time()) - 5),
             ds.L_WORKSPACE: live_ws})
         run_blocking(runner.aio.backend("docker").gc)
-        assert expired.id not in {c.id for c in engine.containers.list(all=True)}
+        assert expired.id not in {c.id for c in engine.containers.list(ignore_removed=True, all=True)}
         assert os.path.isdir(live_ws) and live.exec("touch kept && echo ok").stdout == "ok\n"
 
 
@@ -198,7 +198,8 @@ def test_an_owner_ended_by_a_signal_leaves_no_container_and_no_workspace(engine:
     owner.send_signal(signum)
     assert owner.wait() == -signum
     deadline = time.monotonic() + BOUND_S
-    while engine.containers.list(all=True, filters={"id": container_id}) or os.path.lexists(workspace):
+    while (engine.containers.list(ignore_removed=True, all=True, filters={"id": container_id})
+           or os.path.lexists(workspace)):
         assert time.monotonic() < deadline, f"left {BOUND_S} s after the owner died: {container_id}, {workspace}"
         time.sleep(0.2)
     assert not os.path.lexists(workspace + ".disk") and not mounted(workspace)
@@ -217,7 +218,8 @@ def test_the_watchdog_imports_execbox_from_where_its_owner_did(engine: Any, priv
     owner.kill()
     owner.wait()
     deadline = time.monotonic() + BOUND_S
-    while engine.containers.list(all=True, filters={"id": container_id}) or os.path.lexists(workspace):
+    while (engine.containers.list(ignore_removed=True, all=True, filters={"id": container_id})
+           or os.path.lexists(workspace)):
         assert time.monotonic() < deadline, f"left {BOUND_S} s after the owner died: {container_id}, {workspace}"
         time.sleep(0.2)
 

@@ -182,7 +182,7 @@ def containers_holding(forms: list[bytes]) -> list[str]:
 
     client, _, _ = de.connect()
     found = []
-    for container in client.containers.list(all=True, filters={"label": "io.execbox"}):
+    for container in client.containers.list(ignore_removed=True, all=True, filters={"label": "io.execbox"}):
         blobs = {"inspect": json.dumps(container.attrs), "labels": json.dumps(container.labels)}
         for exec_id in container.attrs.get("ExecIDs") or []:
             with contextlib.suppress(Exception):

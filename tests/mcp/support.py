@@ -152,7 +152,8 @@ def leftovers(pid: int) -> list[str]:
 
         client = docker.from_env()
         try:
-            for container in client.containers.list(all=True, filters={"label": "io.execbox.owner"}):
+            for container in client.containers.list(ignore_removed=True, all=True,
+                                                    filters={"label": "io.execbox.owner"}):
                 if f":{pid}:" in container.labels.get("io.execbox.owner", ""):
                     found.append(f"container {container.name}")
         finally:
