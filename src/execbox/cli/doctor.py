@@ -30,9 +30,6 @@ from execbox.runner import AsyncRunner, run_blocking
 if TYPE_CHECKING:
     from execbox.contract.backend import ExecutionBackend
 
-#: The most a listing waits for a backend's availability check (less when CODE_EXEC_OPEN_TIMEOUT_SEC is less: a
-#: check need not wait longer than opening a sandbox would).
-CHECK_TIMEOUT_S = 20.0
 #: The time box of each check of `doctor --self-check` (the slowest, a warm pool member's start and runs, take ~1 min).
 CHECK_BOX_S = 300.0
 
@@ -43,7 +40,7 @@ async def _probe(runner: AsyncRunner, name: str) -> dict[str, Any]:
     row: dict[str, Any] = {"name": cls.name, "summary": cls.summary, "available": False, "reason": None,
                            "fix": None, "capabilities": cls.capabilities.model_dump(mode="json"),
                            "notes": [], "details": {}, "warning": None}
-    bound = min(CHECK_TIMEOUT_S, runner.settings.open_timeout_sec)
+    bound = runner.listing_bound
     try:
         backend = runner.backend(name)
         row["notes"] = backend.notes()

@@ -75,6 +75,8 @@ from execbox.secrets.values import Secret
 from execbox.telemetry import annotate, outcome, record_queued, span
 
 LOCAL_FALLBACK = "local_subprocess"
+#: The most a listing (`execbox ps`, `backends`, `doctor`) waits for one backend's answer.
+LISTING_BOUND_S = 20.0
 
 
 class AsyncRunner:
@@ -139,6 +141,12 @@ class AsyncRunner:
         with anyio.CancelScope(shield=True):
             for backend in backends:
                 await bounded(backend.aclose(), backend.shared.backend_grace_sec, backend=backend, doing="aclose")
+
+    @property
+    def listing_bound(self) -> float:
+        """How long a listing waits for one backend (LISTING_BOUND_S, less when CODE_EXEC_OPEN_TIMEOUT_SEC is less:
+        a listing need not wait longer than opening a sandbox would); one that does not answer in time is named."""
+        return min(LISTING_BOUND_S, self.settings.open_timeout_sec)
 
     @property
     def registry(self) -> Registry:
@@ -445,7 +453,7 @@ class AsyncRunner:
     async def sandboxes(self) -> tuple[list[dict[str, Any]], dict[str, str]]:
         """Every live sandbox of this user on this host (`execbox ps`): the runner's records (execbox.runner.live),
         checked against what each backend that can say finds by its ownership labels or files
-        (ExecutionBackend.owned, each under the bound of an open, all at once): a record whose sandbox is gone is
+        (ExecutionBackend.owned, each within listing_bound, all at once): a record whose sandbox is gone is
         left out, a sandbox no record names is listed (an orphan, or unrecorded). Also the backends that did not
         answer, and why (their records are listed as they are). A backend whose SDK or engine is not here is not
         asked (docker: no engine's socket answers)."""
@@ -459,7 +467,7 @@ class AsyncRunner:
                 if type(backend).owned is ExecutionBackend.owned:
                     return  # it cannot say: nothing to start or import
                 backend.require_sdk()
-                found[name] = await bounded(backend.owned(), backend.shared.open_timeout_sec, backend=backend,
+                found[name] = await bounded(backend.owned(), self.listing_bound, backend=backend,
                                             doing="listing its sandboxes")
             except BackendUnavailableError:  # its SDK or its engine is not here (or not usable from here)
                 return
