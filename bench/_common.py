@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from execbox.runner.batch import percentile
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -18,6 +20,10 @@ def median_ms(fn: Callable[[], object], runs: int) -> float:
         fn()
         samples.append((time.perf_counter() - started) * 1000)
     return statistics.median(samples)
+
+
+def p99(samples: list[float]) -> float:
+    return percentile(samples, 0.99)  # the batch summary's rule, so every p99 in the README is the same one
 
 
 def write_readme(section: str, rows: list[tuple[str, str]], command: str, figure: str = "median") -> None:

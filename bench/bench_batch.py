@@ -24,8 +24,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from _common import write_readme  # bench/_common.py (run from the repo: python bench/NAME.py)
-from bench_pool import PEER_IMAGE, med, p99, peer_image
+from _common import p99, write_readme  # bench/_common.py (run from the repo: python bench/NAME.py)
+from bench_pool import PEER_IMAGE, med, peer_image
 
 from execbox import AsyncRunner, Settings
 

@@ -29,8 +29,8 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 
-from _common import write_readme  # bench/_common.py (run from the repo: python bench/NAME.py)
-from bench_pool import interleaved, med, p99
+from _common import p99, write_readme  # bench/_common.py (run from the repo: python bench/NAME.py)
+from bench_pool import interleaved, med
 
 from execbox import ExecboxError, Runner, Settings
 from execbox.backends.docker import image as docker_image

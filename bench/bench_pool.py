@@ -31,13 +31,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
-from _common import write_readme  # bench/_common.py (run from the repo: python bench/NAME.py)
+from _common import p99, write_readme  # bench/_common.py (run from the repo: python bench/NAME.py)
 
 from execbox import AsyncRunner, Runner, Settings
 from execbox.backends.docker import image as docker_image
 from execbox.backends.docker.hardening import seccomp_profile
 from execbox.kit.ownership import owner_id
-from execbox.runner.batch import percentile
 
 REPO = Path(__file__).resolve().parents[1]
 PEER_VENV = REPO / ".bench-peer" / "venv"  # .bench-peer/ is git-ignored
@@ -94,10 +93,6 @@ def timings(fn: Callable[[], object], runs: int, before: Callable[[], object] | 
         fn()
         samples.append((time.perf_counter() - started) * 1000)
     return samples
-
-
-def p99(samples: list[float]) -> float:
-    return percentile(samples, 0.99)  # the batch summary's rule, so every p99 in the README is the same one
 
 
 def med(samples: list[float]) -> float:

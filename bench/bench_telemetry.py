@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from unittest import mock
 
-from _common import median_ms, write_readme  # bench/_common.py (run from the repo: python bench/NAME.py)
+from _common import median_ms, p99, write_readme  # bench/_common.py (run from the repo: python bench/NAME.py)
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -28,10 +28,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import execbox.telemetry as telemetry
 from execbox import ExecResult, Runner, Settings
-
-
-def p99(samples: list[float]) -> float:
-    return statistics.quantiles(samples, n=100)[98]
 
 
 def recorded(result: ExecResult) -> None:
