@@ -4,6 +4,7 @@ the backend refuses under gVisor, naming why."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -105,14 +106,21 @@ def test_what_gvisor_cannot_enforce_here_is_refused_naming_why(engine: Any, monk
 @pytest.mark.engine
 def test_a_memory_bomb_in_a_session_ends_the_sandbox_and_says_so(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under runc the kernel kills the one process (test_docker.py); under gVisor the container's cgroup holds the
-    Sentry too, so the limit ends the whole sandbox: an error naming the limit, not a stopped container unexplained."""
+    Sentry too, so the limit usually ends the whole sandbox: an error naming the limit, not a stopped container
+    unexplained. Sometimes (seen in CI, under load) the Sentry's own allocation fails first and the code gets a
+    MemoryError in a sandbox that lives on: a result that says so, promptly, is right too."""
     runner = gvisor_runner(monkeypatch)
     bomb = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 * 1024))\n"
     with runner.sandbox("docker", network="none", limits=Limits(memory_mb=128)) as sb:
         assert sb.exec(["echo", "alive"]).stdout == "alive\n"
         started = time.monotonic()
-        with pytest.raises(SandboxError, match=r"killed at its memory limit \(128 MiB\): the whole sandbox"):
-            sb.run_code(bomb, timeout=120)
+        try:
+            result = sb.run_code(bomb, timeout=120)
+        except SandboxError as exc:
+            assert re.search(r"killed at its memory limit \(128 MiB\): the whole sandbox", str(exc)), exc
+        else:
+            assert not result.timed_out and (result.oom_killed or "MemoryError" in result.stderr), result
+            assert sb.exec(["echo", "alive"]).stdout == "alive\n"  # the sandbox lived on: the code failed alone
         # Found: the engine keeps the exec's stream open when the Sentry dies; the session asks in silences.
         assert time.monotonic() - started < 60, "the dead container ended the run, not its deadline"
 

@@ -622,6 +622,10 @@ class DockerSession(Session):
         if stopped:
             raise self._stopped_error()
         exit_code = None if timed_out else self._exec_exit_code(exec_id)  # a timed-out result has its own code
+        if exit_code is not None and not 0 <= exit_code < 128 and self._state().get("Running") is False:
+            # The stream may also end because the container died under the exec (gVisor's Sentry at its memory
+            # limit): its code is then the engine's, not the command's
+            raise self._stopped_error()
         duration = time.monotonic() - started
         oom = exit_code == 137 and not timed_out and self._new_oom_kills()
         return build_result(exit_code=exit_code, stdout=out, stderr=err, timed_out=timed_out, oom_killed=oom,

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -177,9 +178,9 @@ class RaySession(Session):
         self._pending: list[tuple[str, bytes]] = []  # a one-shot's files, sent with its command
         self._closed = False
 
-    async def _call(self, method: str, *args: Any) -> Any:
+    async def _call(self, method: str, *args: Any, called_off: bool = True) -> Any:
         ref = getattr(self.node.actor, method).remote(*args)
-        return self.backend.reply(await self.backend.await_ref(ref, self.node), self.node)
+        return self.backend.reply(await self.backend.await_ref(ref, self.node, called_off=called_off), self.node)
 
     async def exec(self, spec: ExecSpec) -> ExecResult:
         files, self._pending = self._pending, []
@@ -263,7 +264,13 @@ class RaySession(Session):
         self._closed = True
         try:
             if self._opened and self.backend.alive(self.node):
-                await self._call("close", self.sid)
+                # Never called off on the node: a caller that stops waiting must not leave the sandbox open there
+                await self._call("close", self.sid, called_off=False)
+            elif self._opened:
+                # Set aside as lost since: its host actor may still be there holding the sandbox (a survey finds
+                # it again by name), so it is told, without waiting on an answer that may never come
+                with contextlib.suppress(Exception):
+                    self.node.actor.close.remote(self.sid)
         except SandboxLostError:
             pass  # its node took it: nothing is left to close
         finally:
@@ -513,7 +520,9 @@ class RayBackend(ExecutionBackend[RaySettings]):
             f"ray node {node.label} is temporarily unavailable ({type(exc).__name__}): the call may or may not have "
             "run there, and it was not run again. Retry once the node answers", backend=self.name, retryable=True)
 
-    async def await_ref(self, ref: Any, node: Node) -> Any:
+    async def await_ref(self, ref: Any, node: Node, *, called_off: bool = True) -> Any:
+        """The node's answer to ``ref``. A caller that gives up calls the node's call off too (``called_off``),
+        unless it is one that must run anyway (a close)."""
         import ray
 
         try:
@@ -526,7 +535,8 @@ class RayBackend(ExecutionBackend[RaySettings]):
             raise SandboxError(f"the host actor on ray node {node.label} failed: {str(exc)[:800]}",
                                backend=self.name) from None
         except BaseException:
-            ray.cancel(ref)  # the caller gave up: stop the node's call (its sandbox is closed next)
+            if called_off:
+                ray.cancel(ref)  # the caller gave up: stop the node's call (its sandbox is closed next)
             raise
 
     async def stream_refs(self, gen: Any, node: Node) -> AsyncIterator[Any]:
@@ -563,8 +573,10 @@ class RayBackend(ExecutionBackend[RaySettings]):
                 session.workspace = await session._call("open", session.sid, spec.network, spec.limits.model_dump(),
                                                         spec.lifetime_s)
             except BaseException:
-                if self.alive(node):  # given up on (cancelled, timed out): the node closes it, even once it opened
-                    node.actor.close.remote(session.sid)  # fire and forget: the caller is leaving
+                # given up on (cancelled, timed out): the node closes it, even once it opened; told even when the
+                # node was set aside meanwhile (its host actor may still be there). Fire and forget: the caller leaves
+                with contextlib.suppress(Exception):
+                    node.actor.close.remote(session.sid)
                 raise
             node.workspace = session.workspace
             return session
